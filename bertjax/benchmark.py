@@ -1,0 +1,140 @@
+r"""Speed and memory of bertjax's design choices, each against its baseline in the same process.
+
+  python -m bertjax.benchmark [--preset=mini] [--batch_size=16] [--repeats=5]
+
+1. MLM logits only at the masked positions vs. at every position (the baseline): train-step
+   time and compiled temporary memory.
+2. Attention through `jax.nn.dot_product_attention` vs. the einsum path (baseline).
+3. Compile time of a BERT-base train step with `nn.scan` over layers vs. unrolled (baseline).
+"""
+
+from __future__ import annotations
+
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import app, flags
+
+from bertjax.models import BertConfig, BertForPreTraining, pretraining_loss
+from bertjax.train import step as step_lib
+
+_PRESET = flags.DEFINE_string("preset", "mini", "Model preset for the runtime comparisons.")
+_BATCH = flags.DEFINE_integer("batch_size", 16, "Sequences per step.")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repetitions (after one warm-up).")
+
+
+def _batch(cfg, batch_size, seq_len, positions):
+    r = np.random.default_rng(0)
+    ids = r.integers(5, cfg.vocab_size, (batch_size, seq_len)).astype(np.int32)
+    return {
+        "input_ids": ids,
+        "segment_ids": np.zeros_like(ids),
+        "input_mask": np.ones_like(ids),
+        "masked_lm_positions": positions,
+        "masked_lm_ids": np.take_along_axis(ids, positions, 1),
+        "masked_lm_weights": np.ones(positions.shape, np.float32),
+        "next_sentence_labels": np.zeros(batch_size, np.int32),
+    }
+
+
+def _time(fn, *args, repeats):
+    jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        jax.block_until_ready(fn(*args))
+    return (time.perf_counter() - start) / repeats
+
+
+def _grad_fn(model):
+    def loss(params, batch):
+        out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                          batch["input_mask"], batch["masked_lm_positions"])
+        return pretraining_loss(out, batch)[0]
+    return jax.jit(jax.grad(loss))
+
+
+def bench_mlm_gather(cfg, batch_size, repeats):
+    seq_len, max_predictions = 128, 20
+    model = BertForPreTraining(cfg)
+    params = jax.jit(lambda k: nn.unbox(step_lib.init_params(model, k)))(jax.random.key(0))
+    r = np.random.default_rng(1)
+    masked = np.stack([r.choice(seq_len, max_predictions, replace=False)
+                       for _ in range(batch_size)]).astype(np.int32)
+    every = np.broadcast_to(np.arange(seq_len, dtype=np.int32), (batch_size, seq_len)).copy()
+    rows = []
+    grad = _grad_fn(model)
+    for name, positions in (("every position (baseline)", every), ("masked positions", masked)):
+        batch = _batch(cfg, batch_size, seq_len, positions)
+        seconds = _time(grad, params, batch, repeats=repeats)
+        memory = grad.lower(params, batch).compile().memory_analysis().temp_size_in_bytes
+        rows.append((name, seconds, memory))
+    return rows
+
+
+def bench_attention(cfg, batch_size, repeats):
+    seq_len = 512
+    ids = jnp.asarray(np.random.default_rng(2).integers(5, cfg.vocab_size, (batch_size, seq_len)),
+                      jnp.int32)
+    positions = jnp.zeros((batch_size, 1), jnp.int32)
+    rows = []
+    params = None
+    for name, impl in (("einsum (baseline)", "einsum"), ("dot_product_attention", "xla")):
+        model = BertForPreTraining(BertConfig(**{**cfg.to_dict(), "attention_impl": impl}))
+        if params is None:
+            params = nn.unbox(step_lib.init_params(model, jax.random.key(0)))
+        forward = jax.jit(lambda p, m=model: m.apply({"params": p}, ids, None, jnp.ones_like(ids),
+                                                     positions)["mlm_logits"])
+        rows.append((name, _time(forward, params, repeats=repeats), None))
+    return rows
+
+
+def bench_compile(batch_size):
+    from bertjax.train.optimizer import make_optimizer
+    from experiments import pretrain as pretrain_experiment
+
+    rows = []
+    for name, scan in (("base unrolled (baseline)", False), ("base nn.scan", True)):
+        config = pretrain_experiment.get_config("base")
+        config.model.scan_layers = scan
+        cfg = BertConfig.from_dict(config.model)
+        model = BertForPreTraining(cfg)
+        tx, schedule = make_optimizer(config.optimizer, 1000)
+        abstract, _ = step_lib.state_shardings(
+            model, tx, jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1),
+                                         ("data", "fsdp", "tensor")), config.logical_axis_rules)
+        step = jax.jit(lambda s, b, m=model, t=tx, sc=schedule: step_lib.train_step(
+            s, b, model=m, tx=t, schedule=sc))
+        start = time.perf_counter()
+        step.lower(abstract, step_lib.batch_spec(batch_size, 128, 20)).compile()
+        rows.append((name, time.perf_counter() - start, None))
+    return rows
+
+
+def print_table(title, unit, rows):
+    baseline = rows[0][1]
+    print(f"\n{title}")
+    print(f"  {'variant':<28} {unit:>12} {'speed-up':>9} {'temp memory':>12}")
+    for name, seconds, memory in rows:
+        mem = f"{memory / 2**20:,.0f} MiB" if memory is not None else "-"
+        value = seconds * 1000 if unit == "ms" else seconds
+        print(f"  {name:<28} {value:>12.1f} {baseline / seconds:>8.2f}x {mem:>12}")
+
+
+def main(argv):
+    del argv
+    cfg = BertConfig.from_preset(_PRESET.value, dtype="float32")
+    device = jax.devices()[0]
+    print(f"bertjax benchmark on {device.platform} ({device.device_kind}), preset "
+          f"{_PRESET.value}, batch {_BATCH.value}, {_REPEATS.value} repeats")
+    print_table("1. MLM head: train-step gradient, seq 128, 20 predictions", "ms",
+                bench_mlm_gather(cfg, _BATCH.value, _REPEATS.value))
+    print_table("2. Attention: forward pass, seq 512", "ms",
+                bench_attention(cfg, _BATCH.value, _REPEATS.value))
+    print_table("3. Compile time of the BERT-base train step", "s", bench_compile(_BATCH.value))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,24 @@
+"""BERT modules (Flax linen). Imports nothing from training and never TensorFlow."""
+
+from bertjax.models.bert import BertModel, Embeddings, Encoder, EncoderLayer, Pooler
+from bertjax.models.config import PRESETS, BertConfig
+from bertjax.models.pretraining import (
+    BertForPreTraining,
+    MaskedLMHead,
+    gather_positions,
+    pretraining_loss,
+)
+
+__all__ = [
+    "PRESETS",
+    "BertConfig",
+    "BertForPreTraining",
+    "BertModel",
+    "Embeddings",
+    "Encoder",
+    "EncoderLayer",
+    "MaskedLMHead",
+    "Pooler",
+    "gather_positions",
+    "pretraining_loss",
+]

@@ -1,0 +1,85 @@
+"""Attention masks and the two attention paths (fused `dot_product_attention` and einsum)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def attention_mask(
+    input_mask: jax.Array | None,
+    packing_ids: jax.Array | None = None,
+    causal: bool = False,
+    seq_len: int | None = None,
+) -> jax.Array | None:
+    """Boolean mask `[batch, 1, q, k]` (True = may attend), or None when nothing is masked.
+
+    input_mask: [batch, seq], 1 for real tokens, 0 for padding.
+    packing_ids: [batch, seq], which packed example a token belongs to; tokens attend only
+      within their own example (block-diagonal mask).
+    causal: each token attends only to itself and earlier tokens (left-to-right LM).
+    """
+    mask = None
+    if input_mask is not None:
+        mask = input_mask.astype(bool)[:, None, None, :]
+    if packing_ids is not None:
+        same_example = packing_ids[:, None, :, None] == packing_ids[:, None, None, :]
+        mask = same_example if mask is None else mask & same_example
+    if causal:
+        if seq_len is None:
+            raise ValueError("causal attention needs seq_len")
+        lower = jnp.tril(jnp.ones((seq_len, seq_len), dtype=bool))[None, None]
+        mask = lower if mask is None else mask & lower
+    return mask
+
+
+def positions_from_packing(packing_ids: jax.Array) -> jax.Array:
+    """Position ids `[batch, seq]` that restart at 0 wherever `packing_ids` changes."""
+    seq_len = packing_ids.shape[-1]
+    index = jnp.broadcast_to(jnp.arange(seq_len), packing_ids.shape)
+    starts = jnp.concatenate(
+        [jnp.ones_like(packing_ids[:, :1], dtype=bool), packing_ids[:, 1:] != packing_ids[:, :-1]],
+        axis=1,
+    )
+    start_index = jax.lax.cummax(jnp.where(starts, index, 0), axis=1)
+    return (index - start_index).astype(jnp.int32)
+
+
+def einsum_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array | None,
+    dropout: Callable[[jax.Array], jax.Array] | None = None,
+) -> jax.Array:
+    """Reference attention. query/key/value: [batch, seq, heads, head_dim] → same shape.
+
+    Softmax is computed in float32 whatever the compute dtype; `dropout` (if given) is applied
+    to the attention probabilities, as in the paper.
+    """
+    scale = 1.0 / jnp.sqrt(jnp.asarray(query.shape[-1], jnp.float32))
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) * scale
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+    if dropout is not None:
+        probs = dropout(probs)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, value)
+
+
+def fused_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    mask: jax.Array | None,
+    implementation: str | None = None,
+) -> jax.Array:
+    """`jax.nn.dot_product_attention`, letting XLA / cuDNN / TPU pick a fused kernel.
+
+    implementation: None (let JAX choose), "xla" or "cudnn". Shapes as `einsum_attention`.
+    """
+    return jax.nn.dot_product_attention(
+        query, key, value, mask=mask, implementation=implementation
+    )

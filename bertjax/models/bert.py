@@ -1,0 +1,296 @@
+"""The BERT encoder (Devlin et al., 2018) as functional Flax linen modules.
+
+Every parameter carries logical axis names (`vocab`, `embed`, `mlp`, `heads`, `kv`, and
+`layers` for scanned stacks); `bertjax.train.sharding` maps them onto a device mesh.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models import attention as attn_lib
+from bertjax.models.config import BertConfig
+
+Array = jax.Array
+
+
+def activation(name: str):
+    return {
+        "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact erf GELU
+        "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+        "relu": jax.nn.relu,
+    }[name]
+
+
+def kernel_init(config: BertConfig, axes: tuple[str | None, ...]):
+    # Truncated normal with the *untruncated* stddev 0.02, like tf.truncated_normal_initializer.
+    init = nn.initializers.truncated_normal(stddev=config.initializer_range)
+    return nn.with_logical_partitioning(init, axes)
+
+
+def zeros_init(axes: tuple[str | None, ...]):
+    return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        bias_init=zeros_init(("embed",)),
+        name=name,
+    )
+
+
+def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str):
+    return nn.Dense(
+        features,
+        dtype=config.dtype,
+        param_dtype=config.param_dtype,
+        kernel_init=kernel_init(config, axes),
+        bias_init=zeros_init(axes[1:]),
+        name=name,
+    )
+
+
+class Embeddings(nn.Module):
+    """Word + learned position + token type embeddings, then LayerNorm and dropout."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+
+        def embed(num, axes, name):
+            return nn.Embed(
+                num,
+                cfg.hidden_size,
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                embedding_init=kernel_init(cfg, axes),
+                name=name,
+            )
+
+        self.word_embeddings = embed(cfg.vocab_size, ("vocab", "embed"), "word_embeddings")
+        self.position_embeddings = embed(
+            cfg.max_position_embeddings, (None, "embed"), "position_embeddings"
+        )
+        self.token_type_embeddings = embed(
+            cfg.type_vocab_size, (None, "embed"), "token_type_embeddings"
+        )
+        self.layer_norm = layer_norm(cfg, "layer_norm")
+        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool) -> Array:
+        """input_ids, segment_ids, position_ids: [batch, seq] int → [batch, seq, hidden]."""
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(position_ids)
+            + self.token_type_embeddings(segment_ids)
+        )
+        x = self.layer_norm(x)
+        x = self.dropout(x, deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention: Q/K/V projections, attention, output projection."""
+
+    config: BertConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array | None) -> Array:
+        """x: [batch, seq, hidden]; mask: [batch, 1, seq, seq] bool → [batch, seq, hidden]."""
+        cfg = self.config
+
+        def project(name):
+            y = nn.DenseGeneral(
+                (cfg.num_heads, cfg.head_dim),
+                dtype=cfg.dtype,
+                param_dtype=cfg.param_dtype,
+                kernel_init=kernel_init(cfg, ("embed", "heads", "kv")),
+                bias_init=zeros_init(("heads", "kv")),
+                name=name,
+            )(x)
+            return nn.with_logical_constraint(y, ("batch", "length", "heads", "kv"))
+
+        query, key, value = project("query"), project("key"), project("value")
+        dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
+        impl = cfg.attention_impl
+        if impl == "einsum" or (impl == "auto" and dropout_active):
+            dropout = None
+            if dropout_active:
+                dropout = functools.partial(
+                    nn.Dropout(cfg.attention_dropout_prob), deterministic=False
+                )
+            context = attn_lib.einsum_attention(query, key, value, mask, dropout)
+        else:
+            if dropout_active:
+                raise ValueError(
+                    f"model.attention_impl={impl!r} cannot apply attention dropout; set "
+                    "model.attention_dropout_prob=0.0 or model.attention_impl='auto'"
+                )
+            implementation = None if impl == "auto" else impl
+            context = attn_lib.fused_attention(query, key, value, mask, implementation)
+        out = nn.DenseGeneral(
+            cfg.hidden_size,
+            axis=(-2, -1),
+            dtype=cfg.dtype,
+            param_dtype=cfg.param_dtype,
+            kernel_init=kernel_init(cfg, ("heads", "kv", "embed")),
+            bias_init=zeros_init(("embed",)),
+            name="output",
+        )(context)
+        return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN Transformer layer: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    config: BertConfig
+    deterministic: bool = True
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array | None) -> Array:
+        """x: [batch, seq, hidden] → [batch, seq, hidden]."""
+        cfg = self.config
+        drop = functools.partial(
+            nn.Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic
+        )
+        attended = SelfAttention(cfg, self.deterministic, name="attention")(x, mask)
+        x = layer_norm(cfg, "attention_layer_norm")(x + drop(attended))
+        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+        h = nn.with_logical_constraint(activation(cfg.hidden_act)(h), ("batch", "length", "mlp"))
+        h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(h)
+        x = layer_norm(cfg, "output_layer_norm")(x + drop(h))
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class _ScannedLayer(nn.Module):
+    """EncoderLayer with the (carry, xs) → (carry, ys) signature that nn.scan needs."""
+
+    config: BertConfig
+    deterministic: bool = True
+    collect: bool = False
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array | None):
+        layer_cls = _maybe_remat(EncoderLayer, self.config.remat_policy, scanned=True)
+        x = layer_cls(self.config, self.deterministic, name="layer")(x, mask)
+        return x, (x if self.collect else None)
+
+
+def _maybe_remat(module_cls, policy: str, scanned: bool = False):
+    if policy == "none":
+        return module_cls
+    saveable = {
+        "full": None,  # save nothing, recompute the whole layer in the backward pass
+        "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    }[policy]
+    # Inside scan, XLA cannot CSE across iterations, so prevent_cse is unnecessary there.
+    return nn.remat(module_cls, policy=saveable, prevent_cse=not scanned)
+
+
+class Encoder(nn.Module):
+    """A stack of `num_layers` encoder layers, unrolled or as one scanned layer."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, mask, deterministic: bool, return_all_layers: bool = False):
+        """x: [batch, seq, hidden] → (final [batch, seq, hidden],
+        per-layer outputs [num_layers, batch, seq, hidden] or None)."""
+        cfg = self.config
+        if cfg.scan_layers:
+            stack = nn.scan(
+                _ScannedLayer,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast,),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: "layers"},
+            )
+            x, per_layer = stack(cfg, deterministic, return_all_layers, name="layers")(x, mask)
+            return x, per_layer
+        layer_cls = _maybe_remat(EncoderLayer, cfg.remat_policy)
+        outputs = []
+        for i in range(cfg.num_layers):
+            x = layer_cls(cfg, deterministic, name=f"layer_{i}")(x, mask)
+            outputs.append(x)
+        return x, (jnp.stack(outputs) if return_all_layers else None)
+
+
+class Pooler(nn.Module):
+    """dense + tanh on the first ([CLS]) token."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, sequence_output: Array) -> Array:
+        """[batch, seq, hidden] → [batch, hidden]."""
+        # ("embed", "mlp"): a square matrix cannot put `embed` on both axes.
+        first = sequence_output[:, 0]
+        pooled = dense(self.config, self.config.hidden_size, ("embed", "mlp"), "dense")(first)
+        return jnp.tanh(pooled)
+
+
+class BertModel(nn.Module):
+    """Embeddings → encoder → pooler.
+
+    Returns a dict: `sequence_output` [batch, seq, hidden], `pooled_output` [batch, hidden],
+    and, with `return_all_layers`, `hidden_states` [num_layers + 1, batch, seq, hidden]
+    (index 0 = embedding output, index i = output of layer i).
+    """
+
+    config: BertConfig
+
+    def setup(self):
+        self.embeddings = Embeddings(self.config)
+        self.encoder = Encoder(self.config)
+        self.pooler = Pooler(self.config)
+
+    def __call__(
+        self,
+        input_ids: Array,
+        segment_ids: Array | None = None,
+        input_mask: Array | None = None,
+        *,
+        packing_ids: Array | None = None,
+        position_ids: Array | None = None,
+        deterministic: bool = True,
+        return_all_layers: bool = False,
+    ) -> dict[str, Any]:
+        """input_ids, segment_ids, input_mask: [batch, seq] int.
+
+        packing_ids: [batch, seq] int, optional: several examples packed in one row; attention
+          stays within an example and position ids restart at each example (unless given).
+        """
+        cfg = self.config
+        if segment_ids is None:
+            segment_ids = jnp.zeros_like(input_ids)
+        if position_ids is None:
+            if packing_ids is not None:
+                position_ids = attn_lib.positions_from_packing(packing_ids)
+            else:
+                position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+        mask = attn_lib.attention_mask(
+            input_mask, packing_ids, causal=cfg.causal, seq_len=input_ids.shape[1]
+        )
+        embedded = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
+        sequence_output, per_layer = self.encoder(
+            embedded, mask, deterministic, return_all_layers
+        )
+        outputs = {
+            "sequence_output": sequence_output,
+            "pooled_output": self.pooler(sequence_output),
+        }
+        if return_all_layers:
+            outputs["hidden_states"] = jnp.concatenate([embedded[None], per_layer], axis=0)
+        return outputs

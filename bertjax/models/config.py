@@ -1,0 +1,105 @@
+"""BERT model hyper-parameters and the paper's size presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+# (num_layers, hidden_size, num_heads); intermediate size is 4H for every preset.
+# tiny..medium are the "small BERTs" released with the paper's code; base and large are Table 1.
+PRESETS: dict[str, tuple[int, int, int]] = {
+    "tiny": (2, 128, 2),
+    "mini": (4, 256, 4),
+    "small": (4, 512, 8),
+    "medium": (8, 512, 8),
+    "base": (12, 768, 12),
+    "large": (24, 1024, 16),
+}
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")
+REMAT_POLICIES = ("none", "full", "dots")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Everything that fixes the model's parameters and computation.
+
+    Field names match `config.model` in `experiments/`, so `BertConfig(**config.model)` works.
+    """
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"  # exact erf GELU, as the paper
+    hidden_dropout_prob: float = 0.1
+    attention_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    dtype: str = "float32"  # compute dtype of activations
+    param_dtype: str = "float32"
+    # "auto": jax.nn.dot_product_attention (fused kernels) unless attention dropout is active,
+    # which the fused kernels cannot apply; "einsum": the plain reference path;
+    # "xla" / "cudnn": force that dot_product_attention implementation.
+    attention_impl: str = "auto"
+    causal: bool = False  # left-to-right attention (the LTR ablation)
+    remat_policy: str = "none"  # rematerialise each layer: none | full | dots
+    scan_layers: bool = False  # nn.scan over layers: params stacked on a leading `layers` axis
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size} is not divisible by "
+                f"model.num_heads={self.num_heads}"
+            )
+        for field, allowed in (
+            ("hidden_act", ACTIVATIONS),
+            ("attention_impl", ATTENTION_IMPLS),
+            ("remat_policy", REMAT_POLICIES),
+            ("dtype", DTYPES),
+            ("param_dtype", DTYPES),
+        ):
+            if getattr(self, field) not in allowed:
+                raise ConfigError(
+                    f"model.{field}={getattr(self, field)!r} is not one of {allowed}"
+                )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> BertConfig:
+        if name not in PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+        num_layers, hidden, heads = PRESETS[name]
+        fields = dict(
+            num_layers=num_layers,
+            hidden_size=hidden,
+            num_heads=heads,
+            intermediate_size=4 * hidden,
+        )
+        fields.update(overrides)
+        return cls(**fields)
+
+    @classmethod
+    def from_dict(cls, values: Any) -> BertConfig:
+        """From a dict or ConfigDict; an unknown key is named in the error."""
+        values = dict(values)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)

@@ -1,0 +1,111 @@
+"""BERT with its pre-training heads (masked LM, next sentence prediction) and their losses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.models.bert import BertModel, activation, dense, layer_norm, zeros_init
+from bertjax.models.config import BertConfig
+
+Array = jax.Array
+
+
+def gather_positions(sequence: Array, positions: Array) -> Array:
+    """sequence: [batch, seq, hidden], positions: [batch, n] → [batch, n, hidden]."""
+    return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class MaskedLMHead(nn.Module):
+    """dense + GELU + LayerNorm, then the tied word-embedding matrix (transposed) + a bias."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, hidden: Array, word_embeddings: nn.Embed) -> Array:
+        """hidden: [batch, n, hidden] → logits [batch, n, vocab]."""
+        cfg = self.config
+        h = dense(cfg, cfg.hidden_size, ("embed", "mlp"), "transform")(hidden)
+        h = layer_norm(cfg, "transform_layer_norm")(activation(cfg.hidden_act)(h))
+        bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
+        logits = word_embeddings.attend(h) + jnp.asarray(bias, h.dtype)
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
+
+
+class BertForPreTraining(nn.Module):
+    """The encoder plus the MLM and NSP heads.
+
+    MLM logits are computed only at `masked_lm_positions` (gathered before the vocabulary
+    projection), so the [seq, vocab] product over unmasked tokens is never formed.
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        segment_ids: Array | None,
+        input_mask: Array | None,
+        masked_lm_positions: Array,
+        *,
+        packing_ids: Array | None = None,
+        position_ids: Array | None = None,
+        deterministic: bool = True,
+    ) -> dict[str, Array]:
+        """input_ids, segment_ids, input_mask: [batch, seq]; masked_lm_positions: [batch, n].
+
+        Returns `mlm_logits` [batch, n, vocab] and `nsp_logits` [batch, 2].
+        """
+        bert = BertModel(self.config, name="bert")
+        outputs = bert(
+            input_ids,
+            segment_ids,
+            input_mask,
+            packing_ids=packing_ids,
+            position_ids=position_ids,
+            deterministic=deterministic,
+        )
+        masked = gather_positions(outputs["sequence_output"], masked_lm_positions)
+        mlm_logits = MaskedLMHead(self.config, name="mlm")(masked, bert.embeddings.word_embeddings)
+        nsp_logits = dense(self.config, 2, ("embed", "classes"), "nsp")(outputs["pooled_output"])
+        return {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits}
+
+
+def pretraining_loss(
+    outputs: dict[str, Array], batch: dict[str, Any], nsp_weight: float = 1.0
+) -> tuple[Array, dict[str, Array]]:
+    """Loss = weighted-mean MLM NLL + nsp_weight × mean NSP NLL, all in float32.
+
+    batch: masked_lm_ids [batch, n] int, masked_lm_weights [batch, n] float,
+      next_sentence_labels [batch] or [batch, 1] int (0 = IsNext, 1 = NotNext).
+    """
+    mlm_logits = outputs["mlm_logits"].astype(jnp.float32)
+    ids = batch["masked_lm_ids"].astype(jnp.int32)
+    weights = batch["masked_lm_weights"].astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(mlm_logits, axis=-1)
+    mlm_nll = -jnp.take_along_axis(log_probs, ids[..., None], axis=-1)[..., 0]
+    weight_sum = jnp.sum(weights)
+    # The reference divides by sum(weights) + 1e-5 (so an all-padding batch gives 0, not NaN).
+    mlm_loss = jnp.sum(mlm_nll * weights) / (weight_sum + 1e-5)
+    mlm_correct = (jnp.argmax(mlm_logits, axis=-1) == ids).astype(jnp.float32)
+    mlm_accuracy = jnp.sum(mlm_correct * weights) / jnp.maximum(weight_sum, 1e-5)
+
+    nsp_logits = outputs["nsp_logits"].astype(jnp.float32)
+    labels = batch["next_sentence_labels"].reshape(-1).astype(jnp.int32)
+    nsp_log_probs = jax.nn.log_softmax(nsp_logits, axis=-1)
+    nsp_loss = -jnp.mean(jnp.take_along_axis(nsp_log_probs, labels[:, None], axis=-1))
+    nsp_accuracy = jnp.mean((jnp.argmax(nsp_logits, axis=-1) == labels).astype(jnp.float32))
+
+    loss = mlm_loss + nsp_weight * nsp_loss
+    metrics = {
+        "loss": loss,
+        "mlm_loss": mlm_loss,
+        "mlm_accuracy": mlm_accuracy,
+        "nsp_loss": nsp_loss,
+        "nsp_accuracy": nsp_accuracy,
+    }
+    return loss, metrics

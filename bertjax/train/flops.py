@@ -1,0 +1,44 @@
+"""Model FLOPs of BERT training and the peak throughput of known accelerators (for MFU)."""
+
+from __future__ import annotations
+
+from bertjax.models.config import BertConfig
+
+# Dense bf16 peak, TFLOP/s per device (chip for TPU, GPU otherwise), matched against
+# jax.Device.device_kind. Longer keys first so that "v5p" is not taken for "v5".
+PEAK_BF16_TFLOPS = {
+    "TPU v6 lite": 918.0,  # v6e
+    "TPU v5 lite": 197.0,  # v5e
+    "TPU v5p": 459.0,
+    "TPU v5": 459.0,
+    "TPU v4": 275.0,
+    "H200": 989.0,
+    "H100": 989.0,
+    "A100": 312.0,
+}
+
+
+def peak_flops_per_device(device_kind: str) -> float | None:
+    """Peak FLOP/s of one device, or None if the kind is unknown (MFU is then not reported)."""
+    for key, tflops in PEAK_BF16_TFLOPS.items():
+        if key.lower() in device_kind.lower():
+            return tflops * 1e12
+    return None
+
+
+def forward_flops_per_sequence(cfg: BertConfig, seq_len: int, max_predictions: int) -> float:
+    """Matmul FLOPs of one forward pass of BertForPreTraining on one sequence.
+
+    Per layer and token: Q/K/V/O projections 8H², FFN 4·H·I, attention scores and the
+    weighted sum 4·s·H. The MLM head runs only on `max_predictions` positions: 2H² + 2HV each.
+    Embedding look-ups, LayerNorm, softmax, pooler and NSP are negligible and not counted.
+    """
+    h, i, s = cfg.hidden_size, cfg.intermediate_size, seq_len
+    per_layer = s * (8 * h * h + 4 * h * i) + 4 * s * s * h
+    mlm = max_predictions * (2 * h * h + 2 * h * cfg.vocab_size)
+    return float(cfg.num_layers * per_layer + mlm)
+
+
+def train_flops_per_sequence(cfg: BertConfig, seq_len: int, max_predictions: int) -> float:
+    """Forward + backward ≈ 3 × forward (the backward pass costs two matmuls per forward one)."""
+    return 3.0 * forward_flops_per_sequence(cfg, seq_len, max_predictions)

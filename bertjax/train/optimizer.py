@@ -1,0 +1,108 @@
+"""Optimizers (optax) and learning-rate schedules of the BERT recipe."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import flax
+import jax
+import jax.numpy as jnp
+import optax
+
+from bertjax.models.config import ConfigError
+
+
+def weight_decay_mask(params: Any) -> Any:
+    """True for parameters that get weight decay: not LayerNorm parameters, not biases.
+
+    The single home of this rule (the reference excludes "LayerNorm" and "bias" variables).
+    """
+    flat = flax.traverse_util.flatten_dict(params)
+    mask = {
+        path: not (path[-1] in ("bias", "output_bias") or any("layer_norm" in p for p in path))
+        for path in flat
+    }
+    return flax.traverse_util.unflatten_dict(mask)
+
+
+def learning_rate_schedule(
+    peak: float, warmup_steps: int, total_steps: int, kind: str = "reference"
+) -> optax.Schedule:
+    """Linear warmup from 0, then linear decay to 0 at `total_steps`.
+
+    kind="reference": the decay is counted from step 0 (polynomial decay over all steps) and the
+      warmup ramp replaces it while step < warmup, so right after warmup
+      lr = peak * (1 - warmup / total), as google-research/bert does.
+    kind="from_peak": decay from the peak at the end of warmup down to 0 at total_steps.
+    """
+    if kind not in ("reference", "from_peak"):
+        raise ConfigError(f"optimizer.schedule={kind!r} is not one of ('reference', 'from_peak')")
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        warm = peak * step / max(warmup_steps, 1)
+        if kind == "reference":
+            decayed = peak * (1.0 - jnp.minimum(step, total_steps) / total_steps)
+        else:
+            frac = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
+            decayed = peak * (1.0 - jnp.clip(frac, 0.0, 1.0))
+        return jnp.where(step < warmup_steps, warm, decayed)
+
+    return schedule
+
+
+class ScaleByAdamNoBiasCorrectionState(NamedTuple):
+    mu: Any
+    nu: Any
+
+
+def scale_by_adam_no_bias_correction(
+    b1: float = 0.9, b2: float = 0.999, eps: float = 1e-6
+) -> optax.GradientTransformation:
+    """Adam moments without bias correction: update = m / (sqrt(v) + eps), as the reference."""
+
+    def init_fn(params):
+        zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)
+        return ScaleByAdamNoBiasCorrectionState(
+            mu=jax.tree.map(zeros, params), nu=jax.tree.map(zeros, params)
+        )
+
+    def update_fn(updates, state, params=None):
+        del params
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+        updates = jax.tree.map(lambda m, v: m / (jnp.sqrt(v) + eps), mu, nu)
+        return updates, ScaleByAdamNoBiasCorrectionState(mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def make_optimizer(config: Any, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
+    """From `config.optimizer`: returns (transformation, schedule)."""
+    opt = config
+    schedule = learning_rate_schedule(
+        opt.learning_rate, opt.warmup_steps, total_steps, opt.schedule
+    )
+    if opt.name == "bert_adamw":
+        core = optax.chain(
+            scale_by_adam_no_bias_correction(opt.b1, opt.b2, opt.eps),
+            optax.add_decayed_weights(opt.weight_decay, mask=weight_decay_mask),
+            optax.scale_by_learning_rate(schedule),
+        )
+    elif opt.name == "adamw":
+        core = optax.adamw(
+            schedule, opt.b1, opt.b2, opt.eps, weight_decay=opt.weight_decay,
+            mask=weight_decay_mask,
+        )
+    elif opt.name == "lamb":
+        core = optax.lamb(
+            schedule, opt.b1, opt.b2, opt.eps, weight_decay=opt.weight_decay,
+            mask=weight_decay_mask,
+        )
+    else:
+        raise ConfigError(
+            f"optimizer.name={opt.name!r} is not one of ('bert_adamw', 'adamw', 'lamb')"
+        )
+    if opt.clip_norm and opt.clip_norm > 0:
+        core = optax.chain(optax.clip_by_global_norm(opt.clip_norm), core)
+    return core, schedule

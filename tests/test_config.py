@@ -1,0 +1,122 @@
+"""Presets, parameter counts, config overrides and the `--dry_run` report."""
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import run_python
+
+from bertjax.models import PRESETS, BertConfig, BertForPreTraining, BertModel
+from bertjax.models.config import ConfigError
+from experiments import pretrain as pretrain_experiment
+
+# BertForPreTraining at vocab 30522 (tied decoder), as in the paper and its released models.
+EXPECTED_TOTALS = {
+    "tiny": 4_433_468,
+    "mini": 11_267_900,
+    "small": 29_058_876,
+    "medium": 41_668_412,
+    "base": 110_106_428,
+    "large": 336_226_108,
+}
+EXPECTED_ENCODER_AND_POOLER = {"base": 109_482_240, "large": 335_141_888}
+
+
+def count(module, *args):
+    shapes = jax.eval_shape(module.init, jax.random.key(0), *args)
+    return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes["params"]))
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_parameter_counts_match_the_paper(preset):
+    cfg = BertConfig.from_preset(preset)
+    ids = jnp.zeros((1, 8), jnp.int32)
+    assert count(BertForPreTraining(cfg), ids, ids, ids, ids[:, :2]) == EXPECTED_TOTALS[preset]
+    if preset in EXPECTED_ENCODER_AND_POOLER:
+        assert count(BertModel(cfg), ids) == EXPECTED_ENCODER_AND_POOLER[preset]
+
+
+def test_presets_follow_the_paper_shapes():
+    cfg = BertConfig.from_preset("large")
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.intermediate_size) == (
+        24, 1024, 16, 4096)
+    assert (cfg.vocab_size, cfg.max_position_embeddings, cfg.type_vocab_size) == (30522, 512, 2)
+    assert cfg.hidden_dropout_prob == cfg.attention_dropout_prob == 0.1
+    assert cfg.hidden_act == "gelu" and cfg.layer_norm_eps == 1e-12
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_experiment_config_round_trips_into_the_model_config(preset):
+    config = pretrain_experiment.get_config(preset)
+    cfg = BertConfig.from_dict(config.model)
+    assert cfg.num_layers == PRESETS[preset][0]
+    assert sorted(config.phases) == ["phase1", "phase2"]
+    assert config.phases.phase1.seq_len == 128 and config.phases.phase2.seq_len == 512
+
+
+def test_invalid_model_values_name_the_field():
+    with pytest.raises(ConfigError, match="model.num_heads"):
+        BertConfig.from_preset("tiny", num_heads=3)
+    with pytest.raises(ConfigError, match="model.attention_impl"):
+        BertConfig.from_preset("tiny", attention_impl="flash")
+    with pytest.raises(ConfigError, match="num_layerz"):
+        BertConfig.from_dict({"num_layerz": 3})
+
+
+def _one_line_error(proc):
+    lines = [line for line in proc.stderr.strip().splitlines() if line.strip()]
+    assert proc.returncode != 0
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("--config.model.num_layerz=3", "num_layerz"),
+        ("--config.model.num_layers=abc", "config.model.num_layers"),
+        ("--config.optimizer.learning_rate=fast", "config.optimizer.learning_rate"),
+        ("--config.trian.batch_size=8", "trian"),
+        ("--config.model.attention_impl=flash", "model.attention_impl"),
+        ("--config.mesh.tensor=3", "config.mesh"),
+    ],
+)
+def test_bad_override_fails_with_one_line_naming_the_field(override, field):
+    proc = run_python(["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",
+                       "--dry_run", override])
+    line = _one_line_error(proc)
+    assert line.startswith("error:") and field in line, line
+
+
+def test_dry_run_applies_overrides():
+    proc = run_python(["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",
+                       "--dry_run", "--config.model.num_layers=3", "--config.train.batch_size=8",
+                       "--config.phases.phase2.seq_len=256"])
+    assert proc.returncode == 0, proc.stderr
+    # One more tiny layer: attention 4(H²+H), two LayerNorms 4H, FFN 2HI + I + H.
+    per_layer = 4 * (128 * 128 + 128) + 2 * 2 * 128 + 2 * 128 * 512 + 512 + 128
+    assert f"{EXPECTED_TOTALS['tiny'] + per_layer:,}" in proc.stdout
+    assert re.search(r"phase2\s+256\s+80", proc.stdout), proc.stdout
+
+
+@pytest.mark.parametrize("preset", ["base", "large"])
+def test_dry_run_prints_the_paper_totals_and_compiled_memory(preset):
+    # Scanned layers compile one layer, which keeps this test fast for BERT-large.
+    proc = run_python(["-m", "bertjax.pretrain", f"--config=experiments/pretrain.py:{preset}",
+                       "--dry_run", "--config.model.scan_layers=true"])
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert re.search(rf"total\s+{EXPECTED_TOTALS[preset]:,}\b", out), out
+    assert re.search(rf"bert \(BertModel\)\s+{EXPECTED_ENCODER_AND_POOLER[preset]:,}\b", out)
+    rows = re.findall(r"^\s+(phase\d)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+\S+\s+([\d.]+)\s+([\d.]+)\s+"
+                      r"([\d.]+)$", out, re.M)
+    assert [r[:3] for r in rows] == [("phase1", "128", "20"), ("phase2", "512", "80")], out
+    gflops = {r[0]: float(r[3]) for r in rows}
+    if preset == "base":  # the paper's estimate: 0.546 GFLOP/token at s=128
+        assert gflops["phase1"] == pytest.approx(69.9, abs=0.05)
+    # Arguments hold at least params + two Adam moments in float32.
+    arg_gib = float(rows[0][4])
+    assert arg_gib * 1024**3 >= 3 * 4 * EXPECTED_TOTALS[preset]
+    assert all(float(r[6]) >= float(r[4]) for r in rows)

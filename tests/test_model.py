@@ -1,0 +1,312 @@
+"""The BERT modules against an independent float64 NumPy forward pass, and their invariants."""
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.special import erf
+
+from bertjax.models import BertConfig, BertForPreTraining, BertModel
+from bertjax.models.pretraining import pretraining_loss
+
+SMALL = dict(vocab_size=97, hidden_size=16, num_heads=4, intermediate_size=24,
+             max_position_embeddings=32, num_layers=2)
+
+
+def small_config(**overrides):
+    return BertConfig(**{**SMALL, **overrides})
+
+
+def perturbed_params(model, rng, *args, scale=0.1):
+    """Initialised parameters plus noise, so that zero biases and unit LayerNorm scales are
+    exercised too."""
+    params = nn.unbox(model.init(rng, *args)["params"])
+    leaves, treedef = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(123), len(leaves))
+    leaves = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(treedef, leaves)
+
+
+def random_batch(rng, batch, seq, vocab, num_masked):
+    r = np.random.default_rng(rng)
+    ids = r.integers(0, vocab, (batch, seq)).astype(np.int32)
+    segments = (np.arange(seq)[None] >= r.integers(1, seq, (batch, 1))).astype(np.int32)
+    lengths = r.integers(seq // 2, seq + 1, batch)
+    lengths[0] = seq
+    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+    positions = np.stack([r.choice(n, num_masked, replace=False) for n in lengths])
+    return ids, segments, mask, positions.astype(np.int32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Independent float64 reference, written from the paper's equations.
+
+
+def np_layer_norm(x, p, eps):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def np_gelu(x):
+    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+
+
+def np_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    e = np.exp(x)
+    return e / e.sum(-1, keepdims=True)
+
+
+def np_bert_for_pretraining(p, cfg, ids, segments, mask, positions):
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), p)
+    bert, eps = p["bert"], cfg.layer_norm_eps
+    emb = bert["embeddings"]
+    seq = ids.shape[1]
+    x = (emb["word_embeddings"]["embedding"][ids]
+         + emb["position_embeddings"]["embedding"][np.arange(seq)][None]
+         + emb["token_type_embeddings"]["embedding"][segments])
+    x = np_layer_norm(x, emb["layer_norm"], eps)
+    for i in range(cfg.num_layers):
+        lp = bert["encoder"][f"layer_{i}"]
+        att = lp["attention"]
+        q, k, v = (np.einsum("bsh,hnd->bsnd", x, att[n]["kernel"]) + att[n]["bias"]
+                   for n in ("query", "key", "value"))
+        scores = np.einsum("bqnd,bknd->bnqk", q, k) / np.sqrt(cfg.head_dim)
+        scores = np.where(mask[:, None, None, :] > 0, scores, -np.inf)
+        context = np.einsum("bnqk,bknd->bqnd", np_softmax(scores), v)
+        attended = np.einsum("bqnd,nde->bqe", context, att["output"]["kernel"])
+        x = np_layer_norm(x + attended + att["output"]["bias"], lp["attention_layer_norm"], eps)
+        h = np_gelu(x @ lp["intermediate"]["kernel"] + lp["intermediate"]["bias"])
+        h = h @ lp["output"]["kernel"] + lp["output"]["bias"]
+        x = np_layer_norm(x + h, lp["output_layer_norm"], eps)
+    pooled = np.tanh(x[:, 0] @ bert["pooler"]["dense"]["kernel"] + bert["pooler"]["dense"]["bias"])
+    masked = x[np.arange(x.shape[0])[:, None], positions]
+    mlm = p["mlm"]
+    t = np_gelu(masked @ mlm["transform"]["kernel"] + mlm["transform"]["bias"])
+    t = np_layer_norm(t, mlm["transform_layer_norm"], eps)
+    mlm_logits = t @ emb["word_embeddings"]["embedding"].T + mlm["output_bias"]
+    nsp_logits = pooled @ p["nsp"]["kernel"] + p["nsp"]["bias"]
+    return x, pooled, mlm_logits, nsp_logits
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype,tol", [("float64", 1e-6), ("float32", 1e-4)])
+def test_forward_matches_float64_numpy_reference(dtype, tol):
+    cfg = small_config(dtype=dtype, param_dtype=dtype)
+    ids, segments, mask, positions = random_batch(0, 3, 12, cfg.vocab_size, 4)
+    with jax.enable_x64(dtype == "float64"):
+        model = BertForPreTraining(cfg)
+        params = perturbed_params(model, jax.random.key(0), ids, segments, mask, positions)
+        out = model.apply({"params": params}, ids, segments, mask, positions)
+        base = BertModel(cfg).apply({"params": params["bert"]}, ids, segments, mask)
+        ref_seq, ref_pooled, ref_mlm, ref_nsp = np_bert_for_pretraining(
+            params, cfg, ids, segments, mask, positions
+        )
+    real = mask.astype(bool)  # padding positions are not defined outputs
+    np.testing.assert_allclose(np.asarray(base["sequence_output"])[real], ref_seq[real],
+                               atol=tol, rtol=tol)
+    np.testing.assert_allclose(base["pooled_output"], ref_pooled, atol=tol, rtol=tol)
+    np.testing.assert_allclose(out["mlm_logits"], ref_mlm, atol=tol, rtol=tol)
+    np.testing.assert_allclose(out["nsp_logits"], ref_nsp, atol=tol, rtol=tol)
+
+
+def _apply_bert(cfg, params, ids, segments, mask, **kw):
+    return BertModel(cfg).apply({"params": params}, ids, segments, mask, **kw)
+
+
+@pytest.fixture(scope="module")
+def small_model():
+    cfg = small_config()
+    ids, segments, mask, _ = random_batch(1, 2, 16, cfg.vocab_size, 3)
+    params = perturbed_params(BertModel(cfg), jax.random.key(1), ids, segments, mask)
+    return cfg, params
+
+
+def test_appending_padding_leaves_real_token_outputs_unchanged(small_model):
+    cfg, params = small_model
+    ids, segments, _, _ = random_batch(2, 2, 10, cfg.vocab_size, 3)
+    alone = _apply_bert(cfg, params, ids, segments, np.ones_like(ids))
+    pad = 6
+    padded_ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=0)
+    padded_segments = np.pad(segments, ((0, 0), (0, pad)))
+    padded_mask = np.pad(np.ones_like(ids), ((0, 0), (0, pad)))
+    padded = _apply_bert(cfg, params, padded_ids, padded_segments, padded_mask)
+    np.testing.assert_allclose(padded["sequence_output"][:, :10], alone["sequence_output"],
+                               atol=1e-5)
+    np.testing.assert_allclose(padded["pooled_output"], alone["pooled_output"], atol=1e-5)
+
+
+@pytest.mark.parametrize("attention_impl", ["einsum", "xla"])
+def test_packed_examples_equal_each_example_alone(small_model, attention_impl):
+    cfg, params = small_model
+    cfg = BertConfig(**{**cfg.to_dict(), "attention_impl": attention_impl})
+    r = np.random.default_rng(3)
+    a = r.integers(0, cfg.vocab_size, 6).astype(np.int32)
+    b = r.integers(0, cfg.vocab_size, 7).astype(np.int32)
+    seg_a = np.array([0, 0, 0, 1, 1, 1], np.int32)
+    seg_b = np.array([0, 0, 1, 1, 1, 1, 1], np.int32)
+    row_len = 16
+    packed_ids = np.zeros((1, row_len), np.int32)
+    packed_ids[0, :13] = np.concatenate([a, b])
+    packed_segments = np.zeros((1, row_len), np.int32)
+    packed_segments[0, :13] = np.concatenate([seg_a, seg_b])
+    packing_ids = np.array([[1] * 6 + [2] * 7 + [0] * 3], np.int32)
+    packed_mask = (packing_ids > 0).astype(np.int32)
+    packed = _apply_bert(cfg, params, packed_ids, packed_segments, packed_mask,
+                         packing_ids=packing_ids)["sequence_output"][0]
+    for tokens, segs, start in ((a, seg_a, 0), (b, seg_b, 6)):
+        ones = np.ones((1, len(tokens)), np.int32)
+        alone = _apply_bert(cfg, params, tokens[None], segs[None], ones)
+        np.testing.assert_allclose(packed[start:start + len(tokens)], alone["sequence_output"][0],
+                                   atol=1e-5)
+
+
+def test_mlm_logits_at_masked_positions_equal_full_sequence_logits():
+    cfg = small_config()
+    ids, segments, mask, positions = random_batch(4, 3, 12, cfg.vocab_size, 5)
+    model = BertForPreTraining(cfg)
+    params = perturbed_params(model, jax.random.key(2), ids, segments, mask, positions)
+    every_position = np.broadcast_to(np.arange(12, dtype=np.int32), (3, 12))
+    full = model.apply({"params": params}, ids, segments, mask, every_position)["mlm_logits"]
+    gathered = model.apply({"params": params}, ids, segments, mask, positions)["mlm_logits"]
+    expected = np.take_along_axis(np.asarray(full), positions[..., None], axis=1)
+    np.testing.assert_allclose(gathered, expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("packed", [False, True])
+def test_dot_product_attention_path_equals_einsum_path(small_model, causal, packed):
+    cfg, params = small_model
+    ids, segments, mask, _ = random_batch(5, 2, 16, cfg.vocab_size, 3)
+    kw = {}
+    if packed:
+        kw["packing_ids"] = np.where(mask > 0, 1 + (np.arange(16)[None] >= 7), 0).astype(np.int32)
+    outs = {}
+    for impl in ("einsum", "xla", "auto"):
+        c = BertConfig(**{**cfg.to_dict(), "attention_impl": impl, "causal": causal})
+        outs[impl] = _apply_bert(c, params, ids, segments, mask, **kw)["sequence_output"]
+    real = mask.astype(bool)
+    for impl in ("xla", "auto"):
+        np.testing.assert_allclose(np.asarray(outs[impl])[real], np.asarray(outs["einsum"])[real],
+                                   atol=1e-5)
+
+
+def test_causal_mask_hides_later_tokens(small_model):
+    cfg, params = small_model
+    cfg = BertConfig(**{**cfg.to_dict(), "causal": True})
+    ids, segments, _, _ = random_batch(6, 1, 12, cfg.vocab_size, 3)
+    changed = ids.copy()
+    changed[0, 8:] = (changed[0, 8:] + 1) % cfg.vocab_size
+    ones = np.ones_like(ids)
+    before = _apply_bert(cfg, params, ids, segments, ones)["sequence_output"]
+    after = _apply_bert(cfg, params, changed, segments, ones)["sequence_output"]
+    np.testing.assert_allclose(after[0, :8], before[0, :8], atol=1e-6)
+    assert not np.allclose(after[0, 8:], before[0, 8:], atol=1e-3)
+
+
+def stack_layers(params, num_layers):
+    """Unrolled `layer_i` parameters → the scanned layout (leading `layers` axis)."""
+    params = flax.core.unfreeze(params)
+    encoder = params["bert"]["encoder"] if "bert" in params else params["encoder"]
+    layers = [encoder.pop(f"layer_{i}") for i in range(num_layers)]
+    encoder["layers"] = {"layer": jax.tree.map(lambda *xs: jnp.stack(xs), *layers)}
+    return params
+
+
+@pytest.mark.parametrize("remat_policy", ["none", "full", "dots"])
+def test_scan_and_remat_give_the_same_outputs_and_gradients(remat_policy):
+    cfg = small_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+    ids, segments, mask, positions = random_batch(7, 2, 12, cfg.vocab_size, 3)
+    model = BertForPreTraining(cfg)
+    params = perturbed_params(model, jax.random.key(3), ids, segments, mask, positions)
+    batch = dict(masked_lm_ids=ids[:, :3], masked_lm_weights=np.ones((2, 3), np.float32),
+                 next_sentence_labels=np.array([0, 1]))
+
+    def loss_and_grads(m, p):
+        def loss_fn(p):
+            out = m.apply({"params": p}, ids, segments, mask, positions, deterministic=False,
+                          rngs={"dropout": jax.random.key(0)})
+            return pretraining_loss(out, batch)[0]
+        return jax.value_and_grad(loss_fn)(p)
+
+    loss, grads = loss_and_grads(model, params)
+    scanned_cfg = BertConfig(**{**cfg.to_dict(), "scan_layers": True, "remat_policy": remat_policy})
+    scan_loss, scan_grads = loss_and_grads(BertForPreTraining(scanned_cfg),
+                                           stack_layers(params, cfg.num_layers))
+    np.testing.assert_allclose(scan_loss, loss, rtol=1e-6)
+    expected = stack_layers(grads, cfg.num_layers)
+    for (path, g), (_, e) in zip(flax.traverse_util.flatten_dict(scan_grads).items(),
+                                 flax.traverse_util.flatten_dict(expected).items()):
+        np.testing.assert_allclose(g, e, atol=1e-6, err_msg=str(path))
+
+
+def test_all_hidden_states_are_returned_in_layer_order(small_model):
+    cfg, params = small_model
+    ids, segments, mask, _ = random_batch(8, 2, 10, cfg.vocab_size, 3)
+    out = _apply_bert(cfg, params, ids, segments, mask, return_all_layers=True)
+    assert out["hidden_states"].shape == (cfg.num_layers + 1, 2, 10, cfg.hidden_size)
+    np.testing.assert_array_equal(out["hidden_states"][-1], out["sequence_output"])
+    scanned = BertConfig(**{**cfg.to_dict(), "scan_layers": True})
+    scan_out = _apply_bert(scanned, stack_layers({"bert": params}, cfg.num_layers)["bert"],
+                           ids, segments, mask, return_all_layers=True)
+    np.testing.assert_allclose(scan_out["hidden_states"], out["hidden_states"], atol=1e-5)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_every_parameter_has_logical_axis_names(scan_layers):
+    cfg = small_config(scan_layers=scan_layers)
+    ids = jnp.zeros((1, 4), jnp.int32)
+    boxed = jax.eval_shape(BertForPreTraining(cfg).init, jax.random.key(0), ids, ids, ids,
+                           ids[:, :1])
+    flat = flax.traverse_util.flatten_dict(boxed["params"])
+    assert len(flat) > 20
+    for path, leaf in flat.items():
+        assert isinstance(leaf, nn.LogicallyPartitioned), path
+        assert len(leaf.names) == len(leaf.value.shape), path
+        assert any(name is not None for name in leaf.names), path
+        stacked = scan_layers and path[:2] == ("bert", "encoder")
+        assert (leaf.names[0] == "layers") == stacked, path
+
+
+def test_initialisation_is_truncated_normal_with_untruncated_stddev():
+    # TF's truncated_normal_initializer(0.02): samples within ±2σ of a N(0, 0.02²), whose
+    # standard deviation after truncation is 0.02 × 0.8796.
+    cfg = BertConfig.from_preset("tiny")
+    ids = jnp.zeros((1, 4), jnp.int32)
+    params = nn.unbox(BertModel(cfg).init(jax.random.key(0), ids)["params"])
+    table = np.asarray(params["embeddings"]["word_embeddings"]["embedding"])
+    assert np.abs(table).max() <= 2 * 0.02 + 1e-7
+    np.testing.assert_allclose(table.std(), 0.02 * 0.879626, rtol=5e-3)
+    np.testing.assert_allclose(table.mean(), 0.0, atol=1e-4)
+
+
+def test_pretraining_loss_matches_numpy():
+    r = np.random.default_rng(0)
+    mlm_logits = r.normal(size=(3, 4, 11)).astype(np.float32)
+    nsp_logits = r.normal(size=(3, 2)).astype(np.float32)
+    ids = r.integers(0, 11, (3, 4))
+    weights = np.array([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], np.float32)
+    labels = np.array([[0], [1], [1]])
+    loss, metrics = pretraining_loss(
+        {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits},
+        dict(masked_lm_ids=ids, masked_lm_weights=weights, next_sentence_labels=labels),
+    )
+
+    def log_softmax(x):
+        x = x.astype(np.float64)
+        shifted = x - x.max(-1, keepdims=True)
+        return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+    nll = -np.take_along_axis(log_softmax(mlm_logits), ids[..., None], -1)[..., 0]
+    mlm = (nll * weights).sum() / (weights.sum() + 1e-5)
+    nsp = -np.take_along_axis(log_softmax(nsp_logits), labels, -1).mean()
+    acc = ((mlm_logits.argmax(-1) == ids) * weights).sum() / weights.sum()
+    np.testing.assert_allclose(metrics["mlm_loss"], mlm, rtol=1e-5)
+    np.testing.assert_allclose(metrics["nsp_loss"], nsp, rtol=1e-5)
+    np.testing.assert_allclose(metrics["mlm_accuracy"], acc, rtol=1e-6)
+    np.testing.assert_allclose(loss, mlm + nsp, rtol=1e-5)
