@@ -1,14 +1,19 @@
 r"""Pre-train BERT.
 
-  python -m bertjax.pretrain --config=experiments/pretrain.py:base --workdir=gs://bucket/run
+  python -m bertjax.pretrain --config=experiments/pretrain.py:base --workdir=gs://bucket/run \
+      --config.phases.phase1.data='gs://bucket/data/seq128/*.tfrecord' \
+      --config.phases.phase2.data='gs://bucket/data/seq512/*.tfrecord'
   python -m bertjax.pretrain --config=experiments/pretrain.py:large --dry_run
+
+Runs resume automatically from the latest checkpoint in --workdir. On a TPU pod slice, start
+the same command on every host with --distributed (one process per host).
 """
 
 from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bertjax.cli import parse_flags
@@ -19,24 +24,101 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory (local or gs://) for 
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
 )
+_DISTRIBUTED = flags.DEFINE_bool(
+    "distributed", False, "Call jax.distributed.initialize() (auto-detected on TPU pod slices)."
+)
+_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
+
+
+def initialize_distributed() -> None:
+    import jax
+
+    if _COORDINATOR.value:
+        # Cross-process collectives on CPU (tests, laptops) go through gloo; no effect elsewhere.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(
+            _COORDINATOR.value, num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value
+        )
+    elif _DISTRIBUTED.value:
+        jax.distributed.initialize()
+
+
+def make_input_fn(config):
+    """Returns make_input(phase, per_host_batch, split="train") for the trainer."""
+    import jax
+
+    def make_input(phase, per_host_batch, split="train"):
+        pattern = phase.data if split == "train" else phase.eval_data
+        if pattern == "synthetic":
+            from bertjax.train.synthetic import SyntheticInput
+
+            return SyntheticInput(
+                per_host_batch * jax.process_count(), phase.seq_len, phase.max_predictions,
+                config.model.vocab_size, seed=config.seed + (split == "eval"),
+                process_index=jax.process_index(), process_count=jax.process_count(),
+            )
+        if not pattern:
+            raise ConfigError(
+                f"config.phases.{phase.name}.{'data' if split == 'train' else 'eval_data'} is "
+                "empty; give a TFRecord file pattern (or 'synthetic')"
+            )
+        import tensorflow as tf
+
+        if not tf.io.gfile.glob(pattern):
+            field = "data" if split == "train" else "eval_data"
+            raise FileNotFoundError(
+                f"config.phases.{phase.name}.{field}: no files match {pattern!r}"
+            )
+        from data_pipeline import pretraining_input, tfrecords
+
+        # Data written by create_pretraining_data carries metadata (vocab size, [MASK], special
+        # ids, word continuations) and is masked on the fly; data without it (e.g. prepared for
+        # google-research/bert) is read as the static pre-masked records it is.
+        masking = None
+        if config.masking.dynamic and tfrecords.read_metadata(pattern) is not None:
+            masking = pretraining_input.masking_from_metadata(
+                pattern, max_predictions=phase.max_predictions,
+                masked_lm_prob=config.masking.masked_lm_prob,
+                whole_word=config.masking.whole_word,
+            )
+        try:
+            dataset = pretraining_input.make_dataset(
+                pattern, seq_len=phase.seq_len, max_predictions=phase.max_predictions,
+                batch_size=per_host_batch, seed=config.seed, shuffle=split == "train",
+                repeat=True, process_index=jax.process_index(),
+                process_count=jax.process_count(), masking=masking,
+            )
+        except ValueError as e:  # the data pipeline's messages name the file and field
+            raise ConfigError(f"config.phases.{phase.name}: {e}") from None
+        return pretraining_input.InputIterator(dataset)
+
+    return make_input
 
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress line
     config = _CONFIG.value
     if config is None:
         sys.exit("error: --config is required, e.g. --config=experiments/pretrain.py:base")
+    from bertjax.train.trainer import TrainingError
+
     try:
         if _DRY_RUN.value:
             from bertjax.train import dry_run
 
             dry_run.run(config)
             return
-        sys.exit(
-            "error: the pre-training loop is not available yet in this version; "
-            "use --dry_run to inspect a configuration"
-        )
-    except ConfigError as e:
+        if not _WORKDIR.value:
+            sys.exit("error: --workdir is required (a local path or gs://bucket/path)")
+        initialize_distributed()
+        from bertjax.train import trainer
+
+        status = trainer.train(config, _WORKDIR.value, make_input_fn(config))
+        print(f"Training {status}.", flush=True)
+    except (ConfigError, FileNotFoundError, TrainingError) as e:
         sys.exit(f"error: {e}")
 
 

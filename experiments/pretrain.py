@@ -32,9 +32,16 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.train.grad_accum_steps = 1  # micro-batches per step (batch_size must divide)
     config.train.nsp_weight = 1.0  # 0.0 = the "No NSP" ablation
 
+    # Each phase: TFRecord file pattern (or "synthetic"), held-out data for evaluation,
+    # sequence length, max predictions, and its share of the steps (`steps` > 0 overrides it).
     config.phases = ml_collections.ConfigDict()
-    config.phases.phase1 = dict(data="", seq_len=128, max_predictions=20, fraction=0.9)
-    config.phases.phase2 = dict(data="", seq_len=512, max_predictions=80, fraction=0.1)
+    config.phases.phase1 = dict(data="", eval_data="", seq_len=128, max_predictions=20,
+                                fraction=0.9, steps=0)
+    config.phases.phase2 = dict(data="", eval_data="", seq_len=512, max_predictions=80,
+                                fraction=0.1, steps=0)
+    # Masking inside tf.data with a fresh mask every epoch (for unmasked "pairs" data);
+    # static pre-masked TFRecords are read as they are when dynamic is False.
+    config.masking = dict(dynamic=True, masked_lm_prob=0.15, whole_word=False)
 
     # The reference optimizer: Adam without bias correction, decoupled weight decay 0.01 not on
     # LayerNorm or biases, global-norm clipping 1.0, warmup then linear decay counted from step 0.
@@ -48,6 +55,19 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.optimizer.b2 = 0.999
     config.optimizer.eps = 1e-6
     config.optimizer.clip_norm = 1.0
+    config.optimizer.phase_warmup_steps = 0  # > 0: warm up again at the start of phase 2
+
+    config.checkpoint = ml_collections.ConfigDict()
+    config.checkpoint.every_steps = 5000
+    config.checkpoint.max_to_keep = 3
+    config.checkpoint.async_save = True
+
+    config.eval = ml_collections.ConfigDict()
+    config.eval.every_steps = 10_000  # on each phase's eval_data, when set
+    config.eval.num_batches = 50
+
+    config.log_every_steps = 100
+    config.vocab = ""  # vocab.txt / SentencePiece model of the data (needed by dynamic masking)
 
     # Device mesh: data / fsdp / tensor; -1 fills the remaining devices.
     config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
@@ -62,5 +82,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
         ("length", None),
         ("layers", None),
         ("classes", None),
+        # Output axis of the square pooler / MLM-transform matrices. Kept replicated: sharding it
+        # over `tensor` made XLA mis-compile the MLM backward pass on a 2x2x2 mesh (CPU, jax
+        # 0.10.2; tests/test_trainer.py checks every mesh against one device).
+        ("embed_out", None),
     )
     return config

@@ -235,9 +235,9 @@ class Pooler(nn.Module):
     @nn.compact
     def __call__(self, sequence_output: Array) -> Array:
         """[batch, seq, hidden] → [batch, hidden]."""
-        # ("embed", "mlp"): a square matrix cannot put `embed` on both axes.
+        # ("embed", "embed_out"): a square matrix cannot put `embed` on both axes.
         first = sequence_output[:, 0]
-        pooled = dense(self.config, self.config.hidden_size, ("embed", "mlp"), "dense")(first)
+        pooled = dense(self.config, self.config.hidden_size, ("embed", "embed_out"), "dense")(first)
         return jnp.tanh(pooled)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import flax
@@ -77,12 +78,37 @@ def scale_by_adam_no_bias_correction(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
-def make_optimizer(config: Any, total_steps: int) -> tuple[optax.GradientTransformation, Any]:
-    """From `config.optimizer`: returns (transformation, schedule)."""
+def with_phase_rewarmup(
+    schedule: optax.Schedule, phase_starts: Sequence[int], warmup_steps: int
+) -> optax.Schedule:
+    """Multiplies `schedule` by a linear ramp 0 → 1 over `warmup_steps` from each phase start."""
+    if not phase_starts or warmup_steps <= 0:
+        return schedule
+
+    def rewarmed(step):
+        step = jnp.asarray(step, jnp.float32)
+        factor = jnp.ones((), jnp.float32)
+        for start in phase_starts:
+            ramp = jnp.clip((step - start) / warmup_steps, 0.0, 1.0)
+            factor = jnp.where(step >= start, ramp, factor)
+        return schedule(step) * factor
+
+    return rewarmed
+
+
+def make_optimizer(
+    config: Any, total_steps: int, phase_starts: Sequence[int] = ()
+) -> tuple[optax.GradientTransformation, Any]:
+    """From `config.optimizer`: returns (transformation, schedule).
+
+    One schedule spans all phases (the step is global); `phase_warmup_steps` > 0 re-warms up at
+    the start of each later phase in `phase_starts`.
+    """
     opt = config
     schedule = learning_rate_schedule(
         opt.learning_rate, opt.warmup_steps, total_steps, opt.schedule
     )
+    schedule = with_phase_rewarmup(schedule, phase_starts, opt.get("phase_warmup_steps", 0))
     if opt.name == "bert_adamw":
         core = optax.chain(
             scale_by_adam_no_bias_correction(opt.b1, opt.b2, opt.eps),

@@ -1,0 +1,231 @@
+"""Hugging Face BERT checkpoints (config.json + model.safetensors / pytorch_model.bin) ↔ bertjax.
+
+Reads the BertModel (no `bert.` prefix, no heads), BertForMaskedLM (no pooler, no NSP) and
+BertForPreTraining layouts, with or without the `bert.` prefix, old `LayerNorm.gamma/beta`
+names, sharded `*.index.json` weights, and tied `cls.predictions.decoder.*` copies (checked
+equal to what they are tied to); errors name tensors as the source spells them. Writes
+safetensors that transformers loads. torch is needed only for pytorch_model.bin.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from bertjax.convert.mapping import (
+    HF_ACTIVATIONS,
+    ConversionError,
+    TensorSpec,
+    config_from_reference,
+    config_to_hf,
+    export_tensors,
+    import_tensors,
+    reference_specs,
+)
+from bertjax.models.config import BertConfig
+
+SAFETENSORS = "model.safetensors"
+PYTORCH_BIN = "pytorch_model.bin"
+# Which parameter groups each exported architecture holds.
+ARCHITECTURES = {
+    "BertForPreTraining": ("encoder", "bert/pooler", "mlm", "nsp"),
+    "BertForMaskedLM": ("encoder", "mlm"),
+    "BertModel": ("encoder", "bert/pooler"),
+}
+# The tied MLM decoder as transformers names it: copy name → the name it must equal.
+TIED = {
+    "cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
+    "cls.predictions.decoder.bias": "cls.predictions.bias",
+}
+_BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading
+
+
+def _torch_to_numpy(tensor) -> np.ndarray:
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:  # NumPy has no bfloat16; reinterpret the bits
+        import ml_dtypes
+
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
+
+
+def _load_file(path: epath.Path) -> dict[str, np.ndarray]:
+    if path.name.endswith(".safetensors"):
+        from safetensors import safe_open
+        from safetensors.numpy import load_file
+
+        try:
+            return load_file(str(path))
+        except TypeError:  # bfloat16: NumPy cannot name it, JAX (via ml_dtypes) can
+            with safe_open(str(path), framework="flax") as f:
+                return {name: np.asarray(f.get_tensor(name)) for name in f.keys()}
+    try:
+        import torch
+    except ImportError as e:
+        raise ConversionError(f"{path}: reading pytorch_model.bin needs torch "
+                              "(pip install torch), or convert it to safetensors") from e
+    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    return {name: _torch_to_numpy(t) for name, t in state.items()}
+
+
+def weights_files(directory: epath.Path) -> list[epath.Path]:
+    """The weight file(s) of an HF directory, safetensors preferred; sharded ones via index."""
+    for name in (SAFETENSORS, PYTORCH_BIN):
+        if (directory / name).exists():
+            return [directory / name]
+        index = directory / f"{name}.index.json"
+        if index.exists():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            return [directory / shard for shard in shards]
+    raise ConversionError(f"--input {directory}: no {SAFETENSORS} or {PYTORCH_BIN} found")
+
+
+def source_naming(names) -> Callable[[str], str]:
+    """Maps a BertForPreTraining name to the source's spelling of it: without the `bert.`
+    prefix for BertModel files, with `LayerNorm.gamma/beta` for old ones. Errors then name
+    tensors exactly as they are in the user's file."""
+    names = list(names)
+    prefixed = any(name.startswith("bert.") for name in names)
+    legacy = any(name.endswith(".LayerNorm.gamma") for name in names)
+
+    def rename(name: str) -> str:
+        if not prefixed:
+            name = name.removeprefix("bert.")
+        if legacy and ".LayerNorm." in name:
+            name = name.replace(".LayerNorm.weight", ".LayerNorm.gamma")
+            name = name.replace(".LayerNorm.bias", ".LayerNorm.beta")
+        return name
+
+    return rename
+
+
+def read_config(directory: epath.Path) -> BertConfig:
+    path = directory / "config.json"
+    if not path.exists():
+        raise ConversionError(f"--input {directory}: no config.json")
+    return config_from_reference(json.loads(path.read_text()), str(path), HF_ACTIVATIONS)
+
+
+def read_hf_checkpoint(
+    directory: str | epath.Path, config: BertConfig
+) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """(params, missing optional groups, {skipped tensor: why}) from an HF directory."""
+    directory = epath.Path(directory)
+    files = weights_files(directory)
+    tensors: dict[str, Any] = {}
+    for path in files:
+        tensors.update(_load_file(path))
+    rename = source_naming(tensors)
+    source = f"--input {files[0] if len(files) == 1 else directory}"
+    skipped = {}
+    for copy, original in TIED.items():
+        copy, original = rename(copy), rename(original)
+        if copy not in tensors:
+            continue
+        if original not in tensors and copy.endswith("bias"):
+            tensors[original] = tensors[copy]  # some exports keep only the decoder's bias
+        elif original in tensors and not np.array_equal(tensors[copy], tensors[original]):
+            raise ConversionError(f"{source}: tensor {copy} differs from {original}; bertjax "
+                                  "ties the MLM decoder to the word embeddings")
+        del tensors[copy]
+        skipped[copy] = f"tied to {original}"
+    for name in map(rename, _BUFFERS):
+        if tensors.pop(name, None) is not None:
+            skipped[name] = "buffer, not a parameter"
+    params, missing, unused = import_tensors(
+        reference_specs(config), tensors, lambda s: rename(s.hf_name),
+        lambda s: s.hf_transposed, source, config,
+    )
+    skipped.update({name: "not a BertForPreTraining parameter" for name in unused})
+    return params, missing, skipped
+
+
+# ---------------------------------------------------------------------------------------------
+# Writing
+
+
+def _hf_name(architecture: str):
+    def name_of(spec: TensorSpec) -> str:
+        if architecture == "BertModel":  # BertModel's own keys carry no prefix
+            return spec.hf_name.removeprefix("bert.")
+        return spec.hf_name
+
+    return name_of
+
+
+def export_hf_tensors(
+    config: BertConfig, params: Mapping[str, Any], architecture: str, dtype: str
+) -> dict[str, np.ndarray]:
+    """bertjax params → {HF name: array} for `architecture` (tied copies omitted)."""
+    if architecture not in ARCHITECTURES:
+        raise ConversionError(f"--architecture={architecture!r} is not one of "
+                              f"{sorted(ARCHITECTURES)}")
+    groups = ARCHITECTURES[architecture]
+    tensors = export_tensors(reference_specs(config), params, _hf_name(architecture),
+                             lambda s: s.hf_transposed, keep=lambda s: s.group in groups)
+    return {name: array.astype(dtype) for name, array in tensors.items()}
+
+
+def _pad_token_id(vocab: epath.Path) -> int:
+    if vocab.name.endswith(".txt"):
+        for index, line in enumerate(vocab.read_text(encoding="utf-8").split("\n")):
+            if line.strip() == "[PAD]":
+                return index
+    return 0
+
+
+def write_hf_checkpoint(
+    output: str | epath.Path,
+    config: BertConfig,
+    params: Mapping[str, Any],
+    vocab: epath.Path,
+    do_lower_case: bool,
+    architecture: str = "BertForPreTraining",
+    dtype: str = "float32",
+    overwrite: bool = False,
+) -> list[str]:
+    """Writes config.json, model.safetensors, the vocabulary and tokenizer_config.json.
+
+    Returns notes to show the user (e.g. a SentencePiece vocabulary BertTokenizer cannot read).
+    """
+    from safetensors.numpy import save_file
+
+    output = epath.Path(output)
+    weights = output / SAFETENSORS
+    if weights.exists() and not overwrite:
+        raise ConversionError(f"--output {weights} already exists (pass --overwrite)")
+    tensors = export_hf_tensors(config, params, architecture, dtype)
+    hf_config = config_to_hf(config, architecture, _pad_token_id(vocab))
+    hf_config["dtype"] = dtype
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    # transformers refuses safetensors files without a "format" entry in the metadata.
+    if dtype == "bfloat16":  # safetensors.numpy cannot write it; its JAX writer can
+        import jax.numpy as jnp
+        from safetensors.flax import save_file as save_jax
+
+        save_jax({k: jnp.asarray(v) for k, v in tensors.items()}, str(weights),
+                 metadata={"format": "pt"})
+    else:
+        save_file(tensors, str(weights), metadata={"format": "pt"})
+    notes = []
+    if vocab.name.endswith(".model"):
+        vocab.copy(output / vocab.name, overwrite=True)
+        notes.append(f"copied the SentencePiece model {vocab.name}; transformers' "
+                     "BertTokenizer reads only vocab.txt, so load it with sentencepiece")
+    else:
+        vocab.copy(output / "vocab.txt", overwrite=True)
+        tokenizer_config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,
+                            "model_max_length": config.max_position_embeddings}
+        (output / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+    return notes

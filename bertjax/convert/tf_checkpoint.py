@@ -1,0 +1,106 @@
+"""Google's released TF1 BERT checkpoints (bert_model.ckpt + bert_config.json + vocab.txt).
+
+TensorFlow is used only to read the checkpoint (`tf.train.load_checkpoint`), with every
+accelerator hidden from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from bertjax.convert.mapping import (
+    TF_ACTIVATIONS,
+    ConversionError,
+    config_from_reference,
+    import_tensors,
+    reference_specs,
+)
+from bertjax.models.config import BertConfig
+
+# Variables a pre-training checkpoint carries besides the model: optimizer slots and counters
+# (the reference AdamWeightDecayOptimizer names its slots adam_m / adam_v).
+_OPTIMIZER_SUFFIXES = ("/adam_m", "/adam_v", "/Adam", "/Adam_1", "/Momentum", "/LAMB",
+                       "/LAMB_1", "/ExponentialMovingAverage")
+_OPTIMIZER_NAMES = ("global_step", "beta1_power", "beta2_power", "good_steps",
+                    "current_loss_scale", "loss_scale", "_CHECKPOINTABLE_OBJECT_GRAPH")
+
+
+def _import_tf():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter
+    import tensorflow as tf
+
+    # TF must never claim an accelerator that JAX will use.
+    for kind in ("GPU", "TPU"):
+        try:
+            tf.config.set_visible_devices([], kind)
+        except (RuntimeError, ValueError):
+            pass  # no such device type, or TF already initialised its devices
+    return tf
+
+
+class CheckpointTensors(Mapping):
+    """name → tensor of a TF checkpoint, each read only when asked for."""
+
+    def __init__(self, path: str):
+        tf = _import_tf()
+        try:
+            self._reader = tf.train.load_checkpoint(path)
+        except (ValueError, tf.errors.OpError) as e:
+            first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ConversionError(f"--checkpoint {path}: cannot read a TF checkpoint "
+                                  f"({first_line})") from e
+        self._shapes = self._reader.get_variable_to_shape_map()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._shapes:
+            raise KeyError(name)
+        return np.asarray(self._reader.get_tensor(name))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+
+def read_config(path: str | epath.Path) -> BertConfig:
+    """BertConfig from a reference bert_config.json."""
+    path = epath.Path(path)
+    if not path.exists():
+        raise ConversionError(f"--config {path} does not exist")
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"--config {path} is not valid JSON ({e})") from e
+    return config_from_reference(values, str(path), TF_ACTIVATIONS)
+
+
+def skip_reason(name: str) -> str:
+    if name in _OPTIMIZER_NAMES or name.endswith(_OPTIMIZER_SUFFIXES):
+        return "optimizer state"
+    return "not a BertForPreTraining parameter"
+
+
+def read_tf_checkpoint(
+    checkpoint: str, config: BertConfig
+) -> tuple[dict[str, Any], list[str], dict[str, str]]:
+    """(params, missing optional groups, {skipped variable: why}) from a TF1 checkpoint."""
+    tensors = CheckpointTensors(checkpoint)
+    if "bert/embeddings/word_embeddings" not in tensors and any(
+        ".ATTRIBUTES" in name for name in tensors
+    ):
+        raise ConversionError(
+            f"--checkpoint {checkpoint} is a TF2 object-based checkpoint; only TF1 "
+            "name-based BERT checkpoints (bert/embeddings/word_embeddings, ...) are supported"
+        )
+    params, missing, unused = import_tensors(
+        reference_specs(config), tensors, lambda s: s.tf_name, lambda s: s.tf_transposed,
+        f"--checkpoint {checkpoint}", config,
+    )
+    return params, missing, {name: skip_reason(name) for name in unused}

@@ -1,0 +1,363 @@
+"""bertjax checkpoint directories: the one format that converters, the trainer's export,
+fine-tuning, feature extraction and users' own code read and write.
+
+    DIR/config.json            BertConfig.to_dict(), always with scan_layers=false (see params)
+    DIR/params/                orbax-checkpoint PyTree (StandardCheckpointer) of the unboxed
+                               BertForPreTraining params {"bert", "mlm", "nsp"}: host NumPy
+                               arrays in config.param_dtype, layers unrolled
+                               (bert/encoder/layer_0 ... layer_{L-1})
+    DIR/vocab.txt | DIR/*.model  the WordPiece vocabulary or the SentencePiece model
+    DIR/tokenizer_config.json  {"type": "wordpiece" | "sentencepiece", "do_lower_case": bool}
+    DIR/conversion.json        only when something was not taken from a source checkpoint:
+                               {"source", "initialised": [param groups], "skipped": {...}, ...}
+
+    config, params, tokenizer = bertjax.load_pretrained(DIR)             # unrolled layers
+    config, params, tokenizer = bertjax.load_pretrained(DIR, scan_layers=True, dtype="bfloat16")
+
+Heads that a source lacks (an encoder-only or MLM-only checkpoint) are initialised with the
+model's own initialisers; they are listed in the return value, logged, and recorded in
+conversion.json, so nothing is ever silently random.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from etils import epath
+
+from bertjax.convert.layout import is_scanned, to_layout, unstack_layers
+from bertjax.convert.mapping import OPTIONAL_GROUPS, ConversionError, config_summary
+from bertjax.models import BertConfig, BertForPreTraining
+
+CONFIG_FILE = "config.json"
+PARAMS_DIR = "params"
+VOCAB_FILE = "vocab.txt"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CONVERSION_FILE = "conversion.json"
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter trees
+
+
+@functools.lru_cache(maxsize=8)
+def abstract_params(config: BertConfig) -> dict[str, Any]:
+    """ShapeDtypeStructs of every BertForPreTraining parameter (layout of `config`); cached,
+    do not modify the result."""
+    model = BertForPreTraining(config)
+    ids = jnp.zeros((1, 2), jnp.int32)
+    boxed = jax.eval_shape(
+        lambda: model.init(jax.random.key(0), ids, ids, ids, jnp.zeros((1, 1), jnp.int32))
+    )
+    return nn.unbox(boxed["params"])
+
+
+def _flat(tree: Mapping[str, Any]) -> dict[str, Any]:
+    return {"/".join(k): v for k, v in flax.traverse_util.flatten_dict(dict(tree)).items()}
+
+
+def check_params(config: BertConfig, params: Mapping[str, Any], where: str) -> None:
+    """Raises ConversionError naming the first missing, unexpected or misshapen parameter."""
+    want = _flat(abstract_params(config))
+    have = _flat(params)
+    for key in want:
+        if key not in have:
+            raise ConversionError(f"{where}: missing parameter {key}")
+    for key in have:
+        if key not in want:
+            raise ConversionError(f"{where}: unexpected parameter {key} for this config")
+    for key, spec in want.items():
+        shape = tuple(np.shape(have[key]))
+        if shape != spec.shape:
+            raise ConversionError(
+                f"{where}: parameter {key} has shape {shape} but the config "
+                f"({config_summary(config)}) implies {spec.shape}"
+            )
+
+
+def _group_present(params: Mapping[str, Any], group: str) -> bool:
+    tree = params
+    for key in group.split("/"):
+        if not isinstance(tree, Mapping) or key not in tree:
+            return False
+        tree = tree[key]
+    return True
+
+
+def init_groups(config: BertConfig, groups: list[str], seed: int) -> dict[str, Any]:
+    """Freshly initialised subtrees `groups` (e.g. ["nsp", "bert/pooler"]) of the params,
+    from the model's own initialisers."""
+    return jax.device_get(_group_initialiser(config, tuple(groups))(jax.random.key(seed)))
+
+
+@functools.lru_cache(maxsize=8)
+def _group_initialiser(config: BertConfig, groups: tuple[str, ...]):
+    # Only the requested subtrees leave the jitted init, so XLA drops the rest of the model's
+    # initialisation (no BERT-large-sized allocation to fill a 2-class head).
+    model = BertForPreTraining(config)
+    ids = jnp.zeros((1, 2), jnp.int32)
+
+    def init(rng):
+        params = nn.unbox(model.init(rng, ids, ids, ids, jnp.zeros((1, 1), jnp.int32))["params"])
+        picked: dict[str, Any] = {}
+        for group in groups:
+            src, dst = params, picked
+            *parents, leaf = group.split("/")
+            for key in parents:
+                src, dst = src[key], dst.setdefault(key, {})
+            dst[leaf] = src[leaf]
+        return picked
+
+    return jax.jit(init)
+
+
+def complete_params(
+    config: BertConfig, params: Mapping[str, Any], seed: int = 0
+) -> tuple[dict[str, Any], list[str]]:
+    """Adds the optional groups (`bert/pooler`, `mlm`, `nsp`) that `params` lacks entirely.
+
+    Returns (params, names of the initialised groups). A partly present group is left alone
+    (check_params then names the missing tensor).
+    """
+    missing = [g for g in OPTIONAL_GROUPS if not _group_present(params, g)]
+    if not missing:
+        return dict(params), []
+    fresh = init_groups(config, missing, seed)
+    merged = flax.traverse_util.flatten_dict(dict(params))
+    merged.update(flax.traverse_util.flatten_dict(fresh))
+    return flax.traverse_util.unflatten_dict(merged), missing
+
+
+def _to_host(params: Any, dtype: str) -> Any:
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)).astype(dtype), params)
+
+
+# ---------------------------------------------------------------------------------------------
+# Vocabulary
+
+
+def vocab_path(path: str | epath.Path) -> epath.Path:
+    """The vocab.txt or SentencePiece .model file at `path` (a file or a directory)."""
+    path = epath.Path(path)
+    if path.is_dir():
+        if (path / VOCAB_FILE).exists():
+            return path / VOCAB_FILE
+        models = sorted(path.glob("*.model"))
+        if len(models) == 1:
+            return models[0]
+        raise ConversionError(
+            f"{path}: expected a {VOCAB_FILE} or exactly one SentencePiece *.model, "
+            f"found {len(models)} *.model files"
+        )
+    if not path.exists():
+        raise ConversionError(f"vocabulary {path} does not exist")
+    return path
+
+
+def is_sentencepiece(path: epath.Path) -> bool:
+    return path.name.endswith(".model")
+
+
+def count_vocab(path: epath.Path) -> int:
+    """Entries in a vocab.txt (one token a line, as the reference reads it) or a .model."""
+    if is_sentencepiece(path):
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_file=str(path)).get_piece_size()
+    data = path.read_bytes()
+    # Count b"\n" rather than str.splitlines(): vocabularies contain characters (\x1c, \x85,
+    # \u2028) that splitlines treats as line breaks but the reference does not.
+    return data.count(b"\n") + (1 if data and not data.endswith(b"\n") else 0)
+
+
+def infer_do_lower_case(path: epath.Path) -> bool:
+    """A WordPiece vocabulary with upper-case tokens is a cased one (do_lower_case=False)."""
+    for line in path.read_text(encoding="utf-8").split("\n"):
+        token = line.strip()
+        if token.startswith("[") and token.endswith("]"):
+            continue  # [PAD], [UNK], [unused0] ...
+        if token != token.lower():
+            return False
+    return True
+
+
+def check_vocab_size(config: BertConfig, size: int, source: str) -> None:
+    if size != config.vocab_size:
+        raise ConversionError(
+            f"{source} has {size} entries but bert/embeddings/word_embeddings has "
+            f"{config.vocab_size} rows (vocab_size={config.vocab_size})"
+        )
+
+
+def _check_vocabulary(config: BertConfig, tokenizer_or_vocab_path: Any) -> None:
+    if hasattr(tokenizer_or_vocab_path, "save"):  # a bertjax.tokenization.Tokenizer
+        check_vocab_size(config, tokenizer_or_vocab_path.vocab_size, "the tokenizer's vocabulary")
+    else:
+        source = vocab_path(tokenizer_or_vocab_path)
+        check_vocab_size(config, count_vocab(source), str(source))
+
+
+def _write_vocabulary(
+    directory: epath.Path, tokenizer_or_vocab_path: Any, do_lower_case: bool | None
+) -> dict[str, Any]:
+    """Copies/saves the vocabulary and writes tokenizer_config.json; returns that config."""
+    if hasattr(tokenizer_or_vocab_path, "save"):  # a bertjax.tokenization.Tokenizer
+        tokenizer_or_vocab_path.save(str(directory))
+        return {"do_lower_case": tokenizer_or_vocab_path.do_lower_case,
+                "do_lower_case_source": "tokenizer"}
+    source = vocab_path(tokenizer_or_vocab_path)
+    sentencepiece = is_sentencepiece(source)
+    how = "given"
+    if do_lower_case is None:
+        source_config = source.parent / TOKENIZER_CONFIG_FILE
+        if source_config.exists():  # ours, or Hugging Face's (same key)
+            do_lower_case = json.loads(source_config.read_text()).get("do_lower_case")
+            how = f"from {source_config}"
+    if do_lower_case is None:
+        do_lower_case = False if sentencepiece else infer_do_lower_case(source)
+        has = "no upper-case tokens" if do_lower_case else "upper-case tokens"
+        how = "default for SentencePiece" if sentencepiece else f"inferred: vocabulary has {has}"
+    target = directory / (source.name if sentencepiece else VOCAB_FILE)
+    if source.resolve() != target.resolve():
+        source.copy(target, overwrite=True)
+    tokenizer_config = {
+        "type": "sentencepiece" if sentencepiece else "wordpiece",
+        "do_lower_case": bool(do_lower_case),
+    }
+    (directory / TOKENIZER_CONFIG_FILE).write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    return {**tokenizer_config, "do_lower_case_source": how}
+
+
+# ---------------------------------------------------------------------------------------------
+# Save / load
+
+
+def save_pretrained(
+    directory: str | epath.Path,
+    model_config: BertConfig,
+    params: Mapping[str, Any],
+    tokenizer_or_vocab_path: Any,
+    *,
+    do_lower_case: bool | None = None,
+    provenance: Mapping[str, Any] | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Writes a checkpoint directory (format in the module docstring).
+
+    params: BertForPreTraining params (boxed or not, unrolled or scanned, on device or host,
+      fully addressable by this process), or BertModel params; `bert/pooler`, `mlm`, `nsp`
+      may be absent: they are then initialised (seed `seed`).
+    tokenizer_or_vocab_path: a bertjax Tokenizer, or a vocab.txt / *.model / directory holding
+      one (its tokenizer_config.json, if any, supplies do_lower_case unless given).
+    provenance: extra fields for conversion.json (e.g. {"source": ..., "skipped": ...}).
+    Returns the summary written to conversion.json (`initialised` lists the new groups).
+    """
+    directory = epath.Path(directory)
+    params = nn.unbox(dict(params))
+    if "embeddings" in params:  # BertModel params: the encoder alone
+        params = {"bert": params}
+    if is_scanned(params):
+        params = unstack_layers(params)
+    config = dataclasses.replace(model_config, scan_layers=False)
+    params, initialised = complete_params(config, params, seed)
+    check_params(config, params, where="params")
+    _check_vocabulary(config, tokenizer_or_vocab_path)  # before anything is written
+    params = _to_host(params, config.param_dtype)
+
+    params_dir = directory / PARAMS_DIR
+    if params_dir.exists() and not overwrite:
+        raise ConversionError(f"{params_dir} already exists (pass overwrite=True/--overwrite)")
+    summary = {**(provenance or {}), "initialised": initialised}
+    # Multi-host: every process calls this (orbax coordinates the params write); only the
+    # first one writes the small files.
+    if jax.process_index() == 0:
+        if params_dir.exists():
+            params_dir.rmtree()
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        tokenizer_config = _write_vocabulary(directory, tokenizer_or_vocab_path, do_lower_case)
+        summary["do_lower_case"] = tokenizer_config["do_lower_case"]
+        summary["do_lower_case_source"] = tokenizer_config["do_lower_case_source"]
+        conversion_file = directory / CONVERSION_FILE
+        if initialised or provenance:
+            conversion_file.write_text(json.dumps(summary, indent=2) + "\n")
+        elif conversion_file.exists():
+            conversion_file.unlink()  # stale provenance from an earlier save would mislead
+    for group in initialised:
+        logging.warning("%s: %s was not in the source and was initialised (seed %d)",
+                        directory, group, seed)
+
+    import orbax.checkpoint as ocp
+
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save(_absolute(params_dir), params)
+    checkpointer.wait_until_finished()
+    return summary
+
+
+def _absolute(path: epath.Path) -> epath.Path:
+    # orbax needs absolute local paths; cloud paths (gs://...) already are.
+    return path if "://" in str(path) else path.resolve()
+
+
+def load_config(directory: str | epath.Path) -> BertConfig:
+    directory = epath.Path(directory)
+    config_file = directory / CONFIG_FILE
+    if not (directory / PARAMS_DIR).exists():
+        hint = ""
+        if any((directory / f).exists() for f in ("model.safetensors", "pytorch_model.bin")):
+            hint = f"; convert it first: python -m bertjax.convert from_hf --input {directory}"
+        elif (directory / "bert_config.json").exists():
+            hint = "; convert it first: python -m bertjax.convert from_tf ... --output DIR"
+        raise ConversionError(f"{directory} is not a bertjax checkpoint (no {PARAMS_DIR}/){hint}")
+    if not config_file.exists():
+        raise ConversionError(f"{config_file} does not exist")
+    return BertConfig.from_dict(json.loads(config_file.read_text()))
+
+
+def load_params(directory: str | epath.Path, config: BertConfig) -> dict[str, Any]:
+    """Host NumPy params in `config.param_dtype`, in the layout `config.scan_layers` selects."""
+    import orbax.checkpoint as ocp
+
+    directory = epath.Path(directory)
+    params_dir = directory / PARAMS_DIR
+    params = ocp.StandardCheckpointer().restore(_absolute(params_dir))
+    stored = dataclasses.replace(config, scan_layers=False)
+    check_params(stored, params, where=str(params_dir))
+    return to_layout(_to_host(params, config.param_dtype), config.scan_layers)
+
+
+def load_pretrained(
+    directory: str | epath.Path, *, do_lower_case: bool | None = None, **config_overrides: Any
+) -> tuple[BertConfig, dict[str, Any], Any]:
+    """(config, params, tokenizer) from a checkpoint directory.
+
+    config_overrides: BertConfig fields to change, e.g. scan_layers=True (params are then
+      stacked to match), dtype="bfloat16", param_dtype, hidden_dropout_prob, attention_impl.
+    params: host NumPy arrays (place them with jax.device_put(params, shardings)).
+    tokenizer: bertjax.tokenization.load_tokenizer(directory, do_lower_case).
+    """
+    stored = load_config(directory)
+    config = BertConfig.from_dict({**stored.to_dict(), **config_overrides})
+    params = load_params(directory, config)
+    from bertjax.tokenization import load_tokenizer
+
+    tokenizer = load_tokenizer(str(directory), do_lower_case=do_lower_case)
+    ids = tokenizer.vocab.values()
+    if ids and max(ids) >= config.vocab_size:
+        raise ConversionError(
+            f"{directory}: the vocabulary has token id {max(ids)} but the model has only "
+            f"{config.vocab_size} word embeddings"
+        )
+    return config, params, tokenizer

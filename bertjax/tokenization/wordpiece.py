@@ -1,0 +1,339 @@
+"""WordPiece with Google BERT's semantics: an exact path and a fast path with identical output.
+
+Exact path (`WordPieceTokenizer.tokenize_exact`, `pieces_exact`): the reference algorithm
+character by character (see `normalization.py`), then greedy longest-match-first WordPiece
+with "##" continuations; a word longer than 100 characters, or one with a character sequence
+no vocabulary entry matches, becomes a single [UNK]. The special tokens [PAD] [UNK] [CLS] [SEP]
+[MASK] written literally in the text are matched before normalisation and never split.
+
+Fast path (`tokenize`, `tokenize_batch`, `encode*`): pure Python, no compiled dependency and
+no TensorFlow. Everything after cleaning is a function of one whitespace-delimited word, so
+the fast path finds the words with one C-level regex/`str.split` pass, and looks each up in a
+word cache whose misses are filled by the *same* per-word code as the exact path. Natural text
+is Zipfian, so nearly every word is a dictionary hit. Texts for which the word split is not
+provably the reference one (literal special tokens; control characters when offsets are
+needed) are routed to the exact path. Why not a compiled library:
+- HF `tokenizers` is an independent reimplementation that differs from the reference (final
+  sigma, see the tests) and is slower than this cache on one core (measured: `bench`);
+- tensorflow-text's FastBertTokenizer is faster per miss but needs the full TensorFlow
+  package, differs on some inputs (final sigma, Armenian ligature, vulgar fractions) and
+  reports byte offsets; detecting its divergent inputs costs about what the cache does.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from bertjax.tokenization import normalization as norm
+from bertjax.tokenization.base import SPECIAL_TOKENS, Span, TextPieces, Tokenizer
+
+MAX_INPUT_CHARS_PER_WORD = 100
+CACHE_SIZE = 1 << 20  # words; the cache is cleared when full (memory bound for huge corpora)
+
+# ASCII control characters the reference drops (\t \n \r are whitespace, not control).
+_ASCII_DROP = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+")
+# An ASCII text that needs more than lower() + split(): control characters, or a "[" that
+# may start a literal special token.
+_ASCII_ODD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\[]")
+_ASCII_WORD = re.compile(r"[^ \t\n\r]+")
+# BasicTokenizer on an ASCII word: runs of letters/digits, and single punctuation characters
+# (every other printable ASCII character is punctuation for the reference).
+_ASCII_BASIC = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]")
+
+
+class VocabError(ValueError):
+    """A vocabulary file that cannot be used; the message names the file."""
+
+
+def load_vocab(path: str) -> list[str]:
+    """Tokens of a `vocab.txt` in id order (one per line, surrounding whitespace stripped).
+
+    Raises VocabError naming the file for: missing/unreadable file, invalid UTF-8, no entries,
+    an empty entry, a duplicate entry, or a missing special token.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise VocabError(f"{path}: cannot read vocabulary file ({e.strerror})") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise VocabError(f"{path}: invalid UTF-8 at byte {e.start} (line {line})") from None
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    tokens = [line.strip() for line in lines]
+    if not tokens:
+        raise VocabError(f"{path}: vocabulary file is empty")
+    return validate_vocab(tokens, path)
+
+
+def validate_vocab(tokens: list[str], source: str) -> list[str]:
+    seen: dict[str, int] = {}
+    for i, token in enumerate(tokens):
+        if not token:
+            raise VocabError(f"{source}: empty vocabulary entry at line {i + 1}")
+        if token in seen:
+            raise VocabError(
+                f"{source}: duplicate vocabulary entry {token!r} at lines {seen[token] + 1} "
+                f"and {i + 1}")
+        seen[token] = i
+    missing = [t for t in SPECIAL_TOKENS if t not in seen]
+    if missing:
+        raise VocabError(f"{source}: vocabulary lacks special token(s) {' '.join(missing)}")
+    return tokens
+
+
+class WordRecord(NamedTuple):
+    """Tokenization of one cleaned whitespace-delimited word. All `[n_tokens]` but n_words."""
+
+    tokens: tuple[str, ...]
+    ids: tuple[int, ...]
+    offsets: tuple[Span, ...]  # character spans within the word
+    word_ids: tuple[int, ...]  # index of the punctuation-split word within the word
+    n_words: int
+
+
+class _Cache(dict):
+    """word -> value, filled on a miss by `fill(word)`; cleared when it reaches CACHE_SIZE."""
+
+    def __init__(self, fill):
+        super().__init__()
+        self.fill = fill
+
+    def __missing__(self, word):
+        value = self.fill(word)
+        if len(self) >= CACHE_SIZE:
+            self.clear()
+        self[word] = value
+        return value
+
+
+class WordPieceTokenizer(Tokenizer):
+    """BERT WordPiece tokenizer over a `vocab.txt` vocabulary (see module docstring)."""
+
+    def __init__(self, tokens: list[str], do_lower_case: bool = True, source: str = "<vocab>"):
+        tokens = validate_vocab(list(tokens), source)
+        self.source = source
+        self.do_lower_case = bool(do_lower_case)
+        self.vocab = {t: i for i, t in enumerate(tokens)}
+        self._inv_vocab = tokens
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            self.vocab[t] for t in SPECIAL_TOKENS)
+        self.unk_token = "[UNK]"
+        # No vocabulary entry is longer than this, so longer candidates need no lookup.
+        self._max_piece_chars = max(len(t) for t in tokens)
+        self._special_re = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
+        drop, split, cjk = norm.bulk_patterns()
+        self._drop_re = drop
+        cjk_class = cjk.pattern[1:-1]
+        split_class = split.pattern[1:-1]
+        # A reference word: one CJK ideograph, or a run of anything but split points and CJK.
+        self._word_re = re.compile(f"[{cjk_class}]|[^{split_class}{cjk_class}]+")
+        self._records = _Cache(self._word_record)
+        self._token_cache = _Cache(lambda word: self._records[word].tokens)
+        self._id_cache = _Cache(lambda word: self._records[word].ids)
+
+    @classmethod
+    def from_file(cls, path: str, do_lower_case: bool = True) -> WordPieceTokenizer:
+        return cls(load_vocab(path), do_lower_case, source=path)
+
+    # ---- the reference algorithm
+    def wordpiece(self, word: str) -> list[tuple[str, int, int]]:
+        """Greedy longest-match-first split of one basic token: `[(piece, start, end)]`."""
+        n = len(word)
+        if n > MAX_INPUT_CHARS_PER_WORD:
+            return [(self.unk_token, 0, n)]
+        vocab, pieces, start = self.vocab, [], 0
+        while start < n:
+            end = min(n, start + self._max_piece_chars)
+            while start < end:
+                piece = word[start:end] if start == 0 else "##" + word[start:end]
+                if piece in vocab:
+                    break
+                end -= 1
+            else:
+                return [(self.unk_token, 0, n)]
+            pieces.append((piece, start, end))
+            start = end
+        return pieces
+
+    def _basic_pieces(self, basic_tokens, out: TextPieces, first_word: int) -> int:
+        """Appends the WordPiece tokens of `[(basic_token, spans)]`; returns the next word id."""
+        word = first_word
+        for basic, spans in basic_tokens:
+            for piece, start, end in self.wordpiece(basic):
+                out.tokens.append(piece)
+                out.ids.append(self.vocab[piece])
+                out.offsets.append((spans[start][0], spans[end - 1][1]))
+                out.word_ids.append(word)
+            word += 1
+        return word
+
+    def _segments(self, text: str):
+        """`(start, end, is_special)` spans of `text`: literal special tokens and the rest."""
+        pos = 0
+        if "[" in text:
+            for m in self._special_re.finditer(text):
+                if m.start() > pos:
+                    yield pos, m.start(), False
+                yield m.start(), m.end(), True
+                pos = m.end()
+        if pos < len(text):
+            yield pos, len(text), False
+
+    def pieces_exact(self, text: str) -> TextPieces:
+        """Tokens, ids, offsets into `text` and word ids, by the character-level reference."""
+        text = _as_text(text)
+        out = TextPieces([], [], [], [])
+        word = 0
+        for start, end, special in self._segments(text):
+            if special:
+                token = text[start:end]
+                out.tokens.append(token)
+                out.ids.append(self.vocab[token])
+                out.offsets.append((start, end))
+                out.word_ids.append(word)
+                word += 1
+                continue
+            basic = norm.basic_tokenize(text[start:end], self.do_lower_case)
+            if start:
+                basic = [(t, [(s + start, e + start) for s, e in spans]) for t, spans in basic]
+            word = self._basic_pieces(basic, out, word)
+        return out
+
+    def tokenize_exact(self, text: str) -> list[str]:
+        return self.pieces_exact(text).tokens
+
+    # ---- the fast path
+    def _word_record(self, word: str) -> WordRecord:
+        """The exact path applied to one cleaned whitespace-delimited word (cache filler)."""
+        out = TextPieces([], [], [], [])
+        if word.isascii():
+            # Same result as the general branch (tests compare them): for ASCII, lower() needs
+            # no context and NFD/accent stripping changes nothing, so spans are identities.
+            if self.do_lower_case:
+                word = word.lower()
+            n_words, vocab = 0, self.vocab
+            for m in _ASCII_BASIC.finditer(word):
+                base = m.start()
+                for piece, start, end in self.wordpiece(m.group()):
+                    out.tokens.append(piece)
+                    out.ids.append(vocab[piece])
+                    out.offsets.append((base + start, base + end))
+                    out.word_ids.append(n_words)
+                n_words += 1
+            return WordRecord(tuple(out.tokens), tuple(out.ids), tuple(out.offsets),
+                              tuple(out.word_ids), n_words)
+        spans = [(i, i + 1) for i in range(len(word))]
+        basic = norm.normalize_whitespace_token(word, spans, self.do_lower_case)
+        n_words = self._basic_pieces(basic, out, 0)
+        return WordRecord(tuple(out.tokens), tuple(out.ids), tuple(out.offsets),
+                          tuple(out.word_ids), n_words)
+
+    def _has_special(self, text: str) -> bool:
+        return "[" in text and self._special_re.search(text) is not None
+
+    def _words(self, text: str) -> list[str]:
+        """The reference's cleaned whitespace-delimited words (for texts without specials)."""
+        if text.isascii():
+            if _ASCII_DROP.search(text):
+                text = _ASCII_DROP.sub("", text)
+            # Lowercasing ASCII is context free, so the whole line at once equals per word.
+            return (text.lower() if self.do_lower_case else text).split()
+        return self._word_re.findall(self._drop_re.sub("", text))
+
+    def tokenize(self, text: str) -> list[str]:
+        """WordPiece tokens of `text` (no [CLS]/[SEP]); identical to `tokenize_exact`."""
+        text = _as_text(text)
+        if self._has_special(text):
+            return self.pieces_exact(text).tokens
+        return list(itertools.chain.from_iterable(map(self._token_cache.__getitem__,
+                                                      self._words(text))))
+
+    def tokenize_batch(self, texts: Iterable[str]) -> list[list[str]]:
+        return self._batch(texts, self._token_cache, self.tokenize)
+
+    def tokenize_to_ids_batch(self, texts: Iterable[str]) -> list[list[int]]:
+        """`convert_tokens_to_ids` of each `tokenize_batch` result, from a cache of ids."""
+        return self._batch(texts, self._id_cache,
+                           lambda t: self.convert_tokens_to_ids(self.tokenize(t)))
+
+    def _batch(self, texts, cache: _Cache, one) -> list[list]:
+        # The common case (plain ASCII text) inlined: one C-level split and cache lookups.
+        get, chain, odd = cache.__getitem__, itertools.chain.from_iterable, _ASCII_ODD.search
+        lower, out = self.do_lower_case, []
+        for text in texts:
+            if isinstance(text, str) and text.isascii() and not odd(text):
+                out.append(list(chain(map(get, (text.lower() if lower else text).split()))))
+            else:
+                out.append(one(text))
+        return out
+
+    def _pieces(self, text: str) -> TextPieces:
+        text = _as_text(text)
+        # Dropped characters shift positions inside a word; such texts take the exact path.
+        if self._has_special(text):
+            return self.pieces_exact(text)
+        if text.isascii():
+            if _ASCII_DROP.search(text):
+                return self.pieces_exact(text)
+            # ASCII lowercasing keeps positions; whitespace here is exactly " \t\n\r".
+            matches = list(_ASCII_WORD.finditer(text.lower() if self.do_lower_case else text))
+        else:
+            if self._drop_re.search(text):
+                return self.pieces_exact(text)
+            matches = list(self._word_re.finditer(text))
+        recs = list(map(self._records.__getitem__, map(re.Match.group, matches)))
+        bases = map(re.Match.start, matches)
+        firsts = itertools.accumulate((r.n_words for r in recs), initial=0)
+        return TextPieces(
+            [t for r in recs for t in r.tokens],
+            [i for r in recs for i in r.ids],
+            [(b + s, b + e) for b, r in zip(bases, recs) for s, e in r.offsets],
+            [f + w for f, r in zip(firsts, recs) for w in r.word_ids],
+        )
+
+    # ---- the rest of the interface
+    def is_continuation(self, token: str) -> bool:
+        return token.startswith("##")
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Tokens joined by spaces, "##" pieces glued to their word; [PAD] always dropped."""
+        drop = self.special_ids if skip_special_tokens else {self.pad_id}
+        words: list[str] = []
+        for token, i in zip(self.convert_ids_to_tokens(ids), ids):
+            if int(i) in drop:
+                continue
+            if token.startswith("##") and words:
+                words[-1] += token[2:]
+            else:
+                words.append(token)
+        return " ".join(words)
+
+    def save(self, directory: str) -> str:
+        """Writes `vocab.txt` and `tokenizer_config.json` into `directory`; returns the vocab."""
+        os.makedirs(directory, exist_ok=True)
+        path = os.path.join(directory, "vocab.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("".join(t + "\n" for t in self._id_to_token()))
+        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+            json.dump({"type": "wordpiece", "do_lower_case": self.do_lower_case}, f)
+        return path
+
+
+def _as_text(text) -> str:
+    """Bytes are decoded as UTF-8 with invalid sequences replaced by U+FFFD, which cleaning then
+    drops (the reference decodes with errors="ignore": the same tokens)."""
+    if isinstance(text, str):
+        return text
+    if isinstance(text, bytes | bytearray):
+        return bytes(text).decode("utf-8", errors="replace")
+    raise TypeError(f"expected str or bytes, got {type(text).__name__}")

@@ -1,0 +1,103 @@
+"""Training metrics: TensorBoard event files + `metrics.jsonl`, throughput/MFU, progress line.
+
+TensorBoard events are written with the `tensorboard` package's own writer, so that
+bertjax.train never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import jax
+from etils import epath
+
+
+class MetricsWriter:
+    """Writes scalars to TensorBoard (`workdir/tensorboard/<split>`) and `workdir/metrics.jsonl`.
+
+    Only process 0 writes. Each `write` is one JSON line: {"step": ..., "split": ..., name: value}.
+    """
+
+    def __init__(self, workdir: str, enabled: bool | None = None):
+        self.enabled = jax.process_index() == 0 if enabled is None else enabled
+        self.workdir = epath.Path(workdir)
+        self._writers: dict[str, Any] = {}
+
+    def _event_writer(self, split: str):
+        if split not in self._writers:
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            logdir = self.workdir / "tensorboard" / split
+            logdir.mkdir(parents=True, exist_ok=True)
+            self._writers[split] = EventFileWriter(str(logdir))
+        return self._writers[split]
+
+    def write(self, step: int, metrics: dict[str, float], split: str = "train") -> None:
+        if not self.enabled:
+            return
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        values = {k: float(v) for k, v in metrics.items()}
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+        )
+        writer = self._event_writer(split)
+        writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        writer.flush()
+        with (self.workdir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps({"step": int(step), "split": split, **values}) + "\n")
+
+    def close(self) -> None:
+        for writer in self._writers.values():
+            writer.close()
+
+
+class Throughput:
+    """Steps/s, sequences/s, tokens/s, model TFLOP/s per device and MFU since the last call."""
+
+    def __init__(self, flops_per_sequence: float, peak_flops_per_device: float | None):
+        self.flops_per_sequence = flops_per_sequence
+        self.peak = peak_flops_per_device
+        self._time = time.perf_counter()
+        self._step = None
+
+    def reset(self, step: int) -> None:
+        self._time, self._step = time.perf_counter(), step
+
+    def measure(self, step: int, batch_size: int, seq_len: int) -> dict[str, float]:
+        now = time.perf_counter()
+        if self._step is None or step <= self._step:
+            self.reset(step)
+            return {}
+        steps = step - self._step
+        seconds = now - self._time
+        self.reset(step)
+        sequences = steps * batch_size / seconds
+        flops_per_device = sequences * self.flops_per_sequence / jax.device_count()
+        out = {
+            "steps_per_second": steps / seconds,
+            "sequences_per_second": sequences,
+            "tokens_per_second": sequences * seq_len,
+            "model_tflops_per_device": flops_per_device / 1e12,
+        }
+        if self.peak:
+            out["mfu"] = flops_per_device / self.peak
+        return out
+
+
+def progress_line(step: int, total: int, metrics: dict[str, float], elapsed: float,
+                  steps_per_second: float | None) -> str:
+    """`step 1200/10000 (12.0%) loss 6.31 mlm_acc 0.142 lr 1.2e-04 3.1 steps/s ETA 0:47:10`."""
+    parts = [f"step {step}/{total} ({100.0 * step / max(total, 1):.1f}%)"]
+    for key, label, fmt in (("loss", "loss", ".4f"), ("mlm_accuracy", "mlm_acc", ".3f"),
+                            ("nsp_accuracy", "nsp_acc", ".3f"), ("learning_rate", "lr", ".2e")):
+        if key in metrics:
+            parts.append(f"{label} {metrics[key]:{fmt}}")
+    if steps_per_second:
+        eta = int((total - step) / steps_per_second)
+        parts.append(f"{steps_per_second:.2f} steps/s ETA {eta // 3600}:{eta % 3600 // 60:02d}:"
+                     f"{eta % 60:02d}")
+    parts.append(f"elapsed {int(elapsed)}s")
+    return " | ".join(parts)

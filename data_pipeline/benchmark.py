@@ -1,0 +1,102 @@
+r"""Throughput of the pre-training data pipeline on the demo corpus.
+
+  python -m data_pipeline.benchmark [--corpus=data/demo_corpus.txt] [--vocab=DIR]
+
+1. create_pretraining_data: MB of raw text/s and instances/s with 1 and 2 workers (128 tokens,
+   dupe_factor 1, static masking): wall-clock rates (worker start-up included) and the rate per
+   core (the shards' own CPU time).
+2. The tf.data reader: sequences/s at 128/20 and 512/80, batch 256, static records and dynamic
+   masking.
+
+Needs the demo corpus (`make corpus`); without --vocab a WordPiece vocabulary of 8,000 pieces
+is trained on the corpus with `python -m bertjax.tokenization train` into data/demo_vocab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def _tokenizer(vocab):
+    from bertjax.tokenization import load_tokenizer
+
+    return load_tokenizer(vocab)
+
+
+def bench_creation(corpus_path, vocab, workdir, workers, seq_len=128, max_pred=20,
+                   masking="static", num_shards=4):
+    import functools
+
+    from data_pipeline import create_pretraining_data as cpd
+
+    out = os.path.join(workdir, f"create_{seq_len}_{workers}_{masking}")
+    cfg = cpd.CreateConfig(input=corpus_path, output_dir=out, max_seq_length=seq_len,
+                           max_predictions_per_seq=max_pred, dupe_factor=1, masking=masking,
+                           num_shards=num_shards, num_workers=workers)
+    start = time.perf_counter()
+    meta = cpd.create_pretraining_data(cfg, functools.partial(_tokenizer, vocab))
+    seconds = time.perf_counter() - start
+    return out, meta, seconds
+
+
+def bench_reader(pattern, seq_len, max_pred, dynamic, batches=40, batch_size=256):
+    from data_pipeline import pretraining_input as pi
+
+    masking = pi.masking_from_metadata(pattern, max_predictions=max_pred) if dynamic else None
+    it = pi.InputIterator(pi.make_dataset(pattern, seq_len=seq_len, max_predictions=max_pred,
+                                          batch_size=batch_size, masking=masking))
+    for _ in range(5):
+        next(it)  # fill the shuffle buffer, warm up
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    return batches * batch_size / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--corpus", default="data/demo_corpus.txt")
+    parser.add_argument("--vocab", default=None)
+    args = parser.parse_args()
+    if not os.path.exists(args.corpus):
+        raise SystemExit(f"{args.corpus}: not found (run `make corpus`)")
+    vocab = args.vocab or "data/demo_vocab"
+    if not os.path.exists(vocab):
+        subprocess.run([sys.executable, "-m", "bertjax.tokenization", "train",
+                        f"--input={args.corpus}", "--vocab_size=8000", "--lowercase",
+                        f"--output={vocab}"], check=True)
+    workdir = tempfile.mkdtemp(prefix="bertjax_data_bench_")
+    try:
+        print(f"create_pretraining_data on {args.corpus} (128 tokens, dupe_factor 1, 4 shards)")
+        print(f"{'workers':>8} {'wall s':>8} {'MB/s':>8} {'inst/s':>9} {'MB/s/core':>10} "
+              f"{'inst/s/core':>12}")
+        for workers in (1, 2):
+            _, meta, seconds = bench_creation(args.corpus, vocab, workdir, workers)
+            c = meta["counts"]
+            mb = c["text_bytes"] / 1e6
+            # Per core: the shards' own CPU time (worker start-up and machine load excluded).
+            print(f"{workers:>8} {seconds:>8.1f} {mb / seconds:>8.2f} "
+                  f"{c['instances'] / seconds:>9.0f} {mb / c['cpu_seconds']:>10.2f} "
+                  f"{c['instances'] / c['cpu_seconds']:>12.0f}")
+        print("\ntf.data reader, batch 256 (sequences/s)")
+        print(f"{'phase':>8} {'static':>10} {'dynamic':>10}")
+        for seq_len, max_pred in ((128, 20), (512, 80)):
+            static_dir, _, _ = bench_creation(args.corpus, vocab, workdir, 2, seq_len, max_pred,
+                                              "static")
+            dynamic_dir, _, _ = bench_creation(args.corpus, vocab, workdir, 2, seq_len,
+                                               max_pred, "dynamic")
+            s = bench_reader(os.path.join(static_dir, "part-*"), seq_len, max_pred, False)
+            d = bench_reader(os.path.join(dynamic_dir, "part-*"), seq_len, max_pred, True)
+            print(f"{f'{seq_len}/{max_pred}':>8} {s:>10.0f} {d:>10.0f}")
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""`python -m bertjax.tokenization train|tokenize`, end to end in subprocesses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_python
+from test_tokenization import make_corpus
+
+from bertjax.tokenization import SPECIAL_TOKENS, load_tokenizer
+
+CLI = ["-m", "bertjax.tokenization"]
+
+
+@pytest.fixture(scope="module")
+def corpus_files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    lines = make_corpus(1200, seed=7)
+    for i in range(2):
+        (root / f"part{i}.txt").write_text("\n".join(lines[i::2]) + "\n", encoding="utf-8")
+    return root, lines
+
+
+def _one_line_error(result, *needles):
+    assert result.returncode != 0
+    err = result.stderr.strip()
+    assert err.startswith("error:") and "\n" not in err, err
+    for needle in needles:
+        assert needle in err, err
+
+
+def test_train_wordpiece_then_tokenize(corpus_files, tmp_path):
+    root, lines = corpus_files
+    out = tmp_path / "wp"
+    result = run_python([*CLI, "train", "--input", str(root / "part*.txt"), "--vocab_size",
+                         "1500", "--model_type", "wordpiece", "--lowercase", "--output",
+                         str(out)])
+    assert result.returncode == 0, result.stderr
+    vocab = (out / "vocab.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    assert vocab[:5] == list(SPECIAL_TOKENS) and len(vocab) == len(set(vocab)) <= 1500
+    assert json.loads((out / "tokenizer_config.json").read_text()) == {
+        "type": "wordpiece", "do_lower_case": True}
+
+    text = tmp_path / "in.txt"
+    sample = [line for line in lines[:300] if "\n" not in line and "\r" not in line
+              and "\x0b" not in line and "\x0c" not in line and "\x1c" not in line
+              and "\x85" not in line and "\u2028" not in line]
+    text.write_text("\n".join(sample) + "\n", encoding="utf-8")
+    tok = load_tokenizer(str(out))
+    unk = 0
+    for flag, lower in (("--do_lower_case", True), ("--no_do_lower_case", False)):
+        result = run_python([*CLI, "tokenize", "--vocab", str(out / "vocab.txt"), flag,
+                             "--input", str(text), "--output", str(tmp_path / "out.jsonl")])
+        assert result.returncode == 0, result.stderr
+        rows = [json.loads(r) for r in (tmp_path / "out.jsonl").read_text().splitlines()]
+        assert len(rows) == len(sample)
+        tok = load_tokenizer(str(out), do_lower_case=lower)
+        for line, row in zip(sample, rows):
+            assert row["tokens"] == tok.tokenize(line)
+            assert row["ids"] == tok.convert_tokens_to_ids(row["tokens"])
+            unk += row["ids"].count(tok.unk_id) if lower else 0
+    # The vocabulary was trained on this very text: few words are unknown.
+    assert unk < 0.05 * sum(len(tok.tokenize(s)) for s in sample)
+
+
+def test_train_sentencepiece_then_tokenize(corpus_files, tmp_path):
+    root, lines = corpus_files
+    out = tmp_path / "sp"
+    result = run_python([*CLI, "train", "--input", f"{root}/part0.txt,{root}/part1.txt",
+                         "--vocab_size", "600", "--model_type", "sentencepiece", "--sp_type",
+                         "bpe", "--output", str(out)])
+    assert result.returncode == 0, result.stderr
+    tok = load_tokenizer(str(out))
+    assert tok.vocab_size <= 600 and tok.convert_ids_to_tokens(range(5)) == list(SPECIAL_TOKENS)
+    text = tmp_path / "in.txt"
+    text.write_text("The [MASK] sat on the mat.\nplain\n", encoding="utf-8")
+    result = run_python([*CLI, "tokenize", "--vocab", str(out), "--input", str(text),
+                         "--output", str(tmp_path / "o.jsonl")])
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(r) for r in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert "[MASK]" in rows[0]["tokens"] and tok.mask_id in rows[0]["ids"]
+    assert rows[1]["tokens"] == tok.tokenize("plain")
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join([*SPECIAL_TOKENS, "a", "a"]) + "\n")
+    good = tmp_path / "good.txt"
+    good.write_text("hello\n")
+    bad_utf8 = tmp_path / "bad.txt"
+    bad_utf8.write_bytes(b"fine\nbroken \xff here\n")
+    missing = str(tmp_path / "nothing*.txt")
+
+    _one_line_error(run_python([*CLI, "train", "--input", missing, "--vocab_size", "100",
+                                "--output", str(tmp_path / "o")]), "--input", "nothing*.txt")
+    _one_line_error(run_python([*CLI, "train", "--input", str(bad_utf8), "--vocab_size", "100",
+                                "--output", str(tmp_path / "o")]), f"{bad_utf8}:2")
+    _one_line_error(run_python([*CLI, "train", "--input", str(good), "--vocab_size", "many",
+                                "--output", str(tmp_path / "o")]), "--vocab_size")
+    _one_line_error(run_python([*CLI, "tokenize", "--vocab", str(vocab), "--input", str(good),
+                                "--output", str(tmp_path / "o.jsonl")]), str(vocab), "duplicate")
+    vocab.write_text("\n".join(SPECIAL_TOKENS) + "\n")
+    _one_line_error(run_python([*CLI, "tokenize", "--vocab", str(vocab), "--input",
+                                str(bad_utf8), "--output", str(tmp_path / "o.jsonl")]),
+                    f"{bad_utf8}:2")
+    _one_line_error(run_python([*CLI, "tokenize", "--vocab", str(vocab), "--input",
+                                str(tmp_path / "absent.txt"), "--output",
+                                str(tmp_path / "o.jsonl")]), "--input", "absent.txt")
+    _one_line_error(run_python([*CLI, "tokenize", "--vocab", str(vocab), "--do_lower_case",
+                                "--no_do_lower_case", "--input", str(good), "--output",
+                                str(tmp_path / "o.jsonl")]), "--no_do_lower_case")

@@ -1,0 +1,243 @@
+"""The pre-training loop end to end (subprocesses of `python -m bertjax.pretrain`):
+resume after SIGKILL, SIGTERM preemption, phase hand-off, sharding equivalence across meshes
+and processes, restore onto another mesh, and one-line errors for bad input."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import ROOT, run_python
+
+# A small model whose axes divide by 8 (so every mesh below can shard it).
+MODEL = ["--config.model.num_layers=2", "--config.model.hidden_size=64",
+         "--config.model.num_heads=8", "--config.model.intermediate_size=256",
+         "--config.model.vocab_size=128", "--config.model.dtype=float32"]
+
+
+def pretrain_args(workdir, steps, phase1_steps=None, every=5, extra=()):
+    phase1_steps = steps if phase1_steps is None else phase1_steps
+    return ["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",
+            f"--workdir={workdir}", *MODEL,
+            "--config.phases.phase1.data=synthetic", "--config.phases.phase2.data=synthetic",
+            "--config.phases.phase1.seq_len=32", "--config.phases.phase1.max_predictions=5",
+            "--config.phases.phase2.seq_len=64", "--config.phases.phase2.max_predictions=10",
+            f"--config.train.num_train_steps={steps}",
+            f"--config.phases.phase1.steps={phase1_steps}",
+            f"--config.phases.phase2.steps={steps - phase1_steps}",
+            "--config.train.batch_size=16", "--config.log_every_steps=1",
+            f"--config.checkpoint.every_steps={every}", "--config.optimizer.warmup_steps=3",
+            "--config.optimizer.learning_rate=1e-3", *extra]
+
+
+def devices_env(n):
+    return {"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}", "JAX_PLATFORMS": "cpu"}
+
+
+def read_metrics(workdir, split="train"):
+    """step → metrics, the last record of each step winning (a resumed run repeats steps)."""
+    records = {}
+    path = os.path.join(workdir, "metrics.jsonl")
+    with open(path) as f:
+        for line in f:
+            record = json.loads(line)
+            if record["split"] == split:
+                records[record["step"]] = record
+    return records
+
+
+def final_params(workdir, step):
+    """The params of checkpoint `step`, restored onto this process's one device, flattened."""
+    import flax
+    import jax
+    import orbax.checkpoint as ocp
+
+    path = os.path.join(workdir, "checkpoints", str(step), "state")
+    checkpointer = ocp.StandardCheckpointer()
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                          checkpointer.metadata(path).item_metadata.tree)
+    restored = checkpointer.restore(path, target)
+    return {k: np.asarray(v)
+            for k, v in flax.traverse_util.flatten_dict(restored["params"], sep="/").items()}
+
+
+def start(args, env=None):
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT,
+                            env=dict(os.environ, **(env or {})),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for(predicate, timeout=180):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def latest_checkpoint(workdir):
+    root = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(root):
+        return None
+    steps = [int(d) for d in os.listdir(root) if d.isdigit()]
+    return max(steps, default=None)
+
+
+def test_resume_after_sigkill_is_exact(tmp_path):
+    straight = str(tmp_path / "straight")
+    proc = run_python(pretrain_args(straight, 20))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    resumed = str(tmp_path / "resumed")
+    first = start(pretrain_args(resumed, 20))
+    # Kill at a random moment after the step-5 checkpoint is committed.
+    assert wait_for(lambda: (latest_checkpoint(resumed) or 0) >= 5)
+    time.sleep(np.random.default_rng().uniform(0, 0.5))
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    killed_at = latest_checkpoint(resumed)
+    assert killed_at is not None and killed_at < 20
+    proc = run_python(pretrain_args(resumed, 20))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Resumed from" in proc.stdout
+
+    a, b = read_metrics(straight), read_metrics(resumed)
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    for step in range(1, 21):
+        assert a[step]["loss"] == b[step]["loss"], step
+    pa, pb = final_params(straight, 20), final_params(resumed, 20)
+    for name in pa:
+        np.testing.assert_array_equal(pa[name], pb[name], err_msg=name)
+
+
+def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
+    workdir = str(tmp_path / "run")
+    proc = start(pretrain_args(workdir, 10_000, every=1000))
+    assert wait_for(lambda: os.path.exists(os.path.join(workdir, "metrics.jsonl"))
+                    and len(read_metrics(workdir)) >= 3)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    saved = latest_checkpoint(workdir)
+    logged = max(read_metrics(workdir))
+    assert saved is not None and saved >= 3 and saved % 1000 != 0
+    assert saved >= logged
+
+
+def test_phase_hand_off_and_restart_in_phase_two(tmp_path):
+    workdir = str(tmp_path / "run")
+    proc = run_python(pretrain_args(workdir, 12, phase1_steps=8, every=10))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = read_metrics(workdir)
+    assert [metrics[s]["phase_seq_len"] for s in range(1, 13)] == [32] * 8 + [64] * 4
+    # One schedule across phases: the reference linear decay continues through the switch.
+    peak, total = 1e-3, 12
+    for s in range(4, 13):
+        np.testing.assert_allclose(metrics[s]["learning_rate"], peak * (1 - (s - 1) / total),
+                                   rtol=1e-5)
+    # A restart after the switch (checkpoint at step 10, inside phase 2) stays in phase 2.
+    proc = run_python(pretrain_args(workdir, 14, phase1_steps=8, every=10))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Resumed from" in proc.stdout and "Phase phase1" not in proc.stdout
+    metrics = read_metrics(workdir)
+    assert metrics[13]["phase_seq_len"] == metrics[14]["phase_seq_len"] == 64
+
+
+MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
+
+
+def test_meshes_and_processes_give_the_single_device_losses_and_params(tmp_path):
+    runs = {}
+    reference = str(tmp_path / "single")
+    proc = run_python(pretrain_args(reference, 10, every=10), env=devices_env(1))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected_losses = [read_metrics(reference)[s]["loss"] for s in range(1, 11)]
+    expected_params = final_params(reference, 10)
+    for data, fsdp, tensor in MESHES:
+        workdir = str(tmp_path / f"mesh_{data}_{fsdp}_{tensor}")
+        mesh = [f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
+                f"--config.mesh.tensor={tensor}"]
+        runs[workdir] = start(pretrain_args(workdir, 10, every=10, extra=mesh), devices_env(8))
+    # Two processes x 4 devices, through jax.distributed on localhost.
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    multi = str(tmp_path / "two_processes")
+    for i in range(2):
+        runs[f"{multi}#{i}"] = start(
+            pretrain_args(multi, 10, every=10, extra=[
+                f"--coordinator_address=localhost:{port}", "--num_processes=2",
+                f"--process_id={i}"]),
+            devices_env(4))
+    for name, proc in runs.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, name + out[-3000:]
+    for workdir in [w for w in runs if "#" not in w] + [multi]:
+        losses = [read_metrics(workdir)[s]["loss"] for s in range(1, 11)]
+        np.testing.assert_allclose(losses, expected_losses, rtol=1e-5, err_msg=workdir)
+        params = final_params(workdir, 10)
+        for key in expected_params:
+            np.testing.assert_allclose(params[key], expected_params[key], rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{workdir}: {key}")
+
+
+def test_restore_onto_a_different_mesh(tmp_path):
+    workdir = str(tmp_path / "run")
+    proc = run_python(pretrain_args(workdir, 10, every=5,
+                                    extra=["--config.mesh.data=8", "--config.mesh.fsdp=1"]),
+                      env=devices_env(8))
+    assert proc.returncode == 0
+    straight = read_metrics(workdir)
+    # Drop the last checkpoint, then finish on a (1, 4, 2) mesh from step 5.
+    import shutil
+
+    shutil.rmtree(os.path.join(workdir, "checkpoints", "10"))
+    proc = run_python(pretrain_args(workdir, 10, every=5, extra=[
+        "--config.mesh.data=1", "--config.mesh.fsdp=4", "--config.mesh.tensor=2"]),
+        env=devices_env(8))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Resumed from" in proc.stdout
+    resumed = read_metrics(workdir)
+    for step in range(6, 11):
+        np.testing.assert_allclose(resumed[step]["loss"], straight[step]["loss"], rtol=1e-5)
+
+
+def _one_line_error(proc):
+    """The single `error: ...` line of a failed run (library log lines aside), no traceback."""
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    return errors[0]
+
+
+@pytest.mark.parametrize("extra,needle,devices", [
+    (["--config.train.batch_size=12"], "config.train.batch_size=12", 8),
+    (["--config.mesh.data=16"], "config.mesh", 8),
+    (["--config.phases.phase1.data=/nonexistent/train-*.tfrecord"], "/nonexistent/train-", 1),
+    (["--config.trian.batch_size=8"], "trian", 1),
+])
+def test_bad_input_fails_with_one_line(tmp_path, extra, needle, devices):
+    proc = run_python(pretrain_args(str(tmp_path / "run"), 4, extra=extra),
+                      env=devices_env(devices))
+    assert needle in _one_line_error(proc)
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
+    workdir = str(tmp_path / "run")
+    proc = run_python(pretrain_args(workdir, 200, every=2, extra=[
+        "--config.optimizer.learning_rate=1e12", "--config.optimizer.clip_norm=0",
+        "--config.optimizer.warmup_steps=1"]))
+    line = _one_line_error(proc)
+    assert "loss is" in line and "last good checkpoint" in line
+    saved = latest_checkpoint(workdir)
+    if saved is not None:
+        params = final_params(workdir, saved)
+        assert all(np.isfinite(v).all() for v in params.values())
