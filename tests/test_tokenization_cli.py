@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -110,3 +111,29 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
     _one_line_error(run_python([*CLI, "tokenize", "--vocab", str(vocab), "--do_lower_case",
                                 "--no_do_lower_case", "--input", str(good), "--output",
                                 str(tmp_path / "o.jsonl")]), "--no_do_lower_case")
+
+
+def test_bench_compares_with_hf_on_given_files(corpus_files, tmp_path):
+    """The bench on a small ASCII English file with a trained vocabulary: every path counts the
+    same tokens as HF and reports 100% identical ids (prose from the stdlib, no network)."""
+    from test_tokenization import _prose_lines
+
+    from bertjax.tokenization.train import train_wordpiece
+
+    lines = [s for s in _prose_lines() if s.isascii()][:3000]
+    text = tmp_path / "en.txt"
+    text.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("".join(t + "\n" for t in train_wordpiece(lines, 2000, True)),
+                     encoding="utf-8")
+    result = run_python([*CLI, "bench", "--input", str(text), "--vocab", str(vocab), "--mb",
+                         "0.2", "--exact_mb", "0.05"])
+    assert result.returncode == 0, result.stderr
+    identical = [s for s in result.stdout.split("\n") if s.startswith("ids identical")]
+    assert len(identical) == 4, result.stdout
+    assert all("(100.00%)" in s for s in identical[:3]), result.stdout
+    rows = [s for s in result.stdout.split("\n") if s.startswith(("HF ", "bertjax fast"))]
+    counts = {s[58:].split()[0] for s in rows}
+    assert len(rows) == 5 and len(counts) == 1, result.stdout
+    if importlib.util.find_spec("tensorflow_text"):  # the routed engine was measured
+        assert "ids (tensorflow-text + Python)" in result.stdout

@@ -6,18 +6,22 @@ with "##" continuations; a word longer than 100 characters, or one with a charac
 no vocabulary entry matches, becomes a single [UNK]. The special tokens [PAD] [UNK] [CLS] [SEP]
 [MASK] written literally in the text are matched before normalisation and never split.
 
-Fast path (`tokenize`, `tokenize_batch`, `encode*`): pure Python, no compiled dependency and
-no TensorFlow. Everything after cleaning is a function of one whitespace-delimited word, so
-the fast path finds the words with one C-level regex/`str.split` pass, and looks each up in a
-word cache whose misses are filled by the *same* per-word code as the exact path. Natural text
-is Zipfian, so nearly every word is a dictionary hit. Texts for which the word split is not
-provably the reference one (literal special tokens; control characters when offsets are
-needed) are routed to the exact path. Why not a compiled library:
-- HF `tokenizers` is an independent reimplementation that differs from the reference (final
-  sigma, see the tests) and is slower than this cache on one core (measured: `bench`);
-- tensorflow-text's FastBertTokenizer is faster per miss but needs the full TensorFlow
-  package, differs on some inputs (final sigma, Armenian ligature, vulgar fractions) and
-  reports byte offsets; detecting its divergent inputs costs about what the cache does.
+Fast path (`tokenize`, `tokenize_batch`, `encode*`), identical output, two engines:
+1. Pure Python (always available, no TensorFlow). Everything after cleaning is a function of
+   one whitespace-delimited word, so the words are found with one C-level regex/`str.split`
+   pass and looked up in a word cache whose misses are filled by the *same* per-word code as
+   the exact path. Natural text is Zipfian, so nearly every word is a hit; the ~90k misses of
+   a cold 10 MB corpus still cost as much as all the hits (about 2.5-3x HF `tokenizers`).
+2. tensorflow-text (`tf_text_backend`), for batches of at least `tf_text_min_batch` texts
+   when it is installed: texts verified to be tokenized identically (ASCII without control
+   characters or "[") go to its compiled FastWordpieceTokenizer, all others to engine 1.
+   6-8x HF on one core including the routing. tensorflow-text's own normaliser differs from
+   the reference (final sigma, Armenian ligature, vulgar fractions) and it needs the full
+   TensorFlow package, hence the routing, and a lazy import (seconds) only for big batches.
+Texts for which the word split is not provably the reference one (literal special tokens;
+control characters when offsets are needed) take the exact path. HF `tokenizers` is not used:
+an independent reimplementation that differs from the reference (final sigma, see the tests)
+and is slower than both engines on one core (measured: `bench`).
 """
 
 from __future__ import annotations
@@ -30,16 +34,16 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from bertjax.tokenization import normalization as norm
+from bertjax.tokenization import tf_text_backend
 from bertjax.tokenization.base import SPECIAL_TOKENS, Span, TextPieces, Tokenizer
 
 MAX_INPUT_CHARS_PER_WORD = 100
 CACHE_SIZE = 1 << 20  # words; the cache is cleared when full (memory bound for huge corpora)
+# Batches with at least this many tensorflow-text-safe texts use it (see tf_text_backend).
+TF_TEXT_MIN_BATCH = 512
 
 # ASCII control characters the reference drops (\t \n \r are whitespace, not control).
 _ASCII_DROP = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]+")
-# An ASCII text that needs more than lower() + split(): control characters, or a "[" that
-# may start a literal special token.
-_ASCII_ODD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\[]")
 _ASCII_WORD = re.compile(r"[^ \t\n\r]+")
 # BasicTokenizer on an ASCII word: runs of letters/digits, and single punctuation characters
 # (every other printable ASCII character is punctuation for the reference).
@@ -140,6 +144,10 @@ class WordPieceTokenizer(Tokenizer):
         self._records = _Cache(self._word_record)
         self._token_cache = _Cache(lambda word: self._records[word].tokens)
         self._id_cache = _Cache(lambda word: self._records[word].ids)
+        # None: never use tensorflow-text; otherwise the number of safe texts a batch needs.
+        self.tf_text_min_batch: int | None = TF_TEXT_MIN_BATCH
+        # The backend once built; None if building failed; False before the first try.
+        self._tf_text: tf_text_backend.FastWordpieceBackend | None | bool = False
 
     @classmethod
     def from_file(cls, path: str, do_lower_case: bool = True) -> WordPieceTokenizer:
@@ -259,23 +267,43 @@ class WordPieceTokenizer(Tokenizer):
                                                       self._words(text))))
 
     def tokenize_batch(self, texts: Iterable[str]) -> list[list[str]]:
-        return self._batch(texts, self._token_cache, self.tokenize)
+        return self._batch(texts, self._token_cache, self.tokenize, self._inv_vocab)
 
     def tokenize_to_ids_batch(self, texts: Iterable[str]) -> list[list[int]]:
         """`convert_tokens_to_ids` of each `tokenize_batch` result, from a cache of ids."""
         return self._batch(texts, self._id_cache,
-                           lambda t: self.convert_tokens_to_ids(self.tokenize(t)))
+                           lambda t: self.convert_tokens_to_ids(self.tokenize(t)), None)
 
-    def _batch(self, texts, cache: _Cache, one) -> list[list]:
-        # The common case (plain ASCII text) inlined: one C-level split and cache lookups.
-        get, chain, odd = cache.__getitem__, itertools.chain.from_iterable, _ASCII_ODD.search
-        lower, out = self.do_lower_case, []
-        for text in texts:
-            if isinstance(text, str) and text.isascii() and not odd(text):
-                out.append(list(chain(map(get, (text.lower() if lower else text).split()))))
-            else:
-                out.append(one(text))
-        return out
+    def _tf_text_for(self, n_safe: int) -> tf_text_backend.FastWordpieceBackend | None:
+        """The tensorflow-text backend if a batch with `n_safe` safe texts should use it."""
+        if (self.tf_text_min_batch is None or n_safe < self.tf_text_min_batch
+                or not tf_text_backend.available()):
+            return None
+        if self._tf_text is False:
+            self._tf_text = tf_text_backend.build(self._inv_vocab, self.do_lower_case)
+        return self._tf_text
+
+    def _batch(self, texts, cache: _Cache, one, table) -> list[list]:
+        texts = texts if isinstance(texts, list) else list(texts)
+        safe = list(map(tf_text_backend.is_safe, texts))
+        backend = self._tf_text_for(sum(safe))
+        if backend is not None:
+            done = iter(backend.tokenize(list(itertools.compress(texts, safe)), table))
+            return [next(done) if s else one(t) for t, s in zip(texts, safe)]
+        # Safe texts are plain ASCII needing no more than lower() + split(): one C-level split
+        # and cache lookups.
+        get, chain, lower = cache.__getitem__, itertools.chain.from_iterable, self.do_lower_case
+        return [list(chain(map(get, (t.lower() if lower else t).split()))) if s else one(t)
+                for t, s in zip(texts, safe)]
+
+    def _pieces_batch(self, texts) -> list[TextPieces]:
+        texts = list(texts)
+        safe = list(map(tf_text_backend.is_safe, texts))
+        backend = self._tf_text_for(sum(safe))
+        if backend is None:
+            return [self._pieces(t) for t in texts]
+        done = iter(backend.pieces(list(itertools.compress(texts, safe))))
+        return [next(done) if s else self._pieces(t) for t, s in zip(texts, safe)]
 
     def _pieces(self, text: str) -> TextPieces:
         text = _as_text(text)

@@ -10,6 +10,7 @@ step has them.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -19,7 +20,8 @@ from etils import epath
 
 class Checkpointer:
     def __init__(self, workdir: str, max_to_keep: int = 3, async_save: bool = True):
-        self.workdir = epath.Path(workdir)
+        # orbax wants absolute paths; gs:// and other URLs already are.
+        self.workdir = epath.Path(workdir if "://" in str(workdir) else os.path.abspath(workdir))
         self.manager = ocp.CheckpointManager(
             self.workdir / "checkpoints",
             options=ocp.CheckpointManagerOptions(

@@ -1,0 +1,172 @@
+"""Fine-tuning examples → token features → length-bucketed NumPy batches.
+
+Each example is tokenized once to its own length (truncated to max_seq_length, longer side
+first). Batches group examples of similar length: every example goes to the smallest bucket
+length (a power of two ≥ 16, and max_seq_length) that holds it, and each batch is padded only
+to its bucket's length — on GLUE most sequences are far shorter than 128, so a fixed length
+would spend most of the compute on padding. A handful of bucket lengths keeps the number of
+compiled shapes small. A bucket's leftover examples join the next bucket's batches, so only
+the last batch of an epoch is short; it is filled with weight-0 rows (static shapes: every
+host runs the same shapes at every step).
+
+Batches (`[batch]` = this host's share of the global batch):
+  input_ids, segment_ids, input_mask: [batch, seq] int32 ([batch, choices, seq] multiple choice)
+  labels: [batch] int32 (class id) or float32 (regression); 0 for test examples
+  weights: [batch] float32, 0.0 for filler rows
+  example_index: [batch] int32, the position in the example list (-1 for filler rows)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from data_pipeline.glue import ChoiceExample, DataError, Example
+
+
+@dataclasses.dataclass
+class Features:
+    """Unpadded token ids of a split. sequences[i]: [choices, 3, length_i] int32 (rows:
+    input_ids, segment_ids, input_mask; choices = 1 for single-sequence tasks)."""
+
+    sequences: list[np.ndarray]
+    labels: np.ndarray  # [num_examples]
+    multiple_choice: bool
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([s.shape[-1] for s in self.sequences], np.int64)
+
+    def __len__(self) -> int:
+        return len(self.sequences)
+
+
+def _stack(encodings) -> np.ndarray:
+    rows = []
+    for enc in encodings:
+        n = int(sum(enc.input_mask))  # encode pads to max_seq_length; keep the real tokens
+        rows.append(np.array([enc.input_ids[:n], enc.segment_ids[:n], [1] * n], np.int32))
+    length = max(r.shape[-1] for r in rows)
+    out = np.zeros((len(rows), 3, length), np.int32)  # choices padded to the longest one
+    for i, r in enumerate(rows):
+        out[i, :, : r.shape[-1]] = r
+    return out
+
+
+def encode(tokenizer, examples: Sequence[Example | ChoiceExample], max_seq_length: int,
+           regression: bool = False) -> Features:
+    """Tokenizes `[CLS] a [SEP] (b [SEP])` (multiple choice: one such pair per ending)."""
+    if not examples:
+        raise DataError("no examples to encode")
+    multiple_choice = isinstance(examples[0], ChoiceExample)
+    if multiple_choice:
+        counts = {len(e.endings) for e in examples}
+        if len(counts) != 1:
+            bad = next(e for e in examples if len(e.endings) != len(examples[0].endings))
+            raise DataError(f"{bad.guid}: {len(bad.endings)} choices but the first example has "
+                            f"{len(examples[0].endings)}")
+        k = counts.pop()
+        texts_a = [e.context for e in examples for _ in range(k)]
+        texts_b = [ending for e in examples for ending in e.endings]
+        encodings = tokenizer.encode_batch(texts_a, texts_b, max_seq_length=max_seq_length)
+        sequences = [_stack(encodings[i * k:(i + 1) * k]) for i in range(len(examples))]
+    else:
+        texts_b = [e.text_b for e in examples]
+        encodings = tokenizer.encode_batch(
+            [e.text_a for e in examples], texts_b if any(b is not None for b in texts_b) else None,
+            max_seq_length=max_seq_length)
+        sequences = [_stack([enc]) for enc in encodings]
+    dtype = np.float32 if regression else np.int32
+    labels = np.array([0 if e.label is None else e.label for e in examples], dtype)
+    return Features(sequences, labels, multiple_choice)
+
+
+def bucket_lengths(max_seq_length: int, min_length: int = 16) -> tuple[int, ...]:
+    """Powers of two from `min_length` below max_seq_length, then max_seq_length itself."""
+    lengths, n = [], min_length
+    while n < max_seq_length:
+        lengths.append(n)
+        n *= 2
+    return tuple(lengths) + (max_seq_length,)
+
+
+def assign_buckets(lengths: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
+    """Index of the smallest bucket length ≥ each length: [num_examples] int."""
+    if lengths.size and lengths.max() > buckets[-1]:
+        raise DataError(f"a sequence of length {lengths.max()} exceeds the largest bucket "
+                        f"{buckets[-1]}")
+    return np.searchsorted(np.asarray(buckets), lengths, side="left")
+
+
+def plan_batches(features: Features, batch_size: int, buckets: Sequence[int], *,
+                 shuffle: bool, seed: int = 0) -> list[tuple[int, np.ndarray]]:
+    """[(bucket length, example indices [<= batch_size])] — one epoch's global batches.
+
+    shuffle: examples within each bucket and the order of all batches, from `seed` (pass a
+    different seed each epoch); otherwise batches are in bucket then example order.
+    """
+    rng = np.random.default_rng(seed)
+    assignment = assign_buckets(features.lengths, buckets)
+    plan, carry = [], np.zeros((0,), np.int64)
+    for b, length in enumerate(buckets):
+        members = np.flatnonzero(assignment == b)
+        if shuffle:
+            members = rng.permutation(members)
+        # A bucket's leftover (< batch_size) examples join the next, longer bucket rather than
+        # fill a batch of their own with weight-0 rows: only the very last batch is partial.
+        members = np.concatenate([carry, members])
+        full = len(members) // batch_size * batch_size
+        for start in range(0, full, batch_size):
+            plan.append((length, members[start:start + batch_size]))
+        carry = members[full:]
+        if len(carry) and b == len(buckets) - 1:
+            plan.append((length, carry))
+    if shuffle:
+        plan = [plan[i] for i in rng.permutation(len(plan))]
+    return plan
+
+
+def make_batch(features: Features, length: int, indices: np.ndarray, batch_size: int,
+               process_index: int = 0, process_count: int = 1) -> dict[str, np.ndarray]:
+    """Pads `indices` to [batch_size] rows of `length` tokens; returns this host's rows."""
+    choices = features.sequences[0].shape[0]
+    ids = np.zeros((batch_size, choices, length), np.int32)
+    segments = np.zeros_like(ids)
+    mask = np.zeros_like(ids)
+    labels = np.zeros((batch_size,), features.labels.dtype)
+    weights = np.zeros((batch_size,), np.float32)
+    example_index = np.full((batch_size,), -1, np.int32)
+    for row, i in enumerate(indices):
+        seq = features.sequences[i]
+        n = seq.shape[-1]
+        ids[row, :, :n], segments[row, :, :n], mask[row, :, :n] = seq[:, 0], seq[:, 1], seq[:, 2]
+        labels[row], weights[row], example_index[row] = features.labels[i], 1.0, i
+    if not features.multiple_choice:
+        ids, segments, mask = ids[:, 0], segments[:, 0], mask[:, 0]
+    batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask, "labels": labels,
+             "weights": weights, "example_index": example_index}
+    if batch_size % process_count:
+        raise DataError(f"batch size {batch_size} is not divisible by {process_count} processes")
+    per_host = batch_size // process_count
+    rows = slice(process_index * per_host, (process_index + 1) * per_host)
+    return {k: v[rows] for k, v in batch.items()}
+
+
+def batches(features: Features, batch_size: int, buckets: Sequence[int], *, shuffle: bool,
+            seed: int = 0, process_index: int = 0,
+            process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+    """One epoch of this host's batches (every host builds the same global plan)."""
+    for length, indices in plan_batches(features, batch_size, buckets, shuffle=shuffle,
+                                        seed=seed):
+        yield make_batch(features, length, indices, batch_size, process_index, process_count)
+
+
+def padding_fraction(features: Features, batch_size: int, buckets: Sequence[int]) -> float:
+    """Share of the token positions computed in one epoch that are padding or filler."""
+    plan = plan_batches(features, batch_size, buckets, shuffle=False)
+    computed = sum(length * batch_size for length, _ in plan)
+    real = sum(int(s[:, 2].sum()) for s in features.sequences)
+    computed *= features.sequences[0].shape[0]
+    return 1.0 - real / max(computed, 1)
