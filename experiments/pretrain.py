@@ -67,6 +67,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.eval.num_batches = 50
 
     config.log_every_steps = 100
+    # A bertjax checkpoint directory (bertjax.load_pretrained) to start from, params only:
+    # continued pre-training, or phase 2 from a finished phase-1 export.
+    config.init_checkpoint = ""
     config.vocab = ""  # vocab.txt / SentencePiece model of the data (needed by dynamic masking)
 
     # Device mesh: data / fsdp / tensor; -1 fills the remaining devices.

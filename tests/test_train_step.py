@@ -64,7 +64,7 @@ def test_bert_adamw_matches_the_reference_update_rule():
     ref = {k: {n: v.astype(np.float64) for n, v in d.items()} for k, d in params.items()}
     m = {k: {n: np.zeros_like(v) for n, v in d.items()} for k, d in ref.items()}
     v2 = {k: {n: np.zeros_like(v) for n, v in d.items()} for k, d in ref.items()}
-    for step in range(4):
+    for step in range(5):
         grads = {k: {n: r.normal(size=v.shape).astype(np.float32) for n, v in d.items()}
                  for k, d in params.items()}
         updates, state = tx.update(grads, state, params)

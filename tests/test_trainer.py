@@ -241,3 +241,46 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     if saved is not None:
         params = final_params(workdir, saved)
         assert all(np.isfinite(v).all() for v in params.values())
+
+
+def _write_checkpoint_dir(directory, hidden_size=64):
+    """A bertjax checkpoint directory (random params) for the MODEL above."""
+    import jax
+
+    from bertjax.models import BertConfig, BertForPreTraining
+    from bertjax.pretrained import save_pretrained
+    from bertjax.train import step as step_lib
+
+    cfg = BertConfig(num_layers=2, hidden_size=hidden_size, num_heads=8,
+                     intermediate_size=256, vocab_size=128)
+    import flax.linen as nn
+
+    params = nn.unbox(step_lib.init_params(BertForPreTraining(cfg), jax.random.PRNGKey(7)))
+    vocab = directory / "vocab.txt"
+    directory.mkdir()
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab.write_text("\n".join(specials + [f"w{i}" for i in range(128 - 5)]) + "\n")
+    save_pretrained(directory / "ckpt", cfg, params, str(vocab))
+    import flax
+
+    return {k: np.asarray(v) for k, v in flax.traverse_util.flatten_dict(params, sep="/").items()}
+
+
+def test_init_checkpoint_loads_params_only(tmp_path):
+    expected = _write_checkpoint_dir(tmp_path / "source")
+    workdir = str(tmp_path / "run")
+    # Step 1 has learning rate 0 (warmup from 0), so its checkpoint holds the loaded params.
+    proc = run_python(pretrain_args(workdir, 2, every=1, extra=[
+        f"--config.init_checkpoint={tmp_path / 'source' / 'ckpt'}"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Initialised parameters from" in proc.stdout
+    params = final_params(workdir, 1)
+    for key, value in expected.items():
+        np.testing.assert_array_equal(params[key], value, err_msg=key)
+
+
+def test_init_checkpoint_of_another_size_fails_with_one_line(tmp_path):
+    _write_checkpoint_dir(tmp_path / "source", hidden_size=32)
+    proc = run_python(pretrain_args(str(tmp_path / "run"), 2, extra=[
+        f"--config.init_checkpoint={tmp_path / 'source' / 'ckpt'}"]))
+    assert "model.hidden_size" in _one_line_error(proc)

@@ -69,6 +69,18 @@ class Tokenizer:
     do_lower_case: bool
 
     # ---- subclass API
+
+    def _segments(self, text: str):
+        """`(start, end, is_special)` spans of `text`: literal special tokens (matched by the
+        subclass's `_special_re`) and the text between them."""
+        pos = 0
+        for m in self._special_re.finditer(text):
+            if m.start() > pos:
+                yield pos, m.start(), False
+            yield m.start(), m.end(), True
+            pos = m.end()
+        if pos < len(text):
+            yield pos, len(text), False
     def _pieces(self, text: str) -> TextPieces:
         raise NotImplementedError
 

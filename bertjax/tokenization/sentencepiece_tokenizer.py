@@ -94,16 +94,6 @@ class SentencePieceTokenizer(Tokenizer):
         return cls(proto, do_lower_case, source=path)
 
     # ---- tokenization
-    def _segments(self, text: str):
-        pos = 0
-        for m in self._special_re.finditer(text):
-            if m.start() > pos:
-                yield pos, m.start(), False
-            yield m.start(), m.end(), True
-            pos = m.end()
-        if pos < len(text):
-            yield pos, len(text), False
-
     def _prepare(self, text: str) -> tuple[str, list[int] | None]:
         if self.do_lower_case:
             return _lower_with_map(text)

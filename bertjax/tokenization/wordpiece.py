@@ -185,18 +185,6 @@ class WordPieceTokenizer(Tokenizer):
             word += 1
         return word
 
-    def _segments(self, text: str):
-        """`(start, end, is_special)` spans of `text`: literal special tokens and the rest."""
-        pos = 0
-        if "[" in text:
-            for m in self._special_re.finditer(text):
-                if m.start() > pos:
-                    yield pos, m.start(), False
-                yield m.start(), m.end(), True
-                pos = m.end()
-        if pos < len(text):
-            yield pos, len(text), False
-
     def pieces_exact(self, text: str) -> TextPieces:
         """Tokens, ids, offsets into `text` and word ids, by the character-level reference."""
         text = _as_text(text)

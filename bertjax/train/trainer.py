@@ -150,6 +150,22 @@ def _host_metrics(metrics) -> dict[str, float]:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+def load_init_params(directory: str, model_cfg: BertConfig, shardings) -> Any:
+    """Params of a bertjax checkpoint directory (e.g. the export of phase 1 or a converted
+    release), in this run's layout and dtype, placed with this run's shardings."""
+    from bertjax.pretrained import load_pretrained
+
+    loaded_cfg, params, _ = load_pretrained(
+        directory, scan_layers=model_cfg.scan_layers, param_dtype=model_cfg.param_dtype)
+    for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                  "max_position_embeddings", "type_vocab_size"):
+        if getattr(loaded_cfg, field) != getattr(model_cfg, field):
+            raise ConfigError(
+                f"config.init_checkpoint={directory}: model.{field} is "
+                f"{getattr(loaded_cfg, field)} there but {getattr(model_cfg, field)} here")
+    return jax.device_put(params, shardings)
+
+
 def export(directory: epath.Path, config, params, log=print) -> None:
     """Writes the final params as a bertjax checkpoint directory (bertjax.load_pretrained)."""
     from jax.experimental import multihost_utils
@@ -204,6 +220,10 @@ def train(config, workdir: str, make_input: Callable[..., Any], log=print) -> st
         state = step_lib.create_train_state(
             model, tx, jax.random.PRNGKey(config.seed), state_sharding
         )
+        if config.get("init_checkpoint"):
+            state = state.replace(params=load_init_params(
+                config.init_checkpoint, model_cfg, state_sharding.params))
+            log(f"Initialised parameters from {config.init_checkpoint} (optimizer state fresh)")
     step = int(state.step)
     writer = metrics_lib.MetricsWriter(workdir)
     peak = flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
