@@ -7,8 +7,10 @@ r"""Speed and memory of bertjax's design choices, each against its baseline in t
 2. Attention through `jax.nn.dot_product_attention` vs. the einsum path (baseline).
 3. Compile time of a BERT-base train step with `nn.scan` over layers vs. unrolled (baseline).
 4. A full pre-training step (forward, backward, optimizer update) at seq 128 for the mini and
-   base presets, against Hugging Face transformers' PyTorch BertForPreTraining (baseline) on
-   the same shapes, in float32 on this machine's CPU (skipped when torch is not installed).
+   base presets, against Hugging Face transformers' PyTorch BertForPreTraining + AdamW
+   (baseline) on the same shapes and device: float32 for both, then bf16 compute (bertjax:
+   `model.dtype=bfloat16`, float32 params and accumulation; PyTorch: `torch.autocast`). Skipped
+   when torch is not installed. Times are medians over the repeats.
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ def bench_compile(batch_size):
     for name, scan in (("base unrolled (baseline)", False), ("base nn.scan", True)):
         config = pretrain_experiment.get_config("base")
         config.model.scan_layers = scan
+        config.model.dtype = "bfloat16"
         cfg = BertConfig.from_dict(config.model)
         model = BertForPreTraining(cfg)
         tx, schedule = make_optimizer(config.optimizer, 1000)
@@ -123,8 +126,17 @@ def _synthetic_batch(cfg, batch_size, seq_len, max_predictions):
     return _batch(cfg, batch_size, seq_len, positions)
 
 
+def _median_seconds(step, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
 def bench_bertjax_train_step(cfg, batch_size, seq_len, max_predictions, repeats):
-    """Seconds per jitted train step (bert_adamw, float32) on one device."""
+    """Seconds per jitted train step (bert_adamw, compute in cfg.dtype) on one device."""
     from bertjax.train import sharding as sharding_lib
     from bertjax.train.optimizer import make_optimizer
     from experiments import pretrain as pretrain_experiment
@@ -138,17 +150,20 @@ def bench_bertjax_train_step(cfg, batch_size, seq_len, max_predictions, repeats)
     step = step_lib.jit_train_step(model, tx, schedule, state_sharding,
                                    sharding_lib.batch_sharding(mesh, config.logical_axis_rules))
     batch = _synthetic_batch(cfg, batch_size, seq_len, max_predictions)
-    state, metrics = step(state, batch)  # compile
-    jax.block_until_ready(metrics)
-    start = time.perf_counter()
-    for _ in range(repeats):
-        state, metrics = step(state, batch)
-    jax.block_until_ready(metrics)
-    return (time.perf_counter() - start) / repeats
+    holder = [state]
+
+    def run():
+        holder[0], metrics = step(holder[0], batch)
+        jax.block_until_ready(metrics)
+
+    run()  # compile
+    return _median_seconds(run, repeats)
 
 
-def bench_torch_train_step(cfg, batch_size, seq_len, max_predictions, repeats):
-    """Seconds per step of transformers' BertForPreTraining + torch.optim.AdamW, or None."""
+def bench_torch_train_step(cfg, batch_size, seq_len, max_predictions, repeats, autocast=False):
+    """Seconds per step of transformers' BertForPreTraining + torch.optim.AdamW, or None.
+
+    autocast: bf16 compute through `torch.autocast("cpu")` (float32 params), else float32."""
     try:
         import torch
         import transformers
@@ -175,34 +190,41 @@ def bench_torch_train_step(cfg, batch_size, seq_len, max_predictions, repeats):
 
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = model(**inputs).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(**inputs).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
     step()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        step()
-    return (time.perf_counter() - start) / repeats
+    return _median_seconds(step, repeats)
 
 
 def bench_train_step_vs_torch(repeats):
-    print("\n4. Full train step (forward + backward + AdamW), seq 128, 20 predictions, float32")
-    print(f"  {'model':<10} {'batch':>5} {'framework':<26} {'steps/s':>8} {'seq/s':>8} "
-          f"{'tokens/s':>9} {'vs torch':>9}")
+    print("\n4. Full train step (forward + backward + AdamW), seq 128, 20 predictions")
+    print(f"  {'model':<6} {'batch':>5} {'framework':<26} {'compute':<9} {'steps/s':>8} "
+          f"{'seq/s':>7} {'tokens/s':>9} {'vs torch f32':>13}")
     for preset, batch_size in (("mini", 32), ("base", 8)):
-        cfg = BertConfig.from_preset(preset, dtype="float32")
-        torch_s = bench_torch_train_step(cfg, batch_size, 128, 20, repeats)
-        ours_s = bench_bertjax_train_step(cfg, batch_size, 128, 20, repeats)
-        rows = [("HF transformers (PyTorch)", torch_s), ("bertjax (JAX, jit)", ours_s)]
-        for name, seconds in rows:
+        f32 = BertConfig.from_preset(preset, dtype="float32")
+        bf16 = BertConfig.from_preset(preset, dtype="bfloat16")
+        rows = [
+            ("HF transformers (PyTorch)", "float32",
+             bench_torch_train_step(f32, batch_size, 128, 20, repeats)),
+            ("HF transformers (PyTorch)", "bf16",
+             bench_torch_train_step(f32, batch_size, 128, 20, repeats, autocast=True)),
+            ("bertjax (JAX, jit)", "float32",
+             bench_bertjax_train_step(f32, batch_size, 128, 20, repeats)),
+            ("bertjax (JAX, jit)", "bf16",
+             bench_bertjax_train_step(bf16, batch_size, 128, 20, repeats)),
+        ]
+        torch_f32 = rows[0][2]
+        for name, compute, seconds in rows:
             if seconds is None:
-                print(f"  {preset:<10} {batch_size:>5} {name:<26} {'(torch not installed)':>36}")
+                print(f"  {preset:<6} {batch_size:>5} {name:<26} {compute:<9} (no torch)")
                 continue
-            ratio = f"{torch_s / seconds:.2f}x" if torch_s else "-"
-            print(f"  {preset:<10} {batch_size:>5} {name:<26} {1 / seconds:>8.2f} "
-                  f"{batch_size / seconds:>8.1f} {batch_size * 128 / seconds:>9.0f} {ratio:>9}")
+            ratio = f"{torch_f32 / seconds:.2f}x" if torch_f32 else "-"
+            print(f"  {preset:<6} {batch_size:>5} {name:<26} {compute:<9} {1 / seconds:>8.2f} "
+                  f"{batch_size / seconds:>7.1f} {batch_size * 128 / seconds:>9.0f} {ratio:>13}")
 
 
 def print_table(title, unit, rows):

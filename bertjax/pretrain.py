@@ -7,6 +7,13 @@ r"""Pre-train BERT.
 
 Runs resume automatically from the latest checkpoint in --workdir. On a TPU pod slice, start
 the same command on every host with --distributed (one process per host).
+
+No-NSP pre-training on packed rows (data from `python -m data_pipeline.packed_input`):
+
+  python -m bertjax.pretrain --config=experiments/pretrain.py:base --workdir=runs/no_nsp \
+      --config.packing.enabled=true --config.train.nsp_weight=0.0 \
+      --config.phases.phase1.data='data/segments_128/part-*.tfrecord' \
+      --config.phases.phase2.data='data/segments_512/part-*.tfrecord'
 """
 
 from __future__ import annotations
@@ -50,8 +57,17 @@ def make_input_fn(config):
     """Returns make_input(phase, per_host_batch, split="train") for the trainer."""
     import jax
 
+    packing = config.get("packing") or {}
+    packed = bool(packing.get("enabled"))
+
     def make_input(phase, per_host_batch, split="train"):
         pattern = phase.data if split == "train" else phase.eval_data
+        field = "data" if split == "train" else "eval_data"
+        if pattern == "synthetic" and packed:
+            raise ConfigError(
+                f"config.phases.{phase.name}.{field}=synthetic cannot be packed; give unmasked "
+                "TFRecords (python -m data_pipeline.packed_input) or config.packing.enabled=False"
+            )
         if pattern == "synthetic":
             from bertjax.train.synthetic import SyntheticInput
 
@@ -68,11 +84,13 @@ def make_input_fn(config):
         import tensorflow as tf
 
         if not tf.io.gfile.glob(pattern):
-            field = "data" if split == "train" else "eval_data"
             raise FileNotFoundError(
                 f"config.phases.{phase.name}.{field}: no files match {pattern!r}"
             )
         from data_pipeline import pretraining_input, tfrecords
+
+        if packed:
+            return _packed_input(config, phase, field, pattern, per_host_batch, split)
 
         # Data written by create_pretraining_data carries metadata (vocab size, [MASK], special
         # ids, word continuations) and is masked on the fly; data without it (e.g. prepared for
@@ -96,6 +114,31 @@ def make_input_fn(config):
         return pretraining_input.InputIterator(dataset)
 
     return make_input
+
+
+def _packed_input(config, phase, field, pattern, per_host_batch, split):
+    """Masked batches of packed rows (data_pipeline/packed_input.py) for one phase."""
+    import jax
+
+    from data_pipeline import packed_input
+
+    if not config.masking.dynamic:
+        raise ConfigError("config.packing.enabled=True needs config.masking.dynamic=True "
+                          "(packed rows are masked after packing)")
+    try:
+        masking = packed_input.masking_from_metadata(
+            pattern, max_predictions=phase.max_predictions,
+            masked_lm_prob=config.masking.masked_lm_prob, whole_word=config.masking.whole_word)
+        dataset = packed_input.make_packed_dataset(
+            pattern, seq_len=phase.seq_len, batch_size=per_host_batch, masking=masking,
+            seed=config.seed, shuffle=split == "train", repeat=True,
+            process_index=jax.process_index(), process_count=jax.process_count(),
+            num_open_rows=int(config.packing.get("num_open_rows", 8)),
+            num_packers=int(config.packing.get("num_packers", 1)),
+        )
+    except ValueError as e:  # the data pipeline's messages name the file and field
+        raise ConfigError(f"config.phases.{phase.name}.{field}: {e}") from None
+    return packed_input.InputIterator(dataset)
 
 
 def main(argv):

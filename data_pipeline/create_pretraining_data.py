@@ -19,12 +19,15 @@ The reference flags (`--input --vocab --do_lower_case --max_seq_length
   `--shuffle_buffer` instances before writing: memory is bounded whatever the corpus size.
 
 Writes `part-SSSSS-of-NNNNN.tfrecord` and `metadata.json` (settings, vocab hash, counts).
+Creation never imports TensorFlow (records are encoded by `tfrecords`), so a worker starts in
+well under a second; instances are masked and encoded WRITE_BATCH at a time with NumPy.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import multiprocessing
 import os
 import time
@@ -35,6 +38,9 @@ import numpy as np
 from data_pipeline import corpus, instances, masking, tfrecords
 
 FORMAT = "bertjax-pretraining-v1"
+# Instances masked and encoded together (vectorised); part of the output's definition, since
+# the masking random stream is drawn batch by batch.
+WRITE_BATCH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +93,18 @@ class CreateConfig:
 def tokenize_documents(documents: Iterable[list[str]], tokenizer,
                        counts: dict) -> Iterator[list[np.ndarray]]:
     """Sentences → arrays of token ids (empty sentences dropped); counts text and tokens."""
+    # The WordPiece tokenizer caches ids per word: skip the token strings when it can.
+    to_ids = getattr(tokenizer, "tokenize_to_ids_batch", None)
     for doc in documents:
-        pieces = tokenizer.tokenize_batch(doc)
-        sentences = [np.asarray(tokenizer.convert_tokens_to_ids(p), np.int32) for p in pieces if p]
+        if to_ids is not None:
+            ids = to_ids(doc)
+        else:
+            ids = map(tokenizer.convert_tokens_to_ids, tokenizer.tokenize_batch(doc))
+        sentences = [np.array(s, np.int32) for s in ids if s]
         counts["documents"] += 1
-        counts["text_bytes"] += sum(len(s.encode("utf-8")) for s in doc)
+        counts["text_bytes"] += len("".join(doc).encode("utf-8"))
         counts["sentences"] += len(sentences)
-        counts["tokens"] += sum(len(s) for s in sentences)
+        counts["tokens"] += sum(map(len, sentences))
         yield sentences
 
 
@@ -106,11 +117,52 @@ def shard_rngs(cfg: CreateConfig, shard: int) -> tuple[np.random.Generator, ...]
     return tuple(np.random.default_rng(s) for s in seq.spawn(3))
 
 
-def create_shard(cfg: CreateConfig, shard: int, tokenizer) -> dict:
-    """Writes shard `shard`; returns its counts (cpu_seconds: this shard's own CPU time)."""
-    import tensorflow as tf  # imported before the clock starts: start-up is not throughput
+def batches(items: Iterable, size: int) -> Iterator[list]:
+    """Consecutive lists of `size` items (the last may be shorter)."""
+    it = iter(items)
+    while chunk := list(itertools.islice(it, size)):
+        yield chunk
 
-    del tf
+
+def pad_instances(chunk: list[instances.Instance], seq_len: int):
+    """[batch, seq_len] int32 tokens and segment ids (zero-padded) and [batch] lengths."""
+    lengths = np.array([len(inst.tokens) for inst in chunk], np.int64)
+    if lengths.max(initial=0) > seq_len:
+        raise ValueError(f"instance of {lengths.max()} tokens longer than max_seq_length "
+                         f"{seq_len}")
+    tokens = np.zeros((len(chunk), seq_len), np.int32)
+    segments = np.zeros((len(chunk), seq_len), np.int32)
+    for row, inst in enumerate(chunk):
+        tokens[row, :len(inst.tokens)] = inst.tokens
+        segments[row, :len(inst.tokens)] = inst.segment_ids
+    return tokens, segments, lengths
+
+
+def example_features(tokens: np.ndarray, segments: np.ndarray, lengths: np.ndarray,
+                     is_random_next: np.ndarray, masked=None) -> dict[str, np.ndarray]:
+    """Reference features of a batch (see tfrecords); masked: (positions, labels, counts)."""
+    seq_len = tokens.shape[1]
+    features = {
+        "input_ids": tokens,
+        "input_mask": (np.arange(seq_len) < lengths[:, None]).astype(np.int32),
+        "segment_ids": segments,
+        "next_sentence_labels": np.asarray(is_random_next, np.int32)[:, None],
+    }
+    if masked is not None:
+        positions, labels, counts = masked
+        features["masked_lm_positions"] = positions
+        features["masked_lm_ids"] = labels
+        features["masked_lm_weights"] = (
+            np.arange(positions.shape[1]) < counts[:, None]).astype(np.float32)
+    return features
+
+
+def create_shard(cfg: CreateConfig, shard: int, tokenizer) -> dict:
+    """Writes shard `shard`; returns its counts (cpu_seconds: this shard's own CPU time).
+
+    Instances are masked, encoded and written WRITE_BATCH at a time (vectorised NumPy); the
+    masking stream depends only on the seed and the shard, so output does too.
+    """
     cpu_start = time.process_time()
     counts = dict.fromkeys(("documents", "sentences", "tokens", "text_bytes", "instances",
                             "not_next", "instance_tokens", "masked_lm_predictions"), 0)
@@ -125,29 +177,35 @@ def create_shard(cfg: CreateConfig, shard: int, tokenizer) -> dict:
         tables = (mcfg.special_table(), mcfg.continuation_table(), mcfg.replacement_ids())
     path = os.path.join(cfg.output_dir, tfrecords.shard_name(shard, cfg.num_shards))
     with tfrecords.ShardWriter(path) as writer:
-        for inst in stream:
-            tokens, masked = inst.tokens, None
+        for chunk in batches(stream, WRITE_BATCH):
+            tokens, segments, lengths = pad_instances(chunk, cfg.max_seq_length)
+            nsp = np.array([inst.is_random_next for inst in chunk], bool)
+            masked = None
             if mcfg is not None:
-                tokens, positions, labels = masking.mask_sequence(tokens, mcfg, mask_rng, *tables)
-                masked = (positions, labels)
-                counts["masked_lm_predictions"] += len(positions)
-            features = tfrecords.pad_example(tokens, inst.segment_ids, inst.is_random_next,
-                                             cfg.max_seq_length, masked,
-                                             cfg.max_predictions_per_seq)
-            writer.write(tfrecords.serialize_example(features))
-            counts["instances"] += 1
-            counts["not_next"] += int(inst.is_random_next)
-            counts["instance_tokens"] += len(tokens)
+                tokens, positions, labels, n_masked = masking.mask_batch(
+                    tokens, lengths, mcfg, mask_rng, *tables)
+                masked = (positions, labels, n_masked)
+                counts["masked_lm_predictions"] += int(n_masked.sum())
+            writer.write_many(tfrecords.serialize_examples(
+                example_features(tokens, segments, lengths, nsp, masked)))
+            counts["instances"] += len(chunk)
+            counts["not_next"] += int(nsp.sum())
+            counts["instance_tokens"] += int(lengths.sum())
     counts["cpu_seconds"] = round(time.process_time() - cpu_start, 3)
     return counts
 
 
-def _worker(args) -> tuple[int, dict]:
-    cfg, shard, tokenizer_factory = args
-    import tensorflow as tf
+_worker_tokenizer = None  # one per worker process: its word cache stays warm across shards
 
-    tf.config.set_visible_devices([], "GPU")
-    return shard, create_shard(cfg, shard, tokenizer_factory())
+
+def _init_worker(tokenizer_factory) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = tokenizer_factory()
+
+
+def _worker(args) -> tuple[int, dict]:
+    cfg, shard = args
+    return shard, create_shard(cfg, shard, _worker_tokenizer)
 
 
 def metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], seconds: float,
@@ -199,11 +257,12 @@ def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], o
     if cfg.num_workers == 1 or len(shards) == 1:
         results = {s: create_shard(cfg, s, tokenizer) for s in shards}
     else:
-        # spawn, not fork: TensorFlow's threads do not survive a fork.
+        # spawn, not fork: the parent may have imported TensorFlow (whose threads do not
+        # survive a fork); the workers themselves never import it.
         ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(min(cfg.num_workers, len(shards))) as pool:
-            results = dict(pool.imap_unordered(
-                _worker, [(cfg, s, tokenizer_factory) for s in shards]))
+        with ctx.Pool(min(cfg.num_workers, len(shards)), _init_worker,
+                      (tokenizer_factory,)) as pool:
+            results = dict(pool.imap_unordered(_worker, [(cfg, s) for s in shards]))
     if not sum(c["instances"] for c in results.values()):
         docs = sum(c["documents"] for c in results.values())
         raise ValueError(f"{cfg.input}: no instances created from {docs} documents "

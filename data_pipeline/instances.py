@@ -33,8 +33,11 @@ its chunks become IsNext where they have two or more sentences and are skipped o
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 from collections.abc import Iterable, Iterator, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,91 +78,182 @@ class PairConfig:
             raise ValueError(f"pool_size must be >= 2, got {self.pool_size}")
 
 
+class RandomDraws:
+    """Scalar random numbers from a Generator, drawn in blocks.
+
+    A scalar call on a NumPy Generator costs about a microsecond, many times the Python work
+    per instance; a block draw amortises it. Deterministic for the Generator's seed.
+    """
+
+    def __init__(self, rng: np.random.Generator, block: int = 4096):
+        self.rng = rng
+        self._block = block
+        self._uniform: list[float] = []
+        self._bits: list[int] = []
+
+    def random(self) -> float:
+        """Uniform in [0, 1)."""
+        if not self._uniform:
+            self._uniform = self.rng.random(self._block).tolist()[::-1]
+        return self._uniform.pop()
+
+    def integers(self, low: int, high: int) -> int:
+        """Uniform integer in [low, high) (high - low far below 2**53)."""
+        return low + min(int(self.random() * (high - low)), high - low - 1)
+
+    def heads(self, n: int) -> int:
+        """Number of heads in n fair coin flips: the set bits among n random bits."""
+        count = 0
+        while n > 0:
+            if not self._bits:
+                self._bits = self.rng.bit_generator.random_raw(self._block).tolist()
+            word = self._bits.pop()
+            count += (word & ((1 << min(n, 64)) - 1)).bit_count()
+            n -= 64
+        return count
+
+
+def _draws(rng: np.random.Generator | RandomDraws) -> RandomDraws:
+    return rng if isinstance(rng, RandomDraws) else RandomDraws(rng, block=64)
+
+
+def truncation(len_a: int, len_b: int, max_num_tokens: int,
+               rng: np.random.Generator | RandomDraws) -> tuple[int, int, int, int]:
+    """Tokens to trim from (A's front, A's back, B's front, B's back) so that A + B fits.
+
+    The reference rule: while too long, the longer segment (B on a tie) loses one token, from
+    the front or the back by a fair coin. Which segment loses each token does not depend on
+    the coins: the longer one shrinks until the two are level, then they alternate. So the
+    totals per segment are arithmetic, and each segment's front count is Binomial(total, 1/2)
+    — the same distribution as flipping a coin per token, in one draw.
+    """
+    excess = len_a + len_b - max_num_tokens
+    if excess <= 0:
+        return 0, 0, 0, 0
+    if len_a > len_b:  # A shrinks to B's length, then B, A, B, ... alternate
+        lead = len_a - len_b
+        from_a = excess if excess <= lead else lead + (excess - lead) // 2
+    else:  # B shrinks to one below A, then A, B, A, ... alternate
+        lead = len_b - len_a + 1
+        from_a = 0 if excess <= lead else (excess - lead + 1) // 2
+    from_b = excess - from_a
+    draws = _draws(rng)
+    a_front, b_front = draws.heads(from_a), draws.heads(from_b)
+    return a_front, from_a - a_front, b_front, from_b - b_front
+
+
 def truncate_seq_pair(tokens_a: list, tokens_b: list, max_num_tokens: int,
                       rng: np.random.Generator) -> None:
     """Trims the longer list, from the front or back at random, until both fit (in place)."""
-    while len(tokens_a) + len(tokens_b) > max_num_tokens:
-        longer = tokens_a if len(tokens_a) > len(tokens_b) else tokens_b
-        if rng.random() < 0.5:
-            del longer[0]
-        else:
-            longer.pop()
+    a_front, a_back, b_front, b_back = truncation(len(tokens_a), len(tokens_b), max_num_tokens,
+                                                  rng)
+    del tokens_a[len(tokens_a) - a_back:], tokens_a[:a_front]
+    del tokens_b[len(tokens_b) - b_back:], tokens_b[:b_front]
 
 
-def instances_from_document(pool: Sequence[tuple[int, Document]], slot: int, cfg: PairConfig,
+class PooledDocument(NamedTuple):
+    """A document held in the pool: its sentences concatenated, with sentence boundaries.
+
+    tokens: [total] int32; offsets: sentence k is tokens[offsets[k]:offsets[k + 1]] (a Python
+    list of len(sentences) + 1, searched with bisect: chunks need no per-sentence loop).
+    """
+
+    doc_id: int
+    tokens: np.ndarray
+    offsets: list[int]
+
+    @classmethod
+    def of(cls, doc_id: int, document: Document) -> PooledDocument:
+        lengths = [len(s) for s in document]
+        return cls(doc_id, np.concatenate(document).astype(np.int32, copy=False),
+                   [0, *itertools.accumulate(lengths)])
+
+
+def instances_from_document(pool: Sequence[PooledDocument], slot: int, cfg: PairConfig,
                             cls_id: int, sep_id: int,
-                            rng: np.random.Generator) -> list[Instance]:
+                            rng: np.random.Generator | RandomDraws) -> list[Instance]:
     """One pass of the reference algorithm over the document `pool[slot]`.
 
-    pool: (doc_id, document) pairs of non-empty documents; NotNext segments come from the
-    entries other than `slot`.
+    pool: the non-empty documents held; NotNext segments come from the entries other than
+    `slot`.
     """
-    doc_id, document = pool[slot]
+    rng = _draws(rng)
+    doc_id, tokens, off = pool[slot]
+    n = len(off) - 1
     max_num_tokens = cfg.max_seq_length - 3
     target = max_num_tokens
     if rng.random() < cfg.short_seq_prob:
-        target = int(rng.integers(2, max_num_tokens + 1))
+        target = rng.integers(2, max_num_tokens + 1)
     others = len(pool) - 1
 
     instances = []
-    chunk: list[np.ndarray] = []
-    length = 0
     i = 0
-    while i < len(document):
-        chunk.append(document[i])
-        length += len(document[i])
-        if i == len(document) - 1 or length >= target:
-            a_end = 1 if len(chunk) < 2 else int(rng.integers(1, len(chunk)))
-            # NotNext needs another document (see module docstring); a one-token single
-            # sentence cannot be split, so it is NotNext as in the reference.
-            random_next = bool(others) and (
-                rng.random() < 0.5 or (len(chunk) == 1 and len(chunk[0]) < 2))
-            b_doc = doc_id
-            tokens_a = [t for s in chunk[:a_end] for t in s.tolist()]
-            tokens_b: list[int] = []
-            if random_next:
-                pick = int(rng.integers(0, others))
-                b_doc, other = pool[pick + (pick >= slot)]  # uniform over the other slots
-                start = int(rng.integers(0, len(other)))
-                for sentence in other[start:]:
-                    tokens_b.extend(sentence.tolist())
-                    if len(tokens_b) >= target - len(tokens_a):
-                        break
-                i -= len(chunk) - a_end  # put the unused sentences back
-            elif len(chunk) > 1:
-                tokens_b = [t for s in chunk[a_end:] for t in s.tolist()]
+    while i < n:
+        # The chunk is sentences i..j: up to the first that brings it to the target length,
+        # or to the end of the document.
+        j = min(bisect.bisect_left(off, off[i] + target, i + 1), n) - 1
+        size = j - i + 1
+        a_end = 1 if size < 2 else rng.integers(1, size)
+        # NotNext needs another document (see module docstring); a one-token single
+        # sentence cannot be split, so it is NotNext as in the reference.
+        random_next = bool(others) and (
+            rng.random() < 0.5 or (size == 1 and off[i + 1] - off[i] < 2))
+        b_doc = doc_id
+        tokens_a = tokens[off[i]:off[i + a_end]]
+        tokens_b = tokens[:0]
+        if random_next:
+            pick = rng.integers(0, others)
+            b_doc, other, other_off = pool[pick + (pick >= slot)]  # uniform over other slots
+            start = rng.integers(0, len(other_off) - 1)
+            # Sentences from `start` until B reaches the remaining target (at least one).
+            stop = min(bisect.bisect_left(other_off, other_off[start] + target - len(tokens_a),
+                                          start + 1), len(other_off) - 1)
+            tokens_b = other[other_off[start]:other_off[stop]]
+            next_i = i + a_end  # put the unused sentences back
+        else:
+            next_i = j + 1
+            if size > 1:
+                tokens_b = tokens[off[i + a_end]:off[j + 1]]
             elif len(tokens_a) > 1:  # IsNext from one sentence: split it at a random token
-                cut = int(rng.integers(1, len(tokens_a)))
+                cut = rng.integers(1, len(tokens_a))
                 tokens_a, tokens_b = tokens_a[:cut], tokens_a[cut:]
-            truncate_seq_pair(tokens_a, tokens_b, max_num_tokens, rng)
-            if tokens_a and tokens_b:
-                tokens = np.array([cls_id, *tokens_a, sep_id, *tokens_b, sep_id], np.int32)
-                segments = np.zeros(len(tokens), np.int32)
-                segments[len(tokens_a) + 2:] = 1
-                instances.append(Instance(tokens, segments, random_next, doc_id, b_doc))
-            chunk, length = [], 0
-        i += 1
+        a_front, a_back, b_front, b_back = truncation(len(tokens_a), len(tokens_b),
+                                                      max_num_tokens, rng)
+        n_a = len(tokens_a) - a_front - a_back
+        n_b = len(tokens_b) - b_front - b_back
+        if n_a and n_b:
+            ids = np.empty(n_a + n_b + 3, np.int32)
+            ids[0] = cls_id
+            ids[1:n_a + 1] = tokens_a[a_front:a_front + n_a]
+            ids[n_a + 1] = sep_id
+            ids[n_a + 2:-1] = tokens_b[b_front:b_front + n_b]
+            ids[-1] = sep_id
+            segments = np.zeros(len(ids), np.int32)
+            segments[n_a + 2:] = 1
+            instances.append(Instance(ids, segments, random_next, doc_id, b_doc))
+        i = next_i
     return instances
 
 
 def generate_instances(documents: Iterable[Document], cfg: PairConfig, cls_id: int, sep_id: int,
                        rng: np.random.Generator) -> Iterator[Instance]:
     """Streams instances from a stream of documents with a bounded document pool (see top)."""
-    pool: list[tuple[int, Document]] = []
+    pool: list[PooledDocument] = []
+    draws = RandomDraws(rng)
 
     def process(slot: int) -> Iterator[Instance]:
         for _ in range(cfg.dupe_factor):
-            yield from instances_from_document(pool, slot, cfg, cls_id, sep_id, rng)
+            yield from instances_from_document(pool, slot, cfg, cls_id, sep_id, draws)
 
     for doc_id, doc in enumerate(documents):
         if not doc:
             continue
         if len(pool) < cfg.pool_size:
-            pool.append((doc_id, doc))
+            pool.append(PooledDocument.of(doc_id, doc))
             continue
-        slot = int(rng.integers(0, len(pool)))
+        slot = draws.integers(0, len(pool))
         yield from process(slot)
-        pool[slot] = (doc_id, doc)
+        pool[slot] = PooledDocument.of(doc_id, doc)
     for slot in rng.permutation(len(pool)):
         yield from process(int(slot))
 
@@ -167,11 +261,14 @@ def generate_instances(documents: Iterable[Document], cfg: PairConfig, cls_id: i
 def shuffle_buffer(items: Iterable, size: int, rng: np.random.Generator) -> Iterator:
     """Bounded shuffle (the reference shuffles all instances; memory here is `size` items)."""
     buf = []
+    slots: list[int] = []
     for item in items:
         if len(buf) < size:
             buf.append(item)
             continue
-        j = int(rng.integers(0, size))
+        if not slots:  # uniform slots drawn in blocks (a scalar draw costs ~1 us)
+            slots = rng.integers(0, size, 4096).tolist()
+        j = slots.pop()
         yield buf[j]
         buf[j] = item
     for j in rng.permutation(len(buf)):

@@ -2,7 +2,8 @@
 
 Two implementations of the same rules, sharing `MaskingConfig`:
 
-* `mask_sequence` (NumPy, one sequence): static masking while creating pre-training data.
+* `mask_batch` (NumPy, a padded batch; `mask_sequence` for one sequence): static masking
+  while creating pre-training data.
 * `mask_batch_tf` (TensorFlow, a batch): dynamic masking inside tf.data, a fresh mask every
   epoch; stateless random numbers keyed by (seed, batch index) keep it deterministic and make
   the position restorable from an iterator checkpoint.
@@ -124,21 +125,84 @@ def num_to_predict(num_tokens, masked_lm_prob: float, max_predictions: int):
                       ).astype(np.int64)
 
 
-def _greedy_take(lengths: np.ndarray, budget: int) -> np.ndarray:
-    """Rule 3: take each word (in the given random order) whose pieces still fit the budget.
+def _greedy_take_rows(sorted_len: np.ndarray, budget: np.ndarray) -> np.ndarray:
+    """Rule 3 for a batch: walk the words in their random order, taking each that still fits.
 
-    lengths: [words] pieces per word, in visiting order → [words] bool.
+    sorted_len: [batch, words] pieces per word in visiting order (0 = no word);
+    budget: [batch] → [batch, words] bool. Loops over ranks (vectorised over the batch) until
+    every row is full or out of words.
     """
-    if len(lengths) == 0 or lengths.max() == 1:  # single-piece words: the first `budget`
-        return np.arange(len(lengths)) < budget
-    taken, total = np.zeros(len(lengths), bool), 0
-    for i, n in enumerate(lengths.tolist()):
-        if total + n <= budget:
-            taken[i] = True
-            total += n
-            if total == budget:
-                break
+    batch, words = sorted_len.shape
+    taken = np.zeros((batch, words), bool)
+    total = np.zeros(batch, np.int64)
+    last = int((sorted_len > 0).sum(1).max(initial=0))
+    for r in range(last):
+        n = sorted_len[:, r]
+        take = (n > 0) & (total + n <= budget)
+        taken[:, r] = take
+        total += np.where(take, n, 0)
+        if (total == budget).all():
+            break
     return taken
+
+
+def mask_batch(ids: np.ndarray, lengths: np.ndarray, cfg: MaskingConfig,
+               rng: np.random.Generator, special: np.ndarray | None = None,
+               continuation: np.ndarray | None = None, replacements: np.ndarray | None = None):
+    """Static masking of a padded batch (NumPy, the rules above, vectorised over rows).
+
+    ids: [batch, seq] int, the first `lengths[i]` of row i real tokens (the rest padding,
+    never touched). Returns (masked_ids [batch, seq] int32, positions [batch, max_predictions]
+    int32 ascending then 0-padded, labels [batch, max_predictions] int32 (0-padded),
+    counts [batch] int: the number of real predictions per row). `special` / `continuation` /
+    `replacements` are the config's tables, passed in to avoid rebuilding them per batch.
+    """
+    ids = np.asarray(ids, np.int32)
+    lengths = np.asarray(lengths, np.int64)
+    special = cfg.special_table() if special is None else special
+    continuation = cfg.continuation_table() if continuation is None else continuation
+    replacements = cfg.replacement_ids() if replacements is None else replacements
+    batch, seq = ids.shape
+    rows = np.arange(batch)[:, None]
+
+    candidate = (np.arange(seq) < lengths[:, None]) & ~special[ids]
+    prev_candidate = np.zeros_like(candidate)
+    prev_candidate[:, 1:] = candidate[:, :-1]
+    starts = candidate & ~(continuation[ids] & prev_candidate)  # a joining piece starts nothing
+    word = np.cumsum(starts, axis=1) - 1  # word number of each candidate within its row
+    word = np.where(candidate, word, seq)  # non-candidates: a dummy word past the end
+    num_words = starts.sum(1)
+    word_len = np.bincount((rows * (seq + 1) + word).ravel(), minlength=batch * (seq + 1))
+    word_len = word_len.reshape(batch, seq + 1)[:, :seq]  # [batch, word] pieces per word
+
+    # A uniformly random visiting order of each row's words (absent words sort last).
+    keys = np.where(np.arange(seq) < num_words[:, None], rng.random((batch, seq)), 2.0)
+    order = np.argsort(keys, axis=1, kind="stable")
+    budget = num_to_predict(lengths, cfg.masked_lm_prob, cfg.max_predictions)
+    sorted_len = np.take_along_axis(word_len, order, axis=1)
+    if cfg.whole_word:
+        taken_sorted = _greedy_take_rows(sorted_len, budget)
+    else:  # single-piece words: the first `budget` words in random order
+        taken_sorted = (np.arange(seq) < budget[:, None]) & (sorted_len > 0)
+    taken_word = np.zeros((batch, seq + 1), bool)
+    np.put_along_axis(taken_word, order, taken_sorted, axis=1)
+    chosen = np.take_along_axis(taken_word, word, axis=1)  # dummy word: never taken
+
+    # One 80/10/10 decision per word, shared by all its pieces.
+    action = np.take_along_axis(rng.random((batch, seq + 1)), word, axis=1)
+    out = ids.copy()
+    out[chosen & (action < MASK_PROB)] = cfg.mask_id
+    swap = chosen & (action >= MASK_PROB) & (action < MASK_PROB + RANDOM_PROB)
+    out[swap] = replacements[rng.integers(0, len(replacements), int(swap.sum()))]
+
+    counts = chosen.sum(1)
+    r, c = np.nonzero(chosen)  # row-major: ascending positions within each row
+    slot = np.arange(len(r)) - np.repeat(np.cumsum(counts) - counts, counts)
+    positions = np.zeros((batch, cfg.max_predictions), np.int32)
+    labels = np.zeros((batch, cfg.max_predictions), np.int32)
+    positions[r, slot] = c
+    labels[r, slot] = ids[r, c]
+    return out, positions, labels, counts
 
 
 def mask_sequence(ids: np.ndarray, cfg: MaskingConfig, rng: np.random.Generator,
@@ -147,42 +211,13 @@ def mask_sequence(ids: np.ndarray, cfg: MaskingConfig, rng: np.random.Generator,
     """Static masking of one sequence (all of `ids` are real tokens, no padding).
 
     ids: [n] int. Returns (masked_ids [n] int32, positions [k] int32 ascending,
-    labels [k] int32) with k <= cfg.max_predictions. `special` / `continuation` /
-    `replacements` are the config's tables, passed in to avoid rebuilding them per sequence.
+    labels [k] int32) with k <= cfg.max_predictions (`mask_batch` on a batch of one).
     """
     ids = np.asarray(ids, np.int32)
-    special = cfg.special_table() if special is None else special
-    continuation = cfg.continuation_table() if continuation is None else continuation
-    replacements = cfg.replacement_ids() if replacements is None else replacements
-
-    candidate = ~special[ids]
-    prev_candidate = np.concatenate([[False], candidate[:-1]])
-    joins = continuation[ids] & prev_candidate & candidate  # continues the previous word
-    starts = np.flatnonzero(candidate & ~joins)
-    ends = _word_ends(starts, np.flatnonzero(~joins), len(ids))
-    lengths = ends - starts
-    order = rng.permutation(len(starts))
-    # Python's round (half to even), as the reference; equal to `num_to_predict`.
-    budget = min(cfg.max_predictions, max(1, round(len(ids) * cfg.masked_lm_prob)))
-    chosen = np.sort(order[_greedy_take(lengths[order], budget)])
-    action = rng.random(len(chosen))  # one decision per word
-    sizes = lengths[chosen]
-    # Positions of all pieces of the chosen words, ascending.
-    positions = (np.repeat(starts[chosen] - (np.cumsum(sizes) - sizes), sizes)
-                 + np.arange(sizes.sum())).astype(np.int32)
-    action = np.repeat(action, sizes)
-    out = ids.copy()
-    out[positions[action < MASK_PROB]] = cfg.mask_id
-    swap = positions[(action >= MASK_PROB) & (action < MASK_PROB + RANDOM_PROB)]
-    out[swap] = replacements[rng.integers(0, len(replacements), len(swap))]
-    return out, positions, ids[positions]
-
-
-def _word_ends(starts: np.ndarray, boundary: np.ndarray, n: int) -> np.ndarray:
-    """End (exclusive) of each word: the first boundary after its start, or n."""
-    idx = np.searchsorted(boundary, starts, side="right")
-    padded = np.append(boundary, n)
-    return padded[idx]
+    out, positions, labels, counts = mask_batch(ids[None], [len(ids)], cfg, rng, special,
+                                                continuation, replacements)
+    k = int(counts[0])
+    return out[0], positions[0, :k], labels[0, :k]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -190,7 +225,7 @@ def _word_ends(starts: np.ndarray, boundary: np.ndarray, n: int) -> np.ndarray:
 
 
 def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
-    """Dynamic masking of a batch, same rules as `mask_sequence`.
+    """Dynamic masking of a batch, same rules as `mask_batch`, vectorised TensorFlow ops.
 
     input_ids, input_mask: [batch, seq] int32. seed: [2] int tensor (stateless RNG key; use a
     different one per batch/epoch for a fresh mask). Returns a dict with input_ids [batch, seq],
@@ -203,58 +238,61 @@ def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
     ids = tf.cast(input_ids, tf.int32)
     real = tf.cast(input_mask, tf.bool)
     batch, seq = tf.shape(ids)[0], tf.shape(ids)[1]
-    special = tf.constant(cfg.special_table())
-    cont_table = tf.constant(cfg.continuation_table())
-    replacements = tf.constant(cfg.replacement_ids())
-    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 3)
+    seq_static = ids.shape[1]
+    k = cfg.max_predictions
+    seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 2)
 
-    candidate = real & ~tf.gather(special, ids)
-    prev_candidate = tf.pad(candidate[:, :-1], [[0, 0], [1, 0]])
-    starts = candidate & ~(tf.gather(cont_table, ids) & prev_candidate)
-    # Word number of every candidate position (0-based within the row; -1 elsewhere).
-    word = tf.where(candidate, tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, -1)
-    num_words = tf.reduce_sum(tf.cast(starts, tf.int32), axis=1)  # [batch]
-    flat_word = tf.where(candidate, word + tf.range(batch)[:, None] * seq, batch * seq)
-    lengths = tf.math.unsorted_segment_sum(
-        tf.ones([batch * seq], tf.int32), tf.reshape(flat_word, [-1]), batch * seq + 1)
-    lengths = tf.reshape(lengths[:-1], [batch, seq])  # [batch, word] pieces per word
-
-    # Random order of the words: sort uniform keys; absent words sort last.
-    keys = tf.random.stateless_uniform([batch, seq], seeds[0])
-    keys = tf.where(tf.range(seq)[None, :] < num_words[:, None], keys, 2.0)
-    order = tf.argsort(keys, axis=1, stable=True)
-    sorted_len = tf.gather(lengths, order, batch_dims=1)  # 0 for absent words
-
+    candidate = real & ~tf.gather(tf.constant(cfg.special_table()), ids)
+    index = tf.range(seq)[None, :]
     n_real = tf.reduce_sum(tf.cast(real, tf.float64), axis=1)
     budget = tf.cast(tf.minimum(
-        tf.cast(cfg.max_predictions, tf.float64),
+        tf.cast(k, tf.float64),
         tf.maximum(tf.constant(1.0, tf.float64), tf.round(n_real * cfg.masked_lm_prob))), tf.int32)
 
-    if cfg.whole_word:
-        taken_sorted = _greedy_take_tf(sorted_len, budget)
-    else:  # every word is one piece: greedy = the first `budget` words in random order
-        taken_sorted = (tf.range(seq)[None, :] < budget[:, None]) & (sorted_len > 0)
-    # Scatter back from sorted order to word order.
-    inverse = tf.argsort(order, axis=1, stable=True)
-    taken_word = tf.gather(taken_sorted, inverse, batch_dims=1)  # [batch, word]
-    chosen = candidate & tf.gather(taken_word, tf.maximum(word, 0), batch_dims=1)
+    # Random keys made unique by the position in their low bits: the uniformly random visiting
+    # order is then "ascending key" with no ties, so a top-k or a threshold selects it exactly.
+    bits = max(1, (seq_static - 1).bit_length()) if seq_static else 16
+    keys = tf.random.stateless_uniform([batch, seq], seeds[0], minval=0,
+                                       maxval=2 ** (31 - bits), dtype=tf.int32) * 2 ** bits + index
+    never = tf.int32.max  # key of positions that are not selectable
 
-    action = tf.gather(tf.random.stateless_uniform([batch, seq], seeds[1]),
-                       tf.maximum(word, 0), batch_dims=1)  # one decision per word
-    random_ids = tf.gather(replacements, tf.random.stateless_uniform(
-        [batch, seq], seeds[2], minval=0, maxval=len(cfg.replacement_ids()), dtype=tf.int32))
-    new_ids = tf.where(chosen & (action < MASK_PROB), cfg.mask_id, ids)
-    new_ids = tf.where(chosen & (action >= MASK_PROB) & (action < MASK_PROB + RANDOM_PROB),
+    # One integer draw r per position decides both the action and the random token: r // n
+    # is uniform over 0..9 (0-7: [MASK], 8: random token, 9: unchanged; = 80/10/10) and
+    # r % n, independent of it, indexes the replacement ids.
+    replacements = cfg.replacement_ids()
+    n = len(replacements)
+    draw = tf.random.stateless_uniform([batch, seq], seeds[1], minval=0, maxval=10 * n,
+                                       dtype=tf.int32)
+    random_ids = tf.gather(tf.constant(replacements), draw % n)
+    if cfg.whole_word:
+        chosen, word = _whole_word_choice(ids, candidate, keys, budget, cfg, never)
+        # One decision per word: every piece reads its word's draw (its own random token).
+        decision = tf.gather(draw // n, word, batch_dims=1)
+    else:
+        # Single-piece words: the `budget` candidates with the smallest keys.
+        keys = tf.where(candidate, keys, never)
+        neg_top, top_index = tf.math.top_k(-keys, k=tf.minimum(k, seq), sorted=True)
+        rank = tf.range(tf.shape(top_index)[1])[None, :]
+        valid = (rank < budget[:, None]) & (neg_top > -never)
+        threshold = tf.reduce_max(tf.where(valid, -neg_top, -1), axis=1)
+        chosen = candidate & (keys <= threshold[:, None])
+        decision = draw // n
+
+    n_mask = round(MASK_PROB * 10)
+    n_random = round(RANDOM_PROB * 10)
+    new_ids = tf.where(chosen & (decision < n_mask), cfg.mask_id, ids)
+    new_ids = tf.where(chosen & (decision >= n_mask) & (decision < n_mask + n_random),
                        random_ids, new_ids)
 
-    # Chosen positions in ascending order, padded to max_predictions.
-    index = tf.range(seq)[None, :]
-    sort_key = tf.sort(tf.where(chosen, index, seq + index), axis=1)
-    k = cfg.max_predictions
-    sort_key = tf.pad(sort_key, [[0, 0], [0, tf.maximum(0, k - seq)]], constant_values=2 * seq)
-    top = sort_key[:, :k]
-    valid = top < seq
-    positions = tf.where(valid, top, 0)
+    # Chosen positions in ascending order, padded to k: the chosen (row, column) pairs come in
+    # row-major order, so a pair's slot is its index minus the number of pairs in earlier rows.
+    pairs = tf.cast(tf.where(chosen), tf.int32)  # [n, 2]
+    per_row = tf.reduce_sum(tf.cast(chosen, tf.int32), axis=1)
+    row_start = tf.cumsum(per_row, exclusive=True)
+    slot = tf.range(tf.shape(pairs)[0]) - tf.gather(row_start, pairs[:, 0])
+    at = tf.stack([pairs[:, 0], slot], axis=1)
+    positions = tf.scatter_nd(at, pairs[:, 1], [batch, k])
+    valid = tf.range(k)[None, :] < per_row[:, None]
     labels = tf.where(valid, tf.gather(ids, positions, batch_dims=1), 0)
     return {
         "input_ids": new_ids,
@@ -264,25 +302,72 @@ def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
     }
 
 
-def _greedy_take_tf(sorted_len, budget):
-    """Rule 3 vectorised over the batch; loops over word ranks until every row is full.
+def _whole_word_choice(ids, candidate, keys, budget, cfg: MaskingConfig, never):
+    """Rule 3 with whole words: ([batch, seq] bool chosen pieces, [batch, seq] word index).
 
-    sorted_len: [batch, words] int32 (0 = no word); budget: [batch] int32 → [batch, words] bool.
+    Word w of a row is ranked by the key at its w-th slot; words are visited in key order and
+    taken greedily while they fit the budget.
     """
     import tensorflow as tf
 
-    num = tf.shape(sorted_len)[1]
-    rank = tf.range(num)[None, :]
+    batch, seq = tf.shape(ids)[0], tf.shape(ids)[1]
+    prev_candidate = tf.pad(candidate[:, :-1], [[0, 0], [1, 0]])
+    starts = candidate & ~(tf.gather(tf.constant(cfg.continuation_table()), ids) & prev_candidate)
+    # Word number of every candidate position (0-based within the row; 0 elsewhere, unused).
+    word = tf.maximum(tf.cumsum(tf.cast(starts, tf.int32), axis=1) - 1, 0)
+    flat_word = tf.where(candidate, word + tf.range(batch)[:, None] * seq, batch * seq)
+    lengths = tf.math.unsorted_segment_sum(
+        tf.ones([batch * seq], tf.int32), tf.reshape(flat_word, [-1]), batch * seq + 1)
+    lengths = tf.reshape(lengths[:-1], [batch, seq])  # [batch, word] pieces per word
 
-    def cond(r, total, taken):
-        return (r < num) & tf.reduce_any(total < budget)
+    taken_word = _greedy_take_tf(lengths, tf.where(lengths > 0, keys, never), budget,
+                                 cfg.max_predictions, never)
+    return candidate & tf.gather(taken_word, word, batch_dims=1), word
 
-    def body(r, total, taken):
-        n = sorted_len[:, r]
-        take = (n > 0) & (total + n <= budget)
-        total = total + tf.where(take, n, 0)
-        return r + 1, total, taken | ((rank == r) & take[:, None])
 
-    _, _, taken = tf.while_loop(
-        cond, body, (tf.constant(0), tf.zeros_like(budget), tf.zeros_like(sorted_len, tf.bool)))
+def _greedy_take_tf(lengths, word_keys, budget, max_predictions: int, never):
+    """Rule 3 vectorised over the batch, without sorting all the words.
+
+    lengths: [batch, words] int32 pieces per word (0 = no word); word_keys: [batch, words]
+    unique int32 keys, ascending = visiting order (`never` for absent words); budget: [batch].
+    Returns [batch, words] bool, the words taken.
+
+    Walking the words in key order, the greedy rule takes an unbroken prefix while the running
+    total stays within the budget — at most `max_predictions` words (each has a piece), found
+    with one top-k. Past the first word that does not fit, the room left is smaller than that
+    word, and the next word taken is simply the next (in key order) no longer than the room:
+    each round of the loop takes one such word per row and shrinks the room, so it runs at most
+    `room` rounds instead of one round per word.
+    """
+    import tensorflow as tf
+
+    num = tf.shape(lengths)[1]
+    k = tf.minimum(max_predictions, num)
+    neg_keys, top = tf.math.top_k(-word_keys, k=k, sorted=True)
+    top_len = tf.gather(lengths, top, batch_dims=1)  # 0 for absent words
+    cum = tf.cumsum(top_len, axis=1)
+    prefix = (cum <= budget[:, None]) & (top_len > 0)
+    n_prefix = tf.reduce_sum(tf.cast(prefix, tf.int32), axis=1)
+    room = budget - tf.reduce_max(tf.where(prefix, cum, 0), axis=1)
+    # The key of the last word visited so far: the first that did not fit (or the last taken).
+    stop_rank = tf.minimum(n_prefix, k - 1)
+    last_key = -tf.gather(neg_keys, stop_rank, batch_dims=1)
+    taken_key = tf.reduce_max(tf.where(prefix, -neg_keys, -1), axis=1)
+    taken = word_keys <= taken_key[:, None]  # unique keys: exactly the prefix words
+
+    def next_fit(room, last_key):
+        """[batch] slot of the next word (key order) no longer than the room, and whether any."""
+        fits = tf.where((lengths <= room[:, None]) & (word_keys > last_key[:, None]),
+                        word_keys, never)  # absent words have key `never`: never fit
+        slot = tf.argmin(fits, axis=1, output_type=tf.int32)
+        return slot, tf.gather(fits, slot, batch_dims=1) < never
+
+    def body(room, last_key, taken, slot, found):
+        room = room - tf.where(found, tf.gather(lengths, slot, batch_dims=1), 0)
+        last_key = tf.where(found, tf.gather(word_keys, slot, batch_dims=1), never)
+        taken = taken | ((tf.range(num)[None, :] == slot[:, None]) & found[:, None])
+        return (room, last_key, taken, *next_fit(room, last_key))
+
+    _, _, taken, _, _ = tf.while_loop(lambda *state: tf.reduce_any(state[-1]), body,
+                                      (room, last_key, taken, *next_fit(room, last_key)))
     return taken

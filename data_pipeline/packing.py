@@ -10,6 +10,10 @@ Example input (dicts of 1-D arrays): input_ids [n] and optionally segment_ids [n
 fields masked_lm_positions / masked_lm_ids / masked_lm_weights [k] (positions are shifted to
 the row); per-example scalars named in `example_features` (e.g. a classification label) are
 gathered into [max_examples_per_row] arrays, with example_weights 1.0 where an example exists.
+
+`segments_from_document` cuts a document into the single-segment examples of no-NSP
+pre-training (full sentences, see data_pipeline/packed_input.py); the tf.data packer there
+fills rows exactly as `pack_examples` does.
 """
 
 from __future__ import annotations
@@ -39,6 +43,16 @@ class PackingStats:
     @property
     def padding_after(self) -> float:
         return 1.0 - self.tokens / max(1, self.rows * self.seq_len)
+
+    def add_rows(self, packing_ids: np.ndarray) -> None:
+        """Counts already packed rows. packing_ids: [rows, seq_len] int, 1..k per row, 0 = pad."""
+        packing_ids = np.asarray(packing_ids)
+        if packing_ids.ndim != 2 or packing_ids.shape[1] != self.seq_len:
+            raise ValueError(f"packing_ids has shape {packing_ids.shape}; expected "
+                             f"[rows, {self.seq_len}]")
+        self.rows += packing_ids.shape[0]
+        self.examples += int(packing_ids.max(axis=1, initial=0).sum())  # ids are 1..k in a row
+        self.tokens += int(np.count_nonzero(packing_ids))
 
     def summary(self) -> str:
         return (f"packed {self.examples} examples into {self.rows} rows of {self.seq_len}: "
@@ -130,3 +144,38 @@ def pack_examples(examples: Iterable[dict], seq_len: int, *, max_predictions: in
         row.predictions += k
     for row in open_rows:
         yield emit(row)
+
+
+def segments_from_document(sentences: Sequence[np.ndarray], max_tokens: int,
+                           whole_sentences: bool = True) -> list[np.ndarray]:
+    """Cuts a document into examples of consecutive text, each <= max_tokens.
+
+    sentences: [n_i] int arrays of token ids (no special tokens). whole_sentences: sentences
+    are added to the current example while they fit, and a sentence longer than max_tokens on
+    its own is split into max_tokens-long pieces; otherwise the text is cut every max_tokens
+    tokens, wherever sentences end (only the document's last example is short). No text is
+    dropped: returns [m] int32 arrays whose concatenation is the document's tokens in order.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    if not whole_sentences:
+        tokens = np.concatenate([np.zeros(0, np.int32), *sentences]).astype(np.int32)
+        return [tokens[i:i + max_tokens] for i in range(0, len(tokens), max_tokens)]
+    out: list[np.ndarray] = []
+    current: list[np.ndarray] = []
+    length = 0
+    for sentence in sentences:
+        sentence = np.asarray(sentence, np.int32)
+        if not len(sentence):
+            continue
+        if length + len(sentence) > max_tokens and current:
+            out.append(np.concatenate(current))
+            current, length = [], 0
+        while len(sentence) > max_tokens:
+            out.append(sentence[:max_tokens])
+            sentence = sentence[max_tokens:]
+        current.append(sentence)
+        length += len(sentence)
+    if current:
+        out.append(np.concatenate(current))
+    return out

@@ -12,11 +12,14 @@ partial file that matches `part-*.tfrecord`; the metadata is written last the sa
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import json
 import os
+import struct
 
+import google_crc32c
 import numpy as np
 
 METADATA_PREFIX = "metadata"
@@ -79,41 +82,150 @@ def pad_example(tokens: np.ndarray, segment_ids: np.ndarray, is_random_next: boo
     return out
 
 
+# ---------------------------------------------------------------------------------------------
+# TensorFlow-free writing. Worker processes only write records, and importing TensorFlow costs
+# them seconds of start-up and hundreds of MB each, so the `tf.train.Example` protobuf and the
+# TFRecord framing are encoded here directly (tests compare the bytes with TensorFlow's own).
+#
+# Protobuf wire format used (https://protobuf.dev/programming-guides/encoding/):
+#   Example  { Features features = 1; }
+#   Features { map<string, Feature> feature = 1; }  entries: { string key = 1; Feature value = 2; }
+#   Feature  { FloatList float_list = 2; Int64List int64_list = 3; }  (a oneof)
+#   FloatList/Int64List { repeated float/int64 value = 1 [packed]; }
+# A length-delimited field is (field_number << 3 | 2), varint(len), bytes. Packed int64 values
+# are varints (negative numbers as their 64-bit two's complement: 10 bytes); packed floats are
+# little-endian float32. Map entries are written in sorted key order, as TensorFlow's
+# `SerializeToString(deterministic=True)` does, so every process writes identical bytes.
+
+_CRC_MASK_DELTA = 0xA282EAD8
+
+
+def _varint(n: int) -> bytes:
+    """Varint bytes of a non-negative Python int (tags and lengths)."""
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field."""
+    return _varint(number << 3 | 2) + _varint(len(payload)) + payload
+
+
+def varint_rows(values: np.ndarray) -> list[bytes]:
+    """Packed varint bytes of each row of an integer array.
+
+    values: [rows, n] integers (int64 range; negatives as two's complement) → `rows` byte strings.
+    """
+    v = np.ascontiguousarray(values).astype(np.int64).view(np.uint64)
+    rows, n = v.shape
+    if v.size == 0:
+        return [b""] * rows
+    top = int(v.max())
+    if top < 0x80:  # every value one byte: the byte is the value (masks, labels, ...)
+        flat, row_bytes = v.astype(np.uint8).tobytes(), np.full(rows, n)
+    else:
+        width = (top.bit_length() + 6) // 7  # bytes of the longest varint
+        if top < 1 << 32:  # token ids: 32-bit arithmetic is several times faster
+            v = v.astype(np.uint32)
+        out = np.empty((rows, n, width), np.uint8)
+        keep = np.empty((rows, n, width), bool)
+        for k in range(width):
+            part = v >> v.dtype.type(7 * k)  # the value without its first k groups
+            more = part >= 0x80
+            out[..., k] = (part & v.dtype.type(0x7F)) | (more.view(np.uint8) << 7)
+            keep[..., k] = part > 0 if k else True  # byte k exists iff value >= 2**(7k)
+        flat, row_bytes = out[keep].tobytes(), keep.sum(axis=(1, 2))
+    ends = np.cumsum(row_bytes).tolist()
+    return [flat[a:b] for a, b in zip([0, *ends[:-1]], ends)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _entry_prefix(name: str, kind: int, packed_len: int) -> bytes:
+    """Bytes of a `Features.feature` map entry that precede its packed values.
+
+    entry = 1:{ 1:name, 2:Feature{ kind:List{ 1:packed } } }; everything before `packed`
+    depends only on (name, kind, len(packed)), so it is built once per distinct length.
+    """
+    value_list = _field(1, b"\0" * packed_len) if packed_len else b""  # empty field: omitted
+    entry = _field(1, name.encode("utf-8")) + _field(2, _field(kind, value_list))
+    return _field(1, entry)[:-packed_len or None]
+
+
+def serialize_examples(features: dict[str, np.ndarray]) -> list[bytes]:
+    """`tf.train.Example` bytes of a batch, without TensorFlow.
+
+    features: name → [batch, n_name] array (float → FloatList as float32, anything else →
+    Int64List). Returns `batch` serialized Examples, byte-identical to TensorFlow's
+    `SerializeToString(deterministic=True)`.
+    """
+    names = sorted(features)
+    batch = len(features[names[0]]) if names else 0
+    entries = []  # per feature: [batch] serialized map entries
+    for name in names:
+        value = np.asarray(features[name])
+        if value.ndim != 2 or len(value) != batch:
+            raise ValueError(f"feature {name!r}: expected [{batch}, n] values, got {value.shape}")
+        if value.dtype.kind == "f":
+            payloads = [row.tobytes() for row in value.astype("<f4")]
+            kind = 2  # Feature.float_list
+        else:
+            payloads = varint_rows(value)
+            kind = 3  # Feature.int64_list
+        entries.append([_entry_prefix(name, kind, len(p)) + p for p in payloads])
+    out = []
+    for row in zip(*entries):
+        body = b"".join(row)
+        out.append(b"\n" + _varint(len(body)) + body)  # Example.features (field 1)
+    return out
+
+
 def serialize_example(features: dict[str, np.ndarray]) -> bytes:
     """tf.train.Example bytes of a dict of 1-D arrays (float arrays → FloatList)."""
-    import tensorflow as tf
+    if not features:
+        return b"\n\0"  # an empty (but present) Features message
+    return serialize_examples({k: np.asarray(v)[None] for k, v in features.items()})[0]
 
-    feature = {}
-    for name, value in features.items():
-        if value.dtype.kind == "f":
-            feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=value.tolist()))
-        else:
-            feature[name] = tf.train.Feature(int64_list=tf.train.Int64List(value=value.tolist()))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(
-        deterministic=True)  # sorted map keys: byte-identical output in every process
+
+def masked_crc32c(data: bytes) -> int:
+    """TFRecord's checksum: CRC32C rotated right by 15 bits plus a constant (mod 2**32)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
+
+
+def tfrecord_frame(record: bytes) -> bytes:
+    """One TFRecord: uint64 length, masked CRC of the length, data, masked CRC of the data."""
+    length = struct.pack("<Q", len(record))
+    return b"".join((length, struct.pack("<I", masked_crc32c(length)), record,
+                     struct.pack("<I", masked_crc32c(record))))
 
 
 class ShardWriter:
     """Writes one TFRecord shard atomically: `<path>.tmp` while writing, renamed on close."""
 
     def __init__(self, path: str):
-        import tensorflow as tf
-
         self.path = path
         self._tmp = path + ".tmp"
-        self._writer = tf.io.TFRecordWriter(self._tmp)
+        self._file = open(self._tmp, "wb")
         self.count = 0
 
     def write(self, serialized: bytes) -> None:
-        self._writer.write(serialized)
+        self._file.write(tfrecord_frame(serialized))
         self.count += 1
 
+    def write_many(self, records: list[bytes]) -> None:
+        self._file.write(b"".join(map(tfrecord_frame, records)))
+        self.count += len(records)
+
     def close(self) -> None:
-        self._writer.close()
+        self._file.close()
         os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
-        self._writer.close()
+        self._file.close()
         if os.path.exists(self._tmp):
             os.remove(self._tmp)
 

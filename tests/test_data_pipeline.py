@@ -219,6 +219,35 @@ def test_truncation_trims_longer_side_from_both_ends():
     assert fronts > 150 and backs > 150  # both ends are trimmed
 
 
+def test_truncation_totals_follow_the_reference_loop():
+    """Per-segment totals against a literal run of the reference's one-token-at-a-time loop."""
+    rng = np.random.default_rng(1)
+    for _ in range(3000):
+        len_a, len_b = (int(x) for x in rng.integers(0, 200, 2))
+        limit = int(rng.integers(1, 260))
+        a, b = len_a, len_b
+        while a + b > limit:
+            if a > b:
+                a -= 1
+            else:
+                b -= 1
+        af, ab, bf, bb = instances.truncation(len_a, len_b, limit, rng)
+        assert min(af, ab, bf, bb) >= 0
+        assert (len_a - af - ab, len_b - bf - bb) == (a, b), (len_a, len_b, limit)
+
+
+def test_random_draws_are_uniform_and_binomial():
+    draws = instances.RandomDraws(np.random.default_rng(2), block=1000)
+    ints = np.array([draws.integers(3, 10) for _ in range(70_000)])
+    np.testing.assert_allclose(np.bincount(ints, minlength=10)[3:] / len(ints), 1 / 7, atol=0.005)
+    assert ints.min() == 3 and ints.max() == 9
+    for n in (1, 37, 64, 150):  # within one word, exactly one word, several words
+        heads = np.array([draws.heads(n) for _ in range(20_000)])
+        assert heads.min() >= 0 and heads.max() <= n
+        assert abs(heads.mean() - n / 2) < 0.05 * np.sqrt(n) + 0.01
+        assert abs(heads.var() - n / 4) < 0.06 * n / 4
+
+
 def test_generation_is_deterministic_per_seed():
     docs, _ = positional_corpus(60, seed=3)
     cfg = instances.PairConfig(64, 0.1, 2, 10)
@@ -335,6 +364,37 @@ def test_static_masking_statistics(whole_word):
     rng = np.random.default_rng(1)
     results = [masking.mask_sequence(s, cfg, rng) for s in seqs]
     check_masking_statistics(seqs, results, cfg, [len(s) for s in seqs])
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_static_batch_masking_statistics_and_padding(whole_word):
+    tok, seqs = masking_corpus(seed=3)
+    cfg = stand_in_masking_config(tok, whole_word)
+    ids = np.full((len(seqs), 128), 7, np.int32)  # padding a non-special id: must stay put
+    for i, s in enumerate(seqs):
+        ids[i, :len(s)] = s
+    lengths = np.array([len(s) for s in seqs])
+    out, pos, lab, counts = masking.mask_batch(ids, lengths, cfg, np.random.default_rng(4))
+    assert pos.shape == lab.shape == (len(seqs), 20) and out.shape == ids.shape
+    results = []
+    for i, n in enumerate(lengths):
+        k = counts[i]
+        assert (out[i, n:] == 7).all() and (pos[i, k:] == 0).all() and (lab[i, k:] == 0).all()
+        results.append((out[i, :n], pos[i, :k], lab[i, :k]))
+    check_masking_statistics(seqs, results, cfg, lengths)
+
+
+def test_numpy_greedy_matches_a_sequential_walk():
+    rng = np.random.default_rng(6)
+    sorted_len = rng.choice([0, 1, 1, 1, 2, 3, 5], size=(300, 40))
+    budget = rng.integers(1, 21, 300)
+    got = masking._greedy_take_rows(sorted_len, budget)
+    for row in range(300):
+        total, expected = 0, []
+        for n in sorted_len[row]:
+            expected.append(bool(n) and total + n <= budget[row])
+            total += n if expected[-1] else 0
+        assert got[row].tolist() == expected, row
 
 
 def test_flags_round_trip():

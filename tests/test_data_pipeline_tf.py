@@ -56,6 +56,27 @@ def test_dynamic_masking_statistics(whole_word):
     check_masking_statistics([s for s in seqs], results, cfg, lengths)
 
 
+def test_whole_word_greedy_matches_a_sequential_walk():
+    """The vectorised greedy rule against the reference's word-by-word loop."""
+    rng = np.random.default_rng(5)
+    batch, words, max_predictions = 200, 48, 20
+    lengths = rng.choice([1, 1, 1, 2, 3, 4, 6], size=(batch, words)).astype(np.int32)
+    lengths[np.arange(words) >= rng.integers(0, words + 1, batch)[:, None]] = 0  # absent
+    keys = np.stack([rng.permutation(words) * 7 + 3 for _ in range(batch)]).astype(np.int32)
+    budget = rng.integers(1, max_predictions + 1, batch).astype(np.int32)
+    never = np.iinfo(np.int32).max
+    got = masking._greedy_take_tf(tf.constant(lengths),
+                                  tf.constant(np.where(lengths > 0, keys, never)),
+                                  tf.constant(budget), max_predictions, never).numpy()
+    for row in range(batch):
+        expected, total = np.zeros(words, bool), 0
+        for w in np.argsort(keys[row]):
+            if lengths[row, w] and total + lengths[row, w] <= budget[row]:
+                expected[w] = True
+                total += lengths[row, w]
+        np.testing.assert_array_equal(got[row], expected, err_msg=f"row {row}")
+
+
 def test_dynamic_masks_depend_on_the_key_only():
     tok, seqs = masking_corpus(seed=2, num_docs=20)
     cfg = stand_in_masking_config(tok, whole_word=True)
@@ -113,7 +134,8 @@ def all_batches(pattern, **kwargs):
     return list(pretraining_input.InputIterator(pretraining_input.make_dataset(pattern, **kwargs)))
 
 
-def test_static_records_round_trip_exactly(tmp_path):
+def test_static_records_round_trip_exactly(tmp_path, monkeypatch):
+    monkeypatch.setattr(cpd, "WRITE_BATCH", 16)  # several write batches per shard
     cfg, meta = create(tmp_path)
     tok = stand_in_tokenizer()
     files = sorted(glob.glob(str(tmp_path / "out" / tfrecords.SHARD_PATTERN)))
@@ -131,11 +153,17 @@ def test_static_records_round_trip_exactly(tmp_path):
             docs, cfg.pair_config(), CLS, SEP, pair_rng), cfg.shuffle_buffer, shuffle_rng))
         records = read_records(path)
         assert len(records) == len(expected) == meta["shards"][os.path.basename(path)]
-        for rec, inst in zip(records, expected):
+        # Masks are drawn cpd.WRITE_BATCH instances at a time from the shard's mask stream.
+        masks = []
+        for start in range(0, len(expected), cpd.WRITE_BATCH):
+            chunk = expected[start:start + cpd.WRITE_BATCH]
+            (ids, _), lengths = pad_batch([i.tokens for i in chunk]), [len(i.tokens) for i in chunk]
+            out, pos, lab, cnt = masking.mask_batch(ids, lengths, mcfg, mask_rng)
+            masks += [(o[:n], p[:c], lb[:c]) for o, p, lb, c, n in zip(out, pos, lab, cnt, lengths)]
+        for rec, inst, (masked, pos, lab) in zip(records, expected, masks):
             assert {k: (v[0], len(v[1])) for k, v in rec.items()} == {
                 k: ("float_list" if d == tf.float32 else "int64_list", n)
                 for k, (d, n) in REFERENCE_FEATURES.items()}
-            masked, pos, lab = masking.mask_sequence(inst.tokens, mcfg, mask_rng)
             n, k = len(inst.tokens), len(pos)
             assert rec["input_ids"][1] == masked.tolist() + [0] * (128 - n)
             assert rec["input_mask"][1] == [1] * n + [0] * (128 - n)

@@ -284,3 +284,61 @@ def test_init_checkpoint_of_another_size_fails_with_one_line(tmp_path):
     proc = run_python(pretrain_args(str(tmp_path / "run"), 2, extra=[
         f"--config.init_checkpoint={tmp_path / 'source' / 'ckpt'}"]))
     assert "model.hidden_size" in _one_line_error(proc)
+
+
+# ------------------------------------------------------------ packed no-NSP pre-training
+
+
+def test_packed_no_nsp_run_learns(tmp_path):
+    """corpus → segments (python -m data_pipeline.packed_input) → packed no-NSP training."""
+    import re
+
+    from test_pretrain_end_to_end import write_corpus
+
+    write_corpus(tmp_path / "corpus.txt", num_docs=150)
+    text = (tmp_path / "corpus.txt").read_text().lower()
+    words = sorted(set(re.findall(r"\w+|[^\w\s]", text)))
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (tmp_path / "vocab.txt").write_text("\n".join(specials + words) + "\n")
+    data = tmp_path / "segments"
+    proc = run_python(["-m", "data_pipeline.packed_input", f"--input={tmp_path / 'corpus.txt'}",
+                       f"--vocab={tmp_path / 'vocab.txt'}", f"--output_dir={data}",
+                       "--max_seq_length=32", "--num_shards=2", "--report_seq_len=64"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    # One report line per row length: padding before → after packing, and it falls.
+    reports = re.findall(r"rows of (\d+): padding ([\d.]+)% → ([\d.]+)%", proc.stdout)
+    assert [r[0] for r in reports] == ["32", "64"], proc.stdout
+    assert all(float(after) < float(before) for _, before, after in reports)
+
+    workdir = str(tmp_path / "run")
+    steps = 40
+    args = ["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",
+            f"--workdir={workdir}", *MODEL, f"--config.model.vocab_size={len(words) + 5}",
+            "--config.packing.enabled=true", "--config.train.nsp_weight=0.0",
+            f"--config.phases.phase1.data={data}/part-*",
+            f"--config.phases.phase1.eval_data={data}/part-*",
+            "--config.phases.phase1.seq_len=64", "--config.phases.phase1.max_predictions=10",
+            f"--config.phases.phase1.steps={steps}", "--config.phases.phase2.steps=0",
+            f"--config.train.num_train_steps={steps}", "--config.train.batch_size=16",
+            "--config.log_every_steps=1", f"--config.checkpoint.every_steps={steps}",
+            "--config.optimizer.warmup_steps=5", "--config.optimizer.learning_rate=2e-3",
+            f"--config.eval.every_steps={steps}", "--config.eval.num_batches=2"]
+    proc = run_python(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "packed" in proc.stdout
+    metrics = read_metrics(workdir)
+    assert sorted(metrics) == list(range(1, steps + 1))
+    assert not any(k.startswith("nsp_") for k in metrics[1])  # no NSP in a packed run
+    losses = [metrics[s]["loss"] for s in range(1, steps + 1)]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
+    evaluation = read_metrics(workdir, "eval")[steps]
+    assert "nsp_accuracy" not in evaluation and evaluation["mlm_accuracy"] > 0.1
+    assert os.path.isdir(os.path.join(workdir, "data_state"))  # the reader's position is saved
+
+
+def test_packed_with_nsp_fails_with_one_line(tmp_path):
+    proc = run_python(pretrain_args(str(tmp_path / "run"), 4,
+                                    extra=["--config.packing.enabled=true"]))
+    line = _one_line_error(proc)
+    assert "config.packing.enabled=True needs config.train.nsp_weight=0.0" in line, line
+    assert not (tmp_path / "run").exists()  # refused before anything is written

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 
 from bertjax.models import attention as attn_lib
 from bertjax.models.config import BertConfig
+from bertjax.models.dense import Dense
 
 Array = jax.Array
 
@@ -49,14 +50,44 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
 
 
 def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str):
-    return nn.Dense(
+    return Dense(
         features,
+        kernel_axes=axes,
+        bias_axes=axes[1:],
+        stddev=config.initializer_range,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
-        kernel_init=kernel_init(config, axes),
-        bias_init=zeros_init(axes[1:]),
         name=name,
     )
+
+
+def dropout_keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, float]:
+    """(keep mask of `shape`, its keep probability) for dropout at `rate`.
+
+    Each 32-bit threefry output yields two 16-bit uniforms, which halves the PRNG work of
+    `nn.Dropout` (the main cost of dropout on CPU). The drop rate is rounded to a multiple of
+    2^-16 (0.1 → 0.100006). The draws are split along the last axis, so the mask shards like
+    the activations it masks; an odd last axis takes 32-bit draws and the exact rate.
+    """
+    if shape[-1] % 2:
+        return jax.random.bernoulli(rng, 1.0 - rate, shape), 1.0 - rate
+    threshold = round(rate * 65536)
+    words = jax.random.bits(rng, shape[:-1] + (shape[-1] // 2,), jnp.uint32)
+    halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(shape)
+    return halves >= threshold, 1.0 - threshold / 65536
+
+
+class Dropout(nn.Module):
+    """Inverted dropout (kept values scaled by 1 / keep probability) with `dropout_keep_mask`."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        keep, keep_prob = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
+        return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros_like(x))
 
 
 class Embeddings(nn.Module):
@@ -85,7 +116,7 @@ class Embeddings(nn.Module):
             cfg.type_vocab_size, (None, "embed"), "token_type_embeddings"
         )
         self.layer_norm = layer_norm(cfg, "layer_norm")
-        self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
+        self.dropout = Dropout(cfg.hidden_dropout_prob)
 
     def __call__(self, input_ids, segment_ids, position_ids, deterministic: bool) -> Array:
         """input_ids, segment_ids, position_ids: [batch, seq] int → [batch, seq, hidden]."""
@@ -111,12 +142,13 @@ class SelfAttention(nn.Module):
         cfg = self.config
 
         def project(name):
-            y = nn.DenseGeneral(
+            y = Dense(
                 (cfg.num_heads, cfg.head_dim),
+                kernel_axes=("embed", "heads", "kv"),
+                bias_axes=("heads", "kv"),
+                stddev=cfg.initializer_range,
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
-                kernel_init=kernel_init(cfg, ("embed", "heads", "kv")),
-                bias_init=zeros_init(("heads", "kv")),
                 name=name,
             )(x)
             return nn.with_logical_constraint(y, ("batch", "length", "heads", "kv"))
@@ -128,7 +160,7 @@ class SelfAttention(nn.Module):
             dropout = None
             if dropout_active:
                 dropout = functools.partial(
-                    nn.Dropout(cfg.attention_dropout_prob), deterministic=False
+                    Dropout(cfg.attention_dropout_prob), deterministic=False
                 )
             context = attn_lib.einsum_attention(query, key, value, mask, dropout)
         else:
@@ -139,13 +171,14 @@ class SelfAttention(nn.Module):
                 )
             implementation = None if impl == "auto" else impl
             context = attn_lib.fused_attention(query, key, value, mask, implementation)
-        out = nn.DenseGeneral(
+        out = Dense(
             cfg.hidden_size,
-            axis=(-2, -1),
+            kernel_axes=("heads", "kv", "embed"),
+            bias_axes=("embed",),
+            stddev=cfg.initializer_range,
+            num_contract=2,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
-            kernel_init=kernel_init(cfg, ("heads", "kv", "embed")),
-            bias_init=zeros_init(("embed",)),
             name="output",
         )(context)
         return nn.with_logical_constraint(out, ("batch", "length", "embed"))
@@ -162,7 +195,7 @@ class EncoderLayer(nn.Module):
         """x: [batch, seq, hidden] → [batch, seq, hidden]."""
         cfg = self.config
         drop = functools.partial(
-            nn.Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic
+            Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic
         )
         attended = SelfAttention(cfg, self.deterministic, name="attention")(x, mask)
         x = layer_norm(cfg, "attention_layer_norm")(x + drop(attended))

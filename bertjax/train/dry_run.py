@@ -12,7 +12,7 @@ import flax
 import jax
 import numpy as np
 
-from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.models import BertForPreTraining
 from bertjax.train import flops as flops_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
@@ -34,7 +34,10 @@ def ordered_phases(config) -> list[tuple[str, Any]]:
 
 def run(config, print_fn=print) -> dict[str, Any]:
     """Reports (and returns) parameter counts, FLOPs and compiled memory for each phase."""
-    model_cfg = BertConfig.from_dict(config.model)
+    from bertjax.train.trainer import packing_enabled, resolve_model_config
+
+    model_cfg = resolve_model_config(config)
+    packed = packing_enabled(config)
     model = BertForPreTraining(model_cfg)
     tx, schedule = make_optimizer(config.optimizer, config.train.num_train_steps)
     mesh = sharding_lib.make_mesh(config.mesh)
@@ -66,6 +69,7 @@ def run(config, print_fn=print) -> dict[str, Any]:
         batch_sharding,
         grad_accum_steps=config.train.grad_accum_steps,
         nsp_weight=config.train.nsp_weight,
+        packed=packed,
     )
     phases = {}
     header = (
@@ -75,7 +79,7 @@ def run(config, print_fn=print) -> dict[str, Any]:
     print_fn("Train step per phase (FLOPs: forward + backward; memory: per device):")
     print_fn(header)
     for name, phase in ordered_phases(config):
-        spec = step_lib.batch_spec(batch_size, phase.seq_len, phase.max_predictions)
+        spec = step_lib.batch_spec(batch_size, phase.seq_len, phase.max_predictions, packed)
         compiled = train_step.lower(abstract_state, spec).compile()
         memory = compiled.memory_analysis()
         cost = compiled.cost_analysis()

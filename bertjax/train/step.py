@@ -27,11 +27,15 @@ class TrainState:
 
 
 def batch_spec(
-    batch_size: int, seq_len: int, max_predictions: int
+    batch_size: int, seq_len: int, max_predictions: int, packed: bool = False
 ) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes and dtypes of a pre-training batch (the reference TFRecord features)."""
+    """Shapes and dtypes of a pre-training batch (the reference TFRecord features).
+
+    packed: rows of several examples (data_pipeline/packed_input.py): `packing_ids`
+    [batch, seq] instead of `next_sentence_labels` (no NSP).
+    """
     i32, f32 = jnp.int32, jnp.float32
-    return {
+    spec = {
         "input_ids": jax.ShapeDtypeStruct((batch_size, seq_len), i32),
         "input_mask": jax.ShapeDtypeStruct((batch_size, seq_len), i32),
         "segment_ids": jax.ShapeDtypeStruct((batch_size, seq_len), i32),
@@ -40,6 +44,10 @@ def batch_spec(
         "masked_lm_weights": jax.ShapeDtypeStruct((batch_size, max_predictions), f32),
         "next_sentence_labels": jax.ShapeDtypeStruct((batch_size,), i32),
     }
+    if packed:
+        del spec["next_sentence_labels"]
+        spec["packing_ids"] = jax.ShapeDtypeStruct((batch_size, seq_len), i32)
+    return spec
 
 
 def init_params(model: BertForPreTraining, rng: jax.Array) -> Any:
@@ -81,6 +89,26 @@ def create_train_state(model, tx, rng, shardings: TrainState) -> TrainState:
     return jax.jit(functools.partial(_init_state, model, tx), out_shardings=shardings)(rng)
 
 
+def model_outputs(model, params, batch: Batch, packed: bool, **kwargs) -> dict[str, jax.Array]:
+    """The model applied to a batch; packed batches pass `packing_ids` (block-diagonal
+    attention, position ids restarting at each example)."""
+    extra = {"packing_ids": batch["packing_ids"]} if packed else {}
+    return model.apply(
+        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        batch["masked_lm_positions"], **extra, **kwargs,
+    )
+
+
+def loss_and_metrics(outputs, batch: Batch, nsp_weight: float, packed: bool):
+    """`pretraining_loss`; a packed row has no sentence pair, so NSP (weight 0) gets a dummy
+    label and its metrics are left out."""
+    if not packed:
+        return pretraining_loss(outputs, batch, nsp_weight)
+    labels = jnp.zeros(batch["input_ids"].shape[:1], jnp.int32)
+    loss, metrics = pretraining_loss(outputs, dict(batch, next_sentence_labels=labels), 0.0)
+    return loss, {k: v for k, v in metrics.items() if not k.startswith("nsp_")}
+
+
 def _micro_batches(batch: Batch, num: int) -> Batch:
     """[batch, ...] → [num, batch // num, ...], taking examples strided so that each device's
     shard of the batch axis stays on that device."""
@@ -101,21 +129,21 @@ def train_step(
     schedule: optax.Schedule,
     grad_accum_steps: int = 1,
     nsp_weight: float = 1.0,
+    packed: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches)."""
+    """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches).
+
+    packed: the batch carries `packing_ids` (see `batch_spec`); NSP is off (nsp_weight 0).
+    """
+    if packed and nsp_weight:
+        raise ValueError(f"packed batches have no sentence pairs; nsp_weight={nsp_weight} "
+                         "must be 0.0")
     dropout_rng = jax.random.fold_in(state.rng, state.step)
 
     def loss_fn(params, micro, rng):
-        outputs = model.apply(
-            {"params": params},
-            micro["input_ids"],
-            micro["segment_ids"],
-            micro["input_mask"],
-            micro["masked_lm_positions"],
-            deterministic=False,
-            rngs={"dropout": rng},
-        )
-        return pretraining_loss(outputs, micro, nsp_weight)
+        outputs = model_outputs(model, params, micro, packed, deterministic=False,
+                                rngs={"dropout": rng})
+        return loss_and_metrics(outputs, micro, nsp_weight, packed)
 
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if grad_accum_steps == 1:

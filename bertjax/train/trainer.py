@@ -2,7 +2,8 @@
 
 Data arrives through `make_input(phase_name, phase_config, per_host_batch_size)`, which returns
 an iterator of per-host NumPy batches with `save(prefix)` / `restore(prefix)`; this module never
-imports TensorFlow (the tf.data reader lives in `data_pipeline/`).
+imports TensorFlow (the tf.data reader lives in `data_pipeline/`). With
+`config.packing.enabled` the batches are packed rows carrying `packing_ids` and no NSP labels.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
-from bertjax.models import BertConfig, BertForPreTraining, pretraining_loss
+from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.models.config import ConfigError
 from bertjax.train import flops as flops_lib
 from bertjax.train import metrics as metrics_lib
@@ -67,12 +68,24 @@ def plan_phases(config) -> list[Phase]:
     return phases
 
 
+def packing_enabled(config) -> bool:
+    """Whether batches are packed rows; packing has no sentence pairs, so NSP must be off."""
+    packed = bool(config.get("packing") and config.packing.get("enabled"))
+    if packed and config.train.nsp_weight != 0:
+        raise ConfigError(
+            f"config.packing.enabled=True needs config.train.nsp_weight=0.0 (packed rows hold "
+            f"no sentence pairs), got {config.train.nsp_weight}"
+        )
+    return packed
+
+
 def resolve_model_config(config) -> BertConfig:
-    cfg = BertConfig.from_dict(config.model)
-    if jax.default_backend() == "cpu" and cfg.dtype == "bfloat16":
-        # bf16 matmuls are emulated (slow) on CPU; float32 there, bf16 on TPU/GPU.
-        cfg = dataclasses.replace(cfg, dtype="float32")
-    return cfg
+    """config.model as a BertConfig. dtype "auto" computes in bfloat16 on TPU/GPU and in float32
+    on CPU; an explicit "bfloat16" is honoured everywhere (fast on CPUs with AMX/AVX512-BF16)."""
+    fields = config.model.to_dict()
+    if fields.get("dtype") == "auto":
+        fields["dtype"] = "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    return BertConfig.from_dict(fields)
 
 
 def check_batch_size(config, mesh) -> None:
@@ -111,22 +124,21 @@ class _PreemptionFlag:
         signal.signal(signal.SIGTERM, self._previous)
 
 
-def _eval_step(model, nsp_weight):
+def _eval_step(model, nsp_weight, packed=False):
     def step(params, batch):
-        outputs = model.apply(
-            {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-            batch["masked_lm_positions"],
-        )
-        _, metrics = pretraining_loss(outputs, batch, nsp_weight)
+        outputs = step_lib.model_outputs(model, params, batch, packed)
+        _, metrics = step_lib.loss_and_metrics(outputs, batch, nsp_weight, packed)
         weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
         # Sums, so that batches combine into exact weighted means.
-        return {
+        sums = {
             "mlm_loss_sum": metrics["mlm_loss"] * (weight + 1e-5),
             "mlm_correct": metrics["mlm_accuracy"] * jnp.maximum(weight, 1e-5),
             "mlm_weight": weight,
-            "nsp_correct": metrics["nsp_accuracy"] * batch["next_sentence_labels"].size,
-            "nsp_count": jnp.asarray(batch["next_sentence_labels"].size, jnp.float32),
         }
+        if not packed:  # packed rows have no NSP labels
+            sums["nsp_correct"] = metrics["nsp_accuracy"] * batch["next_sentence_labels"].size
+            sums["nsp_count"] = jnp.asarray(batch["next_sentence_labels"].size, jnp.float32)
+        return sums
     return jax.jit(step)
 
 
@@ -138,12 +150,14 @@ def evaluate(eval_fn, params, batches, to_global) -> dict[str, float]:
     if not totals:
         return {}
     mlm_loss = totals["mlm_loss_sum"] / max(totals["mlm_weight"], 1e-5)
-    return {
+    results = {
         "mlm_loss": mlm_loss,
         "perplexity": math.exp(min(mlm_loss, 50.0)),
         "mlm_accuracy": totals["mlm_correct"] / max(totals["mlm_weight"], 1e-5),
-        "nsp_accuracy": totals["nsp_correct"] / max(totals["nsp_count"], 1.0),
     }
+    if "nsp_count" in totals:
+        results["nsp_accuracy"] = totals["nsp_correct"] / max(totals["nsp_count"], 1.0)
+    return results
 
 
 def _host_metrics(metrics) -> dict[str, float]:
@@ -175,13 +189,14 @@ def export(directory: epath.Path, config, params, log=print) -> None:
     if jax.process_count() > 1:
         params = multihost_utils.process_allgather(params, tiled=True)
     if jax.process_index() == 0:
-        save_pretrained(directory, BertConfig.from_dict(config.model), params, config.vocab,
+        save_pretrained(directory, resolve_model_config(config), params, config.vocab,
                         overwrite=True, provenance={"source": "bertjax.pretrain"})
         log(f"Exported the final model to {directory} (load with bertjax.load_pretrained)")
 
 
 def train(config, workdir: str, make_input: Callable[..., Any], log=print) -> str:
     """Runs (or resumes) pre-training in `workdir`. Returns "done" or "preempted"."""
+    packed = packing_enabled(config)  # checked before anything is written
     workdir_path = epath.Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
@@ -203,8 +218,9 @@ def train(config, workdir: str, make_input: Callable[..., Any], log=print) -> st
     train_step = step_lib.jit_train_step(
         model, tx, schedule, state_sharding, batch_sharding,
         grad_accum_steps=config.train.grad_accum_steps, nsp_weight=config.train.nsp_weight,
+        packed=packed,
     )
-    eval_fn = _eval_step(model, config.train.nsp_weight)
+    eval_fn = _eval_step(model, config.train.nsp_weight, packed)
 
     def to_global(batch):
         return {k: jax.make_array_from_process_local_data(batch_sharding, np.asarray(v))
@@ -243,7 +259,8 @@ def train(config, workdir: str, make_input: Callable[..., Any], log=print) -> st
             throughput = metrics_lib.Throughput(flops, peak)
             throughput.reset(step)
             log(f"Phase {phase.name}: steps {phase.start}..{phase.end}, seq {phase.seq_len}, "
-                f"{phase.max_predictions} predictions, data {phase.data or '(none)'}")
+                f"{phase.max_predictions} predictions, data {phase.data or '(none)'}"
+                + (", packed" if packed else ""))
             while step < phase.end:
                 state, metrics = train_step(state, to_global(next(inputs)))
                 step += 1

@@ -1,0 +1,106 @@
+"""The dense layer, whose bf16/f16 matmuls accumulate in float32 forward and backward.
+
+TPUs and GPUs accumulate bf16 matmuls in float32 anyway. Saying so explicitly
+(`preferred_element_type=float32`, then a cast back) changes nothing there, but it is what lets
+XLA:CPU run its bf16 kernels (AMX / AVX512-BF16) instead of upcasting both operands to float32.
+JAX's own transpose of such a dot would feed a float32 cotangent into the backward matmuls and
+lose that again, hence the custom VJP: both backward matmuls also take bf16 operands and
+accumulate in float32, and the bias gradient is summed in float32 (XLA:CPU sums bf16 through a
+slow tree reduction).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+_LOW_PRECISION = (jnp.bfloat16, jnp.float16)
+
+
+def _dot(lhs, rhs, lhs_contract, rhs_contract, out_dtype):
+    dims = ((tuple(lhs_contract), tuple(rhs_contract)), ((), ()))
+    return lax.dot_general(lhs, rhs, dims, preferred_element_type=jnp.float32).astype(out_dtype)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int) -> jax.Array:
+    """x: [*free, *contract], kernel: [*contract, *out], bias: [*out] → [*free, *out]."""
+    y = lax.dot_general(x, kernel, _dense_dims(x.ndim, num_contract),
+                        preferred_element_type=jnp.float32)
+    return (y + bias.astype(jnp.float32)).astype(x.dtype)
+
+
+def _dense_fwd(x, kernel, bias, num_contract):
+    return _dense(x, kernel, bias, num_contract), (x, kernel, bias)
+
+
+def _dense_bwd(num_contract, residuals, grad):
+    x, kernel, bias = residuals
+    grad = grad.astype(x.dtype)
+    num_free = x.ndim - num_contract
+    num_out = kernel.ndim - num_contract
+    # d x [*free, *contract] = grad [*free, *out] · kernel [*contract, *out] over *out.
+    grad_x = _dot(grad, kernel, range(num_free, num_free + num_out),
+                  range(num_contract, kernel.ndim), x.dtype)
+    # d kernel [*contract, *out] = x [*free, *contract] · grad [*free, *out] over *free.
+    grad_kernel = _dot(x, grad, range(num_free), range(num_free), kernel.dtype)
+    grad_bias = jnp.sum(grad.astype(jnp.float32), axis=tuple(range(num_free)))
+    return grad_x, grad_kernel, grad_bias.astype(bias.dtype)
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def _dense_dims(x_ndim: int, num_contract: int):
+    return ((tuple(range(x_ndim - num_contract, x_ndim)), tuple(range(num_contract))), ((), ()))
+
+
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int = 1) -> jax.Array:
+    """x [*free, *contract] · kernel [*contract, *out] + bias [*out], all in x.dtype.
+
+    bf16/f16: the float32-accumulating matmuls above; float32: plain `lax.dot_general`.
+    """
+    if x.dtype in _LOW_PRECISION:
+        return _dense(x, kernel, bias, num_contract)
+    return lax.dot_general(x, kernel, _dense_dims(x.ndim, num_contract)) + bias
+
+
+class Dense(nn.Module):
+    """`nn.DenseGeneral` over the last `num_contract` axes: the same parameters (`kernel`
+    [*in, *features] and `bias` [*features], initialised as flax does, through the flat
+    [prod(in), prod(features)] matrix) and maths, with `dense` as the computation.
+
+    kernel_axes / bias_axes: logical axis names of the parameters.
+    """
+
+    features: int | tuple[int, ...]
+    kernel_axes: tuple[str | None, ...]
+    bias_axes: tuple[str | None, ...]
+    stddev: float = 0.02
+    num_contract: int = 1
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        in_shape = x.shape[x.ndim - self.num_contract:]
+        truncated = nn.initializers.truncated_normal(stddev=self.stddev)
+
+        def kernel_init(rng, shape, dtype):
+            flat = truncated(rng, (math.prod(in_shape), math.prod(features)), dtype)
+            return flat.reshape(shape)
+
+        kernel = self.param("kernel", nn.with_logical_partitioning(kernel_init, self.kernel_axes),
+                            in_shape + features, self.param_dtype)
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                               self.bias_axes),
+                          features, self.param_dtype)
+        x, kernel, bias = (jnp.asarray(a, self.dtype) for a in (x, kernel, bias))
+        return dense(x, kernel, bias, self.num_contract)

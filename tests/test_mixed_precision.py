@@ -1,0 +1,133 @@
+"""bf16 dense layers with float32 accumulation (bertjax.models.dense) and the 16-bit dropout."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.models.bert import Dropout, dropout_keep_mask
+from bertjax.models.dense import dense
+
+# (x shape, kernel shape, contracted axes): nn.Dense, a QKV projection, the attention output.
+DENSE_CASES = [
+    ((3, 5, 16), (16, 24), 1),
+    ((3, 5, 16), (16, 4, 8), 1),
+    ((3, 5, 4, 8), (4, 8, 16), 2),
+]
+
+
+def _bf16_values(key, shape):
+    """Random values exactly representable in bf16, as float64 NumPy and as bf16."""
+    x = jax.random.normal(key, shape).astype(jnp.bfloat16)
+    return np.asarray(x, np.float64), x
+
+
+@pytest.mark.parametrize("x_shape,kernel_shape,n", DENSE_CASES)
+def test_bf16_forward_and_gradients_equal_float64_of_the_bf16_operands(x_shape, kernel_shape, n):
+    k1, k2, k3, k4 = jax.random.split(jax.random.key(0), 4)
+    x64, x = _bf16_values(k1, x_shape)
+    w64, w = _bf16_values(k2, kernel_shape)
+    b64, b = _bf16_values(k4, kernel_shape[n:])
+    free = len(x_shape) - n
+    g64, g = _bf16_values(k3, x_shape[:free] + kernel_shape[n:])
+
+    y, vjp = jax.vjp(lambda a, k, c: dense(a, k, c, n), x, w, b)
+    dx, dw, db = vjp(g)
+    assert y.dtype == dx.dtype == dw.dtype == db.dtype == jnp.bfloat16
+
+    y64 = np.tensordot(x64, w64, (list(range(free, x64.ndim)), list(range(n)))) + b64
+    dx64 = np.tensordot(g64, w64, (list(range(free, g64.ndim)), list(range(n, w64.ndim))))
+    dw64 = np.tensordot(x64, g64, (list(range(free)), list(range(free))))
+    db64 = g64.sum(axis=tuple(range(free)))
+    # float32 accumulation, then one rounding to bf16: within a bf16 ulp of the exact result.
+    for got, want in ((y, y64), (dx, dx64), (dw, dw64), (db, db64)):
+        got = np.asarray(got, np.float64)
+        np.testing.assert_allclose(got, want, rtol=2**-8, atol=1e-5 * np.abs(want).max())
+
+
+def test_bf16_backward_keeps_bf16_matmul_operands_and_sums_the_bias_in_float32():
+    x = jnp.ones((4, 8, 16), jnp.bfloat16)
+    w = jnp.ones((16, 32), jnp.bfloat16)
+    b = jnp.zeros((32,), jnp.bfloat16)
+    grad = jax.grad(lambda a, k, c: jnp.sum(dense(a, k, c).astype(jnp.float32)), (0, 1, 2))
+    eqns = []
+
+    def collect(jaxpr):
+        for e in jaxpr.eqns:
+            eqns.append(e)
+            for sub in jax.core.jaxprs_in_params(e.params):
+                collect(sub)
+
+    collect(jax.make_jaxpr(grad)(x, w, b).jaxpr)
+    dots = [e for e in eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 3  # forward, d x, d kernel (some nested in the custom VJP's jaxprs)
+    for e in dots:
+        assert [v.aval.dtype for v in e.invars] == [jnp.bfloat16, jnp.bfloat16]
+        assert e.params["preferred_element_type"] == jnp.float32
+    sums = [e for e in eqns if e.primitive.name == "reduce_sum" and e.invars[0].aval.ndim == 3]
+    assert sums and all(e.invars[0].aval.dtype == jnp.float32 for e in sums)
+
+
+def test_float32_dense_is_plain_dot_general_plus_bias():
+    r = np.random.default_rng(0)
+    x = jnp.asarray(r.normal(size=(2, 4, 16)), jnp.float32)
+    w = jnp.asarray(r.normal(size=(16, 8)), jnp.float32)
+    b = jnp.asarray(r.normal(size=(8,)), jnp.float32)
+    np.testing.assert_array_equal(dense(x, w, b), x @ w + b)
+
+
+def test_bf16_model_tracks_float32_model():
+    """The whole pre-training model in bf16 compute stays close to float32 (same params)."""
+    cfg = dict(vocab_size=120, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+               max_position_embeddings=32)
+    ids = jnp.asarray(np.random.default_rng(1).integers(5, 120, (2, 16)), jnp.int32)
+    positions = jnp.asarray([[1, 3], [2, 5]], jnp.int32)
+    f32 = BertForPreTraining(BertConfig(**cfg, dtype="float32"))
+    bf16 = BertForPreTraining(BertConfig(**cfg, dtype="bfloat16"))
+    params = nn.unbox(f32.init(jax.random.key(0), ids, None, None, positions))["params"]
+
+    def logits(model, p):
+        return model.apply({"params": p}, ids, None, None, positions)["mlm_logits"]
+
+    ref, got = logits(f32, params), logits(bf16, params).astype(jnp.float32)
+    assert float(jnp.max(jnp.abs(got - ref))) < 0.05 * float(jnp.max(jnp.abs(ref)))
+    g_ref = jax.grad(lambda p: jnp.sum(logits(f32, p) ** 2))(params)
+    g_bf16 = jax.grad(lambda p: jnp.sum(logits(bf16, p).astype(jnp.float32) ** 2))(params)
+    largest = max(float(jnp.max(jnp.abs(a))) for a in jax.tree.leaves(g_ref))
+    for a, b in zip(jax.tree.leaves(g_ref), jax.tree.leaves(g_bf16)):
+        assert b.dtype == jnp.float32  # gradients arrive in the params' dtype
+        # Relative to each leaf, except leaves whose gradient is ~0 (unused token types, NSP).
+        scale = max(float(jnp.max(jnp.abs(a))), 1e-3 * largest)
+        assert float(jnp.max(jnp.abs(a - b))) < 0.1 * scale
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_dropout_keeps_the_right_fraction_and_preserves_the_mean(rate):
+    shape = (64, 128, 128)  # 1M elements: the keep fraction's std is below 5e-4
+    keep, keep_prob = dropout_keep_mask(jax.random.key(3), shape, rate)
+    assert abs(keep_prob - (1 - rate)) < 2**-16
+    assert abs(float(jnp.mean(keep)) - keep_prob) < 0.003
+    x = jnp.ones(shape)
+    y = Dropout(rate).apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(4)})
+    values = np.unique(np.asarray(y))
+    assert len(values) == 2 and values[0] == 0.0
+    np.testing.assert_allclose(values[1], 1 / keep_prob, rtol=1e-6)
+    assert abs(float(jnp.mean(y)) - 1.0) < 0.01  # inverted dropout: E[y] = x
+    # Neighbouring elements come from the two halves of one 32-bit draw: still independent.
+    pairs = np.asarray(keep).reshape(-1, 2)
+    both = float(np.mean(pairs[:, 0] & pairs[:, 1]))
+    assert abs(both - keep_prob**2) < 0.003
+
+
+def test_dropout_is_identity_when_deterministic_and_differs_between_keys():
+    x = jnp.arange(1.0, 65.0).reshape(8, 8)
+    d = Dropout(0.5)
+    np.testing.assert_array_equal(d.apply({}, x, deterministic=True), x)
+    a = d.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(0)})
+    b = d.apply({}, x, deterministic=False, rngs={"dropout": jax.random.key(1)})
+    assert not np.array_equal(np.asarray(a) == 0, np.asarray(b) == 0)
+    odd = jnp.ones((4, 7))  # an odd last axis takes 32-bit draws
+    y = d.apply({}, odd, deterministic=False, rngs={"dropout": jax.random.key(2)})
+    assert set(np.unique(np.asarray(y)).tolist()) <= {0.0, 2.0}
