@@ -8,6 +8,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import dense as dense_lib
 from bertjax.models.bert import BertModel, activation, dense, layer_norm, zeros_init
 from bertjax.models.config import BertConfig
 
@@ -38,7 +39,8 @@ class MaskedLMHead(nn.Module):
         h = dense(cfg, cfg.hidden_size, ("embed", "embed_out"), "transform")(hidden)
         h = layer_norm(cfg, "transform_layer_norm")(activation(cfg.hidden_act)(h))
         bias = self.param("output_bias", zeros_init(("vocab",)), (cfg.vocab_size,), cfg.param_dtype)
-        logits = word_embeddings.attend(h) + jnp.asarray(bias, h.dtype)
+        embedding = jnp.asarray(word_embeddings.embedding, h.dtype)  # [vocab, hidden]
+        logits = dense_lib.dense(h, embedding.T, jnp.asarray(bias, h.dtype))
         return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
 
 
