@@ -274,10 +274,11 @@ def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], o
     return meta
 
 
-def _load_tokenizer(vocab: str, do_lower_case: bool | None):
-    from bertjax.tokenization import load_tokenizer
+def load_tokenizer(vocab: str, do_lower_case: bool | None):
+    """A picklable tokenizer factory for worker processes (with functools.partial)."""
+    from bertjax import tokenization
 
-    return load_tokenizer(vocab, do_lower_case=do_lower_case)
+    return tokenization.load_tokenizer(vocab, do_lower_case=do_lower_case)
 
 
 def main(argv):
@@ -295,7 +296,7 @@ def main(argv):
         random_seed=f.random_seed, masking=f.masking, num_shards=f.num_shards,
         num_workers=f.num_workers, task_index=f.task_index, num_tasks=f.num_tasks,
         pool_size=f.pool_size, shuffle_buffer=f.shuffle_buffer)
-    factory = functools.partial(_load_tokenizer, f.vocab, f.do_lower_case)
+    factory = functools.partial(load_tokenizer, f.vocab, f.do_lower_case)
     try:
         meta = create_pretraining_data(cfg, factory, vocab=f.vocab, do_lower_case=f.do_lower_case)
     except (corpus.CorpusError, ValueError) as e:

@@ -398,12 +398,6 @@ def padding_stats(file_pattern: str, *, seq_len: int, num_open_rows: int = 8,
 # ------------------------------------------------------------------------------------ the CLI
 
 
-def _load_tokenizer(vocab: str, do_lower_case: bool | None):
-    from bertjax.tokenization import load_tokenizer
-
-    return load_tokenizer(vocab, do_lower_case=do_lower_case)
-
-
 def main(argv):
     del argv
     from absl import flags
@@ -418,7 +412,7 @@ def main(argv):
             masked_lm_prob=f.masked_lm_prob,
             do_whole_word_mask=f.do_whole_word_mask, random_seed=f.random_seed,
             num_shards=f.num_shards, num_workers=f.num_workers, shuffle_buffer=f.shuffle_buffer)
-        factory = functools.partial(_load_tokenizer, f.vocab, f.do_lower_case)
+        factory = functools.partial(cpd.load_tokenizer, f.vocab, f.do_lower_case)
         meta = create_segments(cfg, factory, vocab=f.vocab, do_lower_case=f.do_lower_case)
     except (corpus.CorpusError, ValueError) as e:
         raise SystemExit(str(e)) from None

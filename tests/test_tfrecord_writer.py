@@ -118,7 +118,7 @@ def test_creation_path_never_imports_tensorflow(tmp_path, project_root):
                                output_dir={str(tmp_path / "out")!r}, masking="static",
                                dupe_factor=2, num_shards=2)
         meta = cpd.create_pretraining_data(
-            cfg, functools.partial(cpd._load_tokenizer, {str(tmp_path / "vocab.txt")!r}, None))
+            cfg, functools.partial(cpd.load_tokenizer, {str(tmp_path / "vocab.txt")!r}, None))
         assert meta["counts"]["instances"] > 0
         assert "tensorflow" not in sys.modules, "TensorFlow imported"
     """)
