@@ -9,6 +9,9 @@ r"""Throughput of the pre-training data pipeline on the demo corpus.
    the shards' CPU time over the wall time: below 2 with 2 workers, the machine is shared.
 2. The tf.data reader: sequences/s at 128/20 and 512/80, batch 256, static records and dynamic
    masking: wall-clock, and per CPU-second of the process (all its threads: the rate per core).
+   The "packed" rows: `packed_input.make_packed_dataset` (dynamic masking) over the 128-token
+   whole-sentence examples of `python -m data_pipeline.packed_input`, packed into rows of 128
+   and 512: packed rows/s (each holding one example at 128, ~4.4 at 512).
 
 Needs the demo corpus (`make corpus`); without --vocab a WordPiece vocabulary of 8,000 pieces
 is trained on the corpus with `python -m bertjax.tokenization train` into data/demo_vocab.
@@ -54,13 +57,40 @@ def bench_reader(pattern, seq_len, max_pred, dynamic, batches=40, batch_size=256
     masking = pi.masking_from_metadata(pattern, max_predictions=max_pred) if dynamic else None
     it = pi.InputIterator(pi.make_dataset(pattern, seq_len=seq_len, max_predictions=max_pred,
                                           batch_size=batch_size, masking=masking))
+    return _rates(it, batches, batch_size)
+
+
+def _rates(it, batches, batch_size):
+    """(rows/s wall-clock, rows per CPU-second of this process) over `batches` batches."""
     for _ in range(5):
         next(it)  # fill the shuffle buffer, warm up
     start, cpu = time.perf_counter(), time.process_time()
     for _ in range(batches):
         next(it)
-    sequences = batches * batch_size
-    return sequences / (time.perf_counter() - start), sequences / (time.process_time() - cpu)
+    rows = batches * batch_size
+    return rows / (time.perf_counter() - start), rows / (time.process_time() - cpu)
+
+
+def make_segments(corpus_path, vocab, workdir):
+    """Writes the 128-token whole-sentence examples of packed_input; returns their pattern."""
+    import functools
+
+    from data_pipeline import packed_input as pk
+
+    out = os.path.join(workdir, "segments_128")
+    pk.create_segments(pk.SegmentsConfig(input=corpus_path, output_dir=out, num_shards=4,
+                                         num_workers=2), functools.partial(_tokenizer, vocab))
+    return os.path.join(out, "part-*")
+
+
+def bench_packed_reader(pattern, seq_len, max_pred, batches=40, batch_size=256):
+    """(packed rows/s wall-clock, packed rows per CPU-second of this process)."""
+    from data_pipeline import packed_input as pk
+
+    masking = pk.masking_from_metadata(pattern, max_predictions=max_pred)
+    it = pk.InputIterator(pk.make_packed_dataset(pattern, seq_len=seq_len,
+                                                 batch_size=batch_size, masking=masking))
+    return _rates(it, batches, batch_size)
 
 
 def main():
@@ -97,7 +127,7 @@ def main():
                   f"{mb / c['cpu_seconds']:>10.2f} {c['instances'] / c['cpu_seconds']:>12.0f} "
                   f"{c['cpu_seconds'] / seconds:>11.2f}")
         print("\ntf.data reader, batch 256: sequences/s (wall) and per CPU-second (per core)")
-        print(f"{'phase':>8} {'static':>10} {'/core':>8} {'dynamic':>10} {'/core':>8}")
+        print(f"{'phase':>14} {'static':>10} {'/core':>8} {'dynamic':>10} {'/core':>8}")
         for seq_len, max_pred in ((128, 20), (512, 80)):
             rates = []
             for masking in ("static", "dynamic"):
@@ -105,8 +135,13 @@ def main():
                                             masking, num_shards=4, dupe_factor=1)
                 rates += bench_reader(os.path.join(data, "part-*"), seq_len, max_pred,
                                       masking == "dynamic")
-            print(f"{f'{seq_len}/{max_pred}':>8} {rates[0]:>10.0f} {rates[1]:>8.0f} "
+            print(f"{f'{seq_len}/{max_pred}':>14} {rates[0]:>10.0f} {rates[1]:>8.0f} "
                   f"{rates[2]:>10.0f} {rates[3]:>8.0f}")
+        segments = make_segments(args.corpus, vocab, workdir)
+        for seq_len, max_pred in ((128, 20), (512, 80)):
+            wall, core = bench_packed_reader(segments, seq_len, max_pred)
+            print(f"{f'packed {seq_len}/{max_pred}':>14} {'-':>10} {'-':>8} {wall:>10.0f} "
+                  f"{core:>8.0f}")
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

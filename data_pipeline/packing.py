@@ -13,7 +13,7 @@ gathered into [max_examples_per_row] arrays, with example_weights 1.0 where an e
 
 `segments_from_document` cuts a document into the single-segment examples of no-NSP
 pre-training (full sentences, see data_pipeline/packed_input.py); the tf.data packer there
-fills rows exactly as `pack_examples` does.
+fills the rows of `pack_examples` block by block (each block of examples packed on its own).
 """
 
 from __future__ import annotations

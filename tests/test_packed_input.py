@@ -111,9 +111,9 @@ def test_segments_data_are_whole_documents_once(segments):
 # -------------------------------------------------------------------------------- packing
 
 
-def example_stream(examples, seq_len):
-    """tf.data stream in pack_dataset's input format from NumPy examples."""
-    pad = lambda x: np.pad(np.asarray(x, np.int32), (0, seq_len - len(x)))
+def example_stream(examples, width):
+    """tf.data stream in pack_dataset's input format from NumPy examples ([width] padded)."""
+    pad = lambda x: np.pad(np.asarray(x, np.int32), (0, width - len(x)))
     return tf.data.Dataset.from_tensor_slices({
         "input_ids": np.stack([pad(e["input_ids"]) for e in examples]),
         "segment_ids": np.stack([pad(e["segment_ids"]) for e in examples]),
@@ -121,36 +121,59 @@ def example_stream(examples, seq_len):
     })
 
 
-@pytest.mark.parametrize("num_open_rows,max_examples", [(1, None), (3, 2), (8, None)])
-def test_tf_packer_makes_the_rows_of_the_numpy_packer(num_open_rows, max_examples):
+@pytest.mark.parametrize("num_open_rows,max_examples,block_size,width",
+                         [(1, None, 300, 32), (3, 2, 64, 32), (8, None, 37, 20)])
+def test_tf_packer_makes_the_rows_of_the_numpy_packer_per_block(num_open_rows, max_examples,
+                                                                 block_size, width):
+    """Each block of examples packs as `packing.pack_examples` packs that block alone."""
     rng = np.random.default_rng(num_open_rows)
     seq_len = 32
     examples = []
     for _ in range(300):
-        n = int(rng.integers(1, seq_len + 1))
+        n = int(rng.integers(0, width + 1)) if rng.random() < 0.05 else int(rng.integers(1, width))
         examples.append({"input_ids": rng.integers(5, 100, n),
                          "segment_ids": (np.arange(n) >= rng.integers(0, n + 1)).astype(int)})
-    got = all_rows(packed_input.pack_dataset(example_stream(examples, seq_len), seq_len,
+    got = all_rows(packed_input.pack_dataset(example_stream(examples, width), seq_len,
                                              num_open_rows=num_open_rows,
-                                             max_examples_per_row=max_examples))
-    want = list(packing.pack_examples(examples, seq_len, num_open_rows=num_open_rows,
-                                      max_examples_per_row=max_examples or seq_len))
+                                             max_examples_per_row=max_examples,
+                                             block_size=block_size))
+    want = []
+    for start in range(0, len(examples), block_size):  # empty examples are dropped
+        block = [e for e in examples[start:start + block_size] if len(e["input_ids"])]
+        want += packing.pack_examples(block, seq_len, num_open_rows=num_open_rows,
+                                      max_examples_per_row=max_examples or seq_len)
     assert len(got) == len(want)
     for g, w in zip(got, want):
         for k in ("input_ids", "segment_ids", "packing_ids", "input_mask"):
             np.testing.assert_array_equal(g[k], w[k], err_msg=k)
 
 
-@pytest.mark.parametrize("seq_len,num_packers", [(RECORD_LEN, 1), (4 * RECORD_LEN, 1),
-                                                 (4 * RECORD_LEN, 3)])
-def test_packed_rows_hold_every_example_once(segments, seq_len, num_packers):
+def test_first_fit_places_examples_in_disjoint_spans_of_open_rows():
+    rng = np.random.default_rng(7)
+    seq_len, open_rows = 50, 3
+    lengths = rng.integers(1, seq_len + 1, 400)
+    row, offset, number, rows = packed_input.first_fit(lengths, seq_len, open_rows, 4)
+    assert row.max() + 1 == rows and set(row.tolist()) == set(range(rows))
+    for r in range(rows):
+        mine = np.flatnonzero(row == r)  # in arrival order
+        np.testing.assert_array_equal(number[mine], np.arange(1, len(mine) + 1))
+        np.testing.assert_array_equal(offset[mine], np.cumsum(lengths[mine]) - lengths[mine])
+        assert lengths[mine].sum() <= seq_len and len(mine) <= 4
+    # Streaming: an example only joins one of the `open_rows` newest rows opened before it.
+    newest = np.maximum.accumulate(row)
+    assert (row > newest - open_rows).all()
+
+
+@pytest.mark.parametrize("seq_len,block_size", [(RECORD_LEN, 1024), (4 * RECORD_LEN, 1024),
+                                                 (4 * RECORD_LEN, 30)])
+def test_packed_rows_hold_every_example_once(segments, seq_len, block_size):
     import jax.numpy as jnp
 
     from bertjax.models.attention import positions_from_packing
 
     pattern, _, _ = segments
     rows = all_rows(packed_input.packed_rows(pattern, seq_len=seq_len, shuffle=False,
-                                             repeat=False, num_packers=num_packers))
+                                             repeat=False, block_size=block_size))
     assert all(r["input_ids"].shape == (seq_len,) for r in rows)
     assert sorted(row_examples(rows)) == sorted(record_examples(pattern))
     ids = np.stack([r["packing_ids"] for r in rows])
@@ -220,15 +243,15 @@ def test_hosts_get_disjoint_shares_covering_the_data(segments):
     assert not set(shares[0]) & set(shares[1])
 
 
-@pytest.mark.parametrize("num_packers", [1, 2])
-def test_resume_yields_the_batches_of_an_uninterrupted_reader(segments, tmp_path, num_packers):
+@pytest.mark.parametrize("block_size", [1024, 30])
+def test_resume_yields_the_batches_of_an_uninterrupted_reader(segments, tmp_path, block_size):
     pattern, meta, _ = segments
     cfg = packed_input.masking_from_metadata(pattern, max_predictions=20)
 
     def make(seed=3):
         return packed_input.InputIterator(packed_input.make_packed_dataset(
             pattern, seq_len=2 * RECORD_LEN, batch_size=8, masking=cfg, seed=seed,
-            shuffle_buffer=64, num_packers=num_packers))
+            shuffle_buffer=64, block_size=block_size))
 
     it = make()
     for _ in range(5):
@@ -264,6 +287,9 @@ def test_bad_input_names_the_file(segments, tmp_path):
                                 {"masking": "static", "max_seq_length": 64})
     with pytest.raises(ValueError, match="metadata.json: masking is 'static'"):
         packed_input.packed_rows(str(tmp_path / "part-*"), seq_len=64)
+    for flag in ("num_open_rows", "block_size"):
+        with pytest.raises(ValueError, match=f"{flag} must be >= 1, got 0"):
+            packed_input.packed_rows(pattern, seq_len=64, **{flag: 0})
 
 
 def test_pair_data_is_read_as_single_examples(tmp_path):
