@@ -134,6 +134,7 @@ def _packed_input(config, phase, field, pattern, per_host_batch, split):
             seed=config.seed, shuffle=split == "train", repeat=True,
             process_index=jax.process_index(), process_count=jax.process_count(),
             num_open_rows=int(config.packing.get("num_open_rows", 8)),
+            block_size=int(config.packing.get("block_size", 1024)),
         )
     except ValueError as e:  # the data pipeline's messages name the file and field
         raise ConfigError(f"config.phases.{phase.name}.{field}: {e}") from None
