@@ -31,8 +31,7 @@ def _dot(lhs, rhs, lhs_contract, rhs_contract, out_dtype):
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int) -> jax.Array:
     """x: [*free, *contract], kernel: [*contract, *out], bias: [*out] → [*free, *out]."""
-    y = lax.dot_general(x, kernel, _dense_dims(x.ndim, num_contract),
-                        preferred_element_type=jnp.float32)
+    y = _dot(x, kernel, range(x.ndim - num_contract, x.ndim), range(num_contract), jnp.float32)
     return (y + bias.astype(jnp.float32)).astype(x.dtype)
 
 
@@ -57,10 +56,6 @@ def _dense_bwd(num_contract, residuals, grad):
 _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def _dense_dims(x_ndim: int, num_contract: int):
-    return ((tuple(range(x_ndim - num_contract, x_ndim)), tuple(range(num_contract))), ((), ()))
-
-
 def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int = 1) -> jax.Array:
     """x [*free, *contract] · kernel [*contract, *out] + bias [*out], all in x.dtype.
 
@@ -68,7 +63,8 @@ def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int = 
     """
     if x.dtype in _LOW_PRECISION:
         return _dense(x, kernel, bias, num_contract)
-    return lax.dot_general(x, kernel, _dense_dims(x.ndim, num_contract)) + bias
+    dims = ((tuple(range(x.ndim - num_contract, x.ndim)), tuple(range(num_contract))), ((), ()))
+    return lax.dot_general(x, kernel, dims) + bias
 
 
 class Dense(nn.Module):
