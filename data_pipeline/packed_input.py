@@ -78,7 +78,12 @@ from data_pipeline import corpus, instances, packing, tfrecords
 from data_pipeline import create_pretraining_data as cpd
 from data_pipeline import masking as masking_lib
 from data_pipeline.masking import MaskingConfig
-from data_pipeline.pretraining_input import InputIterator, host_files, masking_from_metadata
+from data_pipeline.pretraining_input import (
+    InputIterator,
+    host_files,
+    masking_from_metadata,
+    record_stream,
+)
 
 try:  # accelerators belong to JAX; TF only reads data
     tf.config.set_visible_devices([], "GPU")
@@ -365,15 +370,8 @@ def packed_rows(file_pattern: str, *, seq_len: int, seed: int = 0, shuffle: bool
     record_len = record_length(file_pattern, seq_len, masking_cfg)
     _check_packing(num_open_rows, block_size)
     files = host_files(file_pattern, process_index, process_count)
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if shuffle:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
-                       block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
+                       shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
     ds = ds.batch(block_size).map(
         _parse_and_pack(record_len, seq_len, num_open_rows, max_examples_per_row),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

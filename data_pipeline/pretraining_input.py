@@ -103,6 +103,22 @@ def _unmask(batch):
     return tf.tensor_scatter_nd_update(ids, tf.stack([rows, positions], -1), original)
 
 
+def record_stream(files: list[str], *, seed: int, shuffle: bool, repeat: bool,
+                  shuffle_buffer: int, cycle_length: int) -> tf.data.Dataset:
+    """Serialized records of `files`: file order shuffled per epoch, files interleaved, then
+    records shuffled; deterministic for a seed (and so restorable from a saved position)."""
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    if shuffle:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
+                       block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    if shuffle:
+        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    return ds
+
+
 def make_dataset(file_pattern: str, *, seq_len: int, max_predictions: int, batch_size: int,
                  seed: int = 0, shuffle: bool = True, repeat: bool = True,
                  process_index: int = 0, process_count: int = 1,
@@ -121,15 +137,8 @@ def make_dataset(file_pattern: str, *, seq_len: int, max_predictions: int, batch
     files = host_files(file_pattern, process_index, process_count)
     spec = tfrecords.feature_spec(seq_len, max_predictions, masked=static)
 
-    ds = tf.data.Dataset.from_tensor_slices(files)
-    if shuffle:
-        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        ds = ds.repeat()
-    ds = ds.interleave(tf.data.TFRecordDataset, cycle_length=min(cycle_length, len(files)),
-                       block_length=1, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if shuffle:
-        ds = ds.shuffle(shuffle_buffer, seed=seed + 1, reshuffle_each_iteration=True)
+    ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
+                       shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
     ds = ds.batch(batch_size, drop_remainder=True)
 
     def parse(serialized):
