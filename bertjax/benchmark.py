@@ -10,7 +10,8 @@ r"""Speed and memory of bertjax's design choices, each against its baseline in t
    base presets, against Hugging Face transformers' PyTorch BertForPreTraining + AdamW
    (baseline) on the same shapes and device: float32 for both, then bf16 compute (bertjax:
    `model.dtype=bfloat16`, float32 params and accumulation; PyTorch: `torch.autocast`). Skipped
-   when torch is not installed. Times are medians over the repeats.
+   when torch is not installed. A model's four steps run in turn (so drifts in the machine's
+   speed hit them alike), `repeats` rounds; times are medians.
 """
 
 from __future__ import annotations
@@ -126,17 +127,25 @@ def _synthetic_batch(cfg, batch_size, seq_len, max_predictions):
     return _batch(cfg, batch_size, seq_len, positions)
 
 
-def _median_seconds(step, repeats):
-    times = []
+def interleaved_median_seconds(steps: dict, repeats: int) -> dict:
+    """Median seconds per call of each step, calling them in turn (a round-robin).
+
+    The machine's speed drifts from minute to minute; interleaving gives every variant the same
+    conditions, so their ratios hold even when the absolute figures move.
+    """
+    for step in steps.values():
+        step()  # compile / warm up
+    times = {name: [] for name in steps}
     for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: float(np.median(t)) for name, t in times.items()}
 
 
-def bench_bertjax_train_step(cfg, batch_size, seq_len, max_predictions, repeats):
-    """Seconds per jitted train step (bert_adamw, compute in cfg.dtype) on one device."""
+def bertjax_train_step(cfg, batch_size, seq_len, max_predictions):
+    """A callable running one jitted train step (bert_adamw, compute in cfg.dtype), one device."""
     from bertjax.train import sharding as sharding_lib
     from bertjax.train.optimizer import make_optimizer
     from experiments import pretrain as pretrain_experiment
@@ -156,12 +165,12 @@ def bench_bertjax_train_step(cfg, batch_size, seq_len, max_predictions, repeats)
         holder[0], metrics = step(holder[0], batch)
         jax.block_until_ready(metrics)
 
-    run()  # compile
-    return _median_seconds(run, repeats)
+    return run
 
 
-def bench_torch_train_step(cfg, batch_size, seq_len, max_predictions, repeats, autocast=False):
-    """Seconds per step of transformers' BertForPreTraining + torch.optim.AdamW, or None.
+def torch_train_step(cfg, batch_size, seq_len, max_predictions, autocast=False):
+    """A callable running one step of transformers' BertForPreTraining + torch.optim.AdamW
+    with gradient clipping at 1.0 (as bertjax), or None without torch.
 
     autocast: bf16 compute through `torch.autocast("cpu")` (float32 params), else float32."""
     try:
@@ -188,7 +197,7 @@ def bench_torch_train_step(cfg, batch_size, seq_len, max_predictions, repeats, a
         labels=torch.as_tensor(labels),
         next_sentence_label=torch.as_tensor(batch["next_sentence_labels"], dtype=torch.long))
 
-    def step():
+    def run():
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             loss = model(**inputs).loss
@@ -196,35 +205,36 @@ def bench_torch_train_step(cfg, batch_size, seq_len, max_predictions, repeats, a
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
 
-    step()
-    return _median_seconds(step, repeats)
+    return run
 
 
 def bench_train_step_vs_torch(repeats):
-    print("\n4. Full train step (forward + backward + AdamW), seq 128, 20 predictions")
+    print("\n4. Full train step (forward + backward + AdamW), seq 128, 20 predictions; a model's "
+          "four steps run in turn, medians")
     print(f"  {'model':<6} {'batch':>5} {'framework':<26} {'compute':<9} {'steps/s':>8} "
-          f"{'seq/s':>7} {'tokens/s':>9} {'vs torch f32':>13}")
+          f"{'seq/s':>7} {'tokens/s':>9} {'vs torch f32':>13} {'vs torch bf16':>14}")
+    torch_name, jax_name = "HF transformers (PyTorch)", "bertjax (JAX, jit)"
     for preset, batch_size in (("mini", 32), ("base", 8)):
         f32 = BertConfig.from_preset(preset, dtype="float32")
         bf16 = BertConfig.from_preset(preset, dtype="bfloat16")
-        rows = [
-            ("HF transformers (PyTorch)", "float32",
-             bench_torch_train_step(f32, batch_size, 128, 20, repeats)),
-            ("HF transformers (PyTorch)", "bf16",
-             bench_torch_train_step(f32, batch_size, 128, 20, repeats, autocast=True)),
-            ("bertjax (JAX, jit)", "float32",
-             bench_bertjax_train_step(f32, batch_size, 128, 20, repeats)),
-            ("bertjax (JAX, jit)", "bf16",
-             bench_bertjax_train_step(bf16, batch_size, 128, 20, repeats)),
-        ]
-        torch_f32 = rows[0][2]
-        for name, compute, seconds in rows:
-            if seconds is None:
+        steps = {
+            (torch_name, "float32"): torch_train_step(f32, batch_size, 128, 20),
+            (torch_name, "bf16"): torch_train_step(f32, batch_size, 128, 20, autocast=True),
+            (jax_name, "float32"): bertjax_train_step(f32, batch_size, 128, 20),
+            (jax_name, "bf16"): bertjax_train_step(bf16, batch_size, 128, 20),
+        }
+        seconds = interleaved_median_seconds(
+            {key: step for key, step in steps.items() if step is not None}, repeats)
+        baselines = (seconds.get((torch_name, "float32")), seconds.get((torch_name, "bf16")))
+        for (name, compute), step in steps.items():
+            if step is None:
                 print(f"  {preset:<6} {batch_size:>5} {name:<26} {compute:<9} (no torch)")
                 continue
-            ratio = f"{torch_f32 / seconds:.2f}x" if torch_f32 else "-"
-            print(f"  {preset:<6} {batch_size:>5} {name:<26} {compute:<9} {1 / seconds:>8.2f} "
-                  f"{batch_size / seconds:>7.1f} {batch_size * 128 / seconds:>9.0f} {ratio:>13}")
+            s = seconds[(name, compute)]
+            f32_ratio, bf16_ratio = (f"{b / s:.2f}x" if b else "-" for b in baselines)
+            print(f"  {preset:<6} {batch_size:>5} {name:<26} {compute:<9} {1 / s:>8.2f} "
+                  f"{batch_size / s:>7.1f} {batch_size * 128 / s:>9.0f} {f32_ratio:>13} "
+                  f"{bf16_ratio:>14}")
 
 
 def print_table(title, unit, rows):
