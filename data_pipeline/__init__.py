@@ -8,6 +8,7 @@ Pre-training data (issue 4):
   create_pretraining_data.py python -m data_pipeline.create_pretraining_data
   pretraining_input.py       make_dataset / InputIterator for the trainer
   packing.py                 several short examples per row (packing_ids, position_ids)
-  packed_input.py            packed no-NSP input: segments writer, tf.data packer
+  segments.py                packed no-NSP input: the examples writer (TensorFlow-free)
+  packed_input.py            packed no-NSP input: its CLI and the tf.data packer
   demo_corpus.py, benchmark.py  the BBC demo corpus and throughput figures
 """

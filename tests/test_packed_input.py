@@ -7,6 +7,7 @@ test_packed_examples_equal_each_example_alone.)
 from __future__ import annotations
 
 import collections
+import textwrap
 
 import numpy as np
 import pytest
@@ -35,6 +36,31 @@ def segments(tmp_path_factory):
                                       max_seq_length=RECORD_LEN, num_shards=4, shuffle_buffer=50)
     meta = packed_input.create_segments(cfg, stand_in_tokenizer)
     return str(tmp / "out" / "part-*"), meta, tokenized(docs, stand_in_tokenizer())
+
+
+def test_segments_writer_never_imports_tensorflow_and_workers_match_one_process(tmp_path):
+    """The writer's spawned workers load only TF-free modules, and 2 workers write the same
+    shards, byte for byte, as 1."""
+    from conftest import run_python
+
+    write_reference(tmp_path / "corpus.txt", synthetic_text_documents(30, seed=5))
+    script = textwrap.dedent(f"""
+        import sys
+        from data_pipeline import segments
+        from test_data_pipeline import stand_in_tokenizer
+        for workers in (1, 2):
+            cfg = segments.SegmentsConfig(
+                input={str(tmp_path / "corpus.txt")!r},
+                output_dir={str(tmp_path)!r} + f"/out{{workers}}", max_seq_length=64,
+                num_shards=2, num_workers=workers, shuffle_buffer=20)
+            assert segments.create_segments(cfg, stand_in_tokenizer)["counts"]["instances"]
+        assert "tensorflow" not in sys.modules, "TensorFlow imported"
+    """)
+    result = run_python(["-c", script], env={"PYTHONPATH": "tests"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    for shard in ("part-00000-of-00002.tfrecord", "part-00001-of-00002.tfrecord"):
+        one = (tmp_path / "out1" / shard).read_bytes()
+        assert one and one == (tmp_path / "out2" / shard).read_bytes()
 
 
 def record_examples(pattern):
