@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from bertjax.errors import ConfigError  # noqa: F401  (re-exported: models.config.ConfigError)
+
 # (num_layers, hidden_size, num_heads); intermediate size is 4H for every preset.
 # tiny..medium are the "small BERTs" released with the paper's code; base and large are Table 1.
 PRESETS: dict[str, tuple[int, int, int]] = {
@@ -20,10 +22,6 @@ ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")
 REMAT_POLICIES = ("none", "full", "dots")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field."""
 
 
 @dataclasses.dataclass(frozen=True)
