@@ -25,13 +25,15 @@ import os
 import re
 from collections.abc import Iterator
 
+from bertjax.errors import DataError
+
 MAX_LINE_CHARS = 100_000
 
 Document = list[str]
 
 
-class CorpusError(ValueError):
-    """Bad input, with the file (and line) in the message."""
+class CorpusError(DataError):
+    """Bad corpus input, with the file (and line) in the message."""
 
 
 # A sentence ends at . ! or ? (optionally followed by closing quotes/brackets) before
@@ -132,10 +134,11 @@ def read_jsonl(path: str, text_key: str = "text") -> Iterator[Document]:
 def read_tfds(name: str, split: str = "train", text_key: str = "text", shard_index: int = 0,
               num_shards: int = 1, data_dir: str | None = None) -> Iterator[Document]:
     """Documents of a TFDS text dataset; shard i of n reads the i-th of n even sub-splits."""
-    import tensorflow as tf
+    from data_pipeline.tf_setup import import_tensorflow
+
+    import_tensorflow()  # before TFDS imports it: CPU only, quiet
     import tensorflow_datasets as tfds
 
-    tf.config.set_visible_devices([], "GPU")
     sub_split = tfds.even_splits(split, num_shards)[shard_index] if num_shards > 1 else split
     ds = tfds.load(name, split=sub_split, data_dir=data_dir, shuffle_files=False)
     for example in ds.as_numpy_iterator():

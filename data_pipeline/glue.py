@@ -21,12 +21,10 @@ from typing import Any
 
 from absl import logging
 
+from bertjax.errors import DataError  # also imported from here, as data_pipeline.glue.DataError
+
 # Some GLUE / SWAG fields are longer than csv's default field limit.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-
-
-class DataError(ValueError):
-    """Bad fine-tuning input; the message names the file (and line) and the field."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -249,19 +247,11 @@ def read_glue(data_dir: str, task: GlueTask) -> dict[str, list[Example]]:
 # GLUE: TFDS
 
 
-def _hide_accelerators_from_tf():
-    import tensorflow as tf
-
-    try:  # accelerators belong to JAX; TF only reads data
-        tf.config.set_visible_devices([], "GPU")
-        tf.config.set_visible_devices([], "TPU")
-    except RuntimeError:  # TF already initialised its devices in this process
-        pass
-
-
 def read_tfds_split(task: GlueTask, split: str, labelled: bool,
                     data_dir: str | None = None) -> list[Example]:
-    _hide_accelerators_from_tf()
+    from data_pipeline.tf_setup import import_tensorflow
+
+    import_tensorflow()  # before TFDS imports it: CPU only, quiet
     import tensorflow_datasets as tfds
 
     name = f"glue/{task.name}"
