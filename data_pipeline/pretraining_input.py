@@ -6,6 +6,10 @@ parse the whole batch at once → (dynamic masking) → prefetch. Every random o
 the stream is deterministic for a seed, and `InputIterator.save/restore` checkpoints the
 position (shuffle buffers included) so a resumed run neither replays nor skips data.
 
+The request is first checked against the metadata.json beside the files
+(`data_pipeline.metadata`), which also gives the dynamic masking config
+(`masking_from_metadata`, re-exported here).
+
 A phase is (data path, seq length, max predictions): 128/20 for phase 1, 512/80 for phase 2.
 
 Batches (`[batch]` = the per-host batch size):
@@ -20,76 +24,45 @@ from __future__ import annotations
 import glob
 
 import numpy as np
-import tensorflow as tf
 
+from bertjax.errors import DataError
 from data_pipeline import masking as masking_lib
-from data_pipeline import tfrecords
+from data_pipeline import metadata
 from data_pipeline.masking import MaskingConfig
+from data_pipeline.metadata import masking_from_metadata
+from data_pipeline.tf_setup import import_tensorflow
 
-try:  # accelerators belong to JAX; TF only reads data
-    tf.config.set_visible_devices([], "GPU")
-    tf.config.set_visible_devices([], "TPU")
-except RuntimeError:  # TF already initialised its devices in this process
-    pass
+tf = import_tensorflow()
 
-__all__ = ["InputIterator", "MaskingConfig", "make_dataset", "masking_from_metadata"]
-
-
-def _check_metadata(file_pattern: str, seq_len: int, max_predictions: int,
-                    masking: MaskingConfig | None) -> bool:
-    """Checks the request against metadata.json; returns whether records carry static masks."""
-    found = tfrecords.read_metadata(file_pattern)
-    if found is None:
-        return True  # reference / MLPerf data: always pre-masked, no metadata
-    path, meta = found
-    if meta.get("max_seq_length") != seq_len:
-        raise ValueError(f"{path}: max_seq_length is {meta.get('max_seq_length')} but the reader "
-                         f"was asked for seq_len={seq_len}")
-    static = meta.get("masking", "static") == "static"
-    if static and masking is None and meta.get("max_predictions_per_seq") != max_predictions:
-        raise ValueError(f"{path}: max_predictions_per_seq is "
-                         f"{meta.get('max_predictions_per_seq')} but the reader was asked for "
-                         f"max_predictions={max_predictions}")
-    if not static and masking is None:
-        raise ValueError(f"{path}: masking is 'dynamic' (records have no masks); pass "
-                         "masking=MaskingConfig (e.g. masking_from_metadata)")
-    if masking is not None and meta.get("vocab_size") not in (None, masking.vocab_size):
-        raise ValueError(f"{path}: vocab_size is {meta.get('vocab_size')} but the masking config "
-                         f"has vocab_size={masking.vocab_size}")
-    return static
+__all__ = ["InputIterator", "MaskingConfig", "feature_spec", "host_files", "make_dataset",
+           "masking_from_metadata", "record_stream"]
 
 
-def masking_from_metadata(file_pattern: str, *, max_predictions: int,
-                          masked_lm_prob: float | None = None,
-                          whole_word: bool | None = None) -> MaskingConfig:
-    """The dynamic-masking config of data written by create_pretraining_data (no tokenizer
-    needed: vocab size, [MASK], special ids and continuation flags are in the metadata)."""
-    found = tfrecords.read_metadata(file_pattern)
-    if found is None:
-        raise ValueError(f"{file_pattern}: no metadata*.json beside the files")
-    path, meta = found
-    try:
-        return MaskingConfig(
-            max_predictions=max_predictions,
-            vocab_size=meta["vocab_size"],
-            mask_id=meta["mask_id"],
-            special_ids=tuple(meta["special_ids"]),
-            masked_lm_prob=meta["masked_lm_prob"] if masked_lm_prob is None else masked_lm_prob,
-            whole_word=meta["do_whole_word_mask"] if whole_word is None else whole_word,
-            continuation=masking_lib.decode_flags(meta["continuation_bits"], meta["vocab_size"]),
-        )
-    except KeyError as e:
-        raise ValueError(f"{path}: missing field {e.args[0]!r}") from None
+def feature_spec(seq_len: int, max_predictions: int, masked: bool) -> dict:
+    """tf.io parsing spec of the reference features (unmasked: no masked_lm_* features)."""
+    spec = {
+        "input_ids": tf.io.FixedLenFeature([seq_len], tf.int64),
+        "input_mask": tf.io.FixedLenFeature([seq_len], tf.int64),
+        "segment_ids": tf.io.FixedLenFeature([seq_len], tf.int64),
+        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
+    }
+    if masked:
+        spec.update({
+            "masked_lm_positions": tf.io.FixedLenFeature([max_predictions], tf.int64),
+            "masked_lm_ids": tf.io.FixedLenFeature([max_predictions], tf.int64),
+            "masked_lm_weights": tf.io.FixedLenFeature([max_predictions], tf.float32),
+        })
+    return spec
 
 
 def host_files(file_pattern: str, process_index: int, process_count: int) -> list[str]:
     """This host's share of the files: sorted, every `process_count`-th from `process_index`."""
     files = sorted(f for pattern in file_pattern.split(",") for f in glob.glob(pattern))
     if not files:
-        raise ValueError(f"{file_pattern}: no files match")
+        raise DataError(f"{file_pattern}: no files match")
     if len(files) < process_count:
-        raise ValueError(f"{file_pattern}: {len(files)} files for {process_count} processes; "
-                         "write at least one shard per process (--num_shards)")
+        raise DataError(f"{file_pattern}: {len(files)} files for {process_count} processes; "
+                        "write at least one shard per process (--num_shards)")
     return files[process_index::process_count]
 
 
@@ -133,9 +106,9 @@ def make_dataset(file_pattern: str, *, seq_len: int, max_predictions: int, batch
     if masking is not None and masking.max_predictions != max_predictions:
         raise ValueError(f"masking.max_predictions={masking.max_predictions} but "
                          f"max_predictions={max_predictions}")
-    static = _check_metadata(file_pattern, seq_len, max_predictions, masking)
+    static = metadata.check_pretraining(file_pattern, seq_len, max_predictions, masking)
     files = host_files(file_pattern, process_index, process_count)
-    spec = tfrecords.feature_spec(seq_len, max_predictions, masked=static)
+    spec = feature_spec(seq_len, max_predictions, masked=static)
 
     ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
                        shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)

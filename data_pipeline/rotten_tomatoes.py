@@ -18,7 +18,6 @@ when lines are added or reordered; each file keeps the source order.
 
 from __future__ import annotations
 
-import argparse
 import collections
 import hashlib
 import io
@@ -28,7 +27,8 @@ import os
 import tarfile
 from collections.abc import Iterable
 
-from data_pipeline.glue import DataError
+from bertjax.errors import DataError
+from data_pipeline import cli
 
 SNIPPETS = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 INNER_ARCHIVE = "additional_resources/hutto_ICWSM_2014.tar.gz"
@@ -105,12 +105,15 @@ def read_source(path: str) -> bytes:
     if not tarfile.is_tarfile(path):
         with open(path, "rb") as f:
             return f.read()
-    with tarfile.open(path, "r:*") as archive:
-        if any(m.name.endswith(SNIPPETS) for m in archive.getmembers()):
-            return _member(archive, SNIPPETS, path)
-        inner = _member(archive, INNER_ARCHIVE, path)
-    with tarfile.open(fileobj=io.BytesIO(inner), mode="r:*") as archive:
-        return _member(archive, SNIPPETS, f"{path}!{INNER_ARCHIVE}")
+    try:
+        with tarfile.open(path, "r:*") as archive:
+            if any(m.name.endswith(SNIPPETS) for m in archive.getmembers()):
+                return _member(archive, SNIPPETS, path)
+            inner = _member(archive, INNER_ARCHIVE, path)
+        with tarfile.open(fileobj=io.BytesIO(inner), mode="r:*") as archive:
+            return _member(archive, SNIPPETS, f"{path}!{INNER_ARCHIVE}")
+    except tarfile.TarError as e:
+        raise DataError(f"{path}: unreadable archive ({e})") from None
 
 
 def write_jsonl(records: Iterable[Record], path: str) -> None:
@@ -131,23 +134,22 @@ def convert(source: str, output_dir: str) -> dict[str, list[Record]]:
     return splits
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--source", required=True,
-                        help="vaderSentiment-3.3.2.tar.gz, hutto_ICWSM_2014.tar.gz or "
-                             "movieReviewSnippets_GroundTruth.txt")
-    parser.add_argument("--output_dir", required=True, help="directory for the *.jsonl files")
-    args = parser.parse_args()
-    try:
-        splits = convert(args.source, args.output_dir)
-    except (DataError, tarfile.TarError) as e:
-        raise SystemExit(f"error: {e}") from None
+def main(f) -> None:
+    splits = convert(f.source, f.output_dir)
     for name, records in splits.items():
         positive = sum(r.label for r in records) / len(records) if records else 0.0
         print(f"{name}: {len(records)} sentences, {100 * positive:.1f}% positive "
               f"(majority baseline {100 * max(positive, 1 - positive):.1f}%)")
-    print(f"wrote {', '.join(f'{n}.jsonl' for n in splits)} → {args.output_dir}")
+    print(f"wrote {', '.join(f'{n}.jsonl' for n in splits)} → {f.output_dir}")
+
+
+def define_flags() -> None:
+    from absl import flags
+
+    flags.DEFINE_string("source", None, "vaderSentiment-3.3.2.tar.gz, hutto_ICWSM_2014.tar.gz "
+                        "or movieReviewSnippets_GroundTruth.txt.", required=True)
+    flags.DEFINE_string("output_dir", None, "Directory for the *.jsonl files.", required=True)
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main, define_flags)

@@ -1,10 +1,11 @@
-"""TFRecord shards in the reference schema, plus the JSON metadata written beside them.
+"""Writing TFRecord shards in the reference schema, without TensorFlow.
 
 Reference features (all int64 in the file except masked_lm_weights, float):
   input_ids, input_mask, segment_ids [seq]; masked_lm_positions, masked_lm_ids,
   masked_lm_weights [max_predictions]; next_sentence_labels [1] (0 = IsNext, 1 = NotNext).
 Unmasked (dynamic-masking) records carry only input_ids, input_mask, segment_ids and
-next_sentence_labels.
+next_sentence_labels. (The readers' parsing spec is `pretraining_input.feature_spec`; the
+metadata.json written beside the shards is `data_pipeline.metadata`.)
 
 Shards are written under a temporary name and renamed when complete, so a crash never leaves a
 partial file that matches `part-*.tfrecord`; the metadata is written last the same way.
@@ -13,40 +14,22 @@ partial file that matches `part-*.tfrecord`; the metadata is written last the sa
 from __future__ import annotations
 
 import functools
-import glob
-import hashlib
-import json
 import os
 import struct
 
 import google_crc32c
 import numpy as np
 
-METADATA_PREFIX = "metadata"
+from data_pipeline import metadata
+
 SHARD_PATTERN = "part-*.tfrecord"
+
+# Kept for bertjax.pretrain until it reads `data_pipeline.metadata.read`.
+read_metadata = metadata.read
 
 
 def shard_name(index: int, count: int) -> str:
     return f"part-{index:05d}-of-{count:05d}.tfrecord"
-
-
-def feature_spec(seq_len: int, max_predictions: int, masked: bool) -> dict:
-    """tf.io parsing spec of the reference features (unmasked: no masked_lm_* features)."""
-    import tensorflow as tf
-
-    spec = {
-        "input_ids": tf.io.FixedLenFeature([seq_len], tf.int64),
-        "input_mask": tf.io.FixedLenFeature([seq_len], tf.int64),
-        "segment_ids": tf.io.FixedLenFeature([seq_len], tf.int64),
-        "next_sentence_labels": tf.io.FixedLenFeature([1], tf.int64),
-    }
-    if masked:
-        spec.update({
-            "masked_lm_positions": tf.io.FixedLenFeature([max_predictions], tf.int64),
-            "masked_lm_ids": tf.io.FixedLenFeature([max_predictions], tf.int64),
-            "masked_lm_weights": tf.io.FixedLenFeature([max_predictions], tf.float32),
-        })
-    return spec
 
 
 def pad_example(tokens: np.ndarray, segment_ids: np.ndarray, is_random_next: bool,
@@ -237,34 +220,3 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
-
-
-def vocab_hash(tokens: list[str]) -> str:
-    """sha256 of the vocabulary in id order (one token per line) — identifies any tokenizer."""
-    return hashlib.sha256("\n".join(tokens).encode("utf-8")).hexdigest()
-
-
-def write_json_atomic(path: str, obj: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def metadata_files(file_pattern: str) -> list[str]:
-    """The metadata*.json files in the directory of a shard pattern (may be empty)."""
-    directory = os.path.dirname(file_pattern) or "."
-    return sorted(glob.glob(os.path.join(glob.escape(directory), METADATA_PREFIX + "*.json")))
-
-
-def read_metadata(file_pattern: str) -> tuple[str, dict] | None:
-    """(path, metadata) of the data at `file_pattern`, or None when there is none."""
-    files = metadata_files(file_pattern)
-    if not files:
-        return None
-    with open(files[0]) as f:
-        try:
-            return files[0], json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{files[0]}: invalid JSON ({e.msg})") from None

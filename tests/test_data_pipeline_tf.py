@@ -21,7 +21,7 @@ from test_data_pipeline import (
     write_reference,
 )
 
-from data_pipeline import corpus, instances, masking, pretraining_input, tfrecords
+from data_pipeline import corpus, instances, masking, metadata, pretraining_input, tfrecords
 from data_pipeline import create_pretraining_data as cpd
 
 REFERENCE_FEATURES = {
@@ -185,7 +185,7 @@ def test_static_records_round_trip_exactly(tmp_path, monkeypatch):
     counts = meta["counts"]
     assert counts["instances"] == sum(meta["shards"].values())
     assert abs(counts["not_next"] / counts["instances"] - 0.5) < 0.05
-    assert meta["vocab_hash"] == tfrecords.vocab_hash(tok.tokens)
+    assert meta["vocab_hash"] == metadata.vocab_hash(tok.tokens)
 
 
 def test_reads_a_reference_schema_record_written_by_hand(tmp_path):
@@ -329,8 +329,8 @@ def test_cli_missing_vocab_is_one_line(tmp_path, project_root):
     result = run_python(["-m", "data_pipeline.create_pretraining_data", "--input=x",
                          f"--output_dir={tmp_path}", f"--vocab={tmp_path}/nope.txt"])
     assert result.returncode != 0
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"--vocab: no such file or directory: {tmp_path}/nope.txt")
+    assert result.stderr.strip().splitlines() == [
+        f"error: --vocab: no such file or directory: {tmp_path}/nope.txt"]
 
 
 # ------------------------------------------------- end to end with bertjax.tokenization
@@ -366,7 +366,7 @@ def test_cli_end_to_end_with_a_real_vocab(tmp_path):
     assert "instances/s" in result.stdout
     meta = json.loads((tmp_path / "out" / "metadata.json").read_text())
     tok = tokenization.load_tokenizer(str(tmp_path / "vocab.txt"))
-    assert meta["vocab_hash"] == tfrecords.vocab_hash(tok.convert_ids_to_tokens(
+    assert meta["vocab_hash"] == metadata.vocab_hash(tok.convert_ids_to_tokens(
         list(range(tok.vocab_size))))
     assert meta["masking"] == "dynamic" and meta["do_whole_word_mask"] is True
     pattern = str(tmp_path / "out" / "part-*")

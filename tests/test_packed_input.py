@@ -1,4 +1,5 @@
-"""Packed no-NSP pre-training input: segments, the tf.data packer, masking per row, resume.
+"""Packed no-NSP pre-training input: the segments writer and its command, the tf.data packer,
+masking per row, resume.
 
 (That a packed row's outputs equal each example run alone is tests/test_model.py's
 test_packed_examples_equal_each_example_alone.)
@@ -21,7 +22,7 @@ from test_data_pipeline import (
     write_reference,
 )
 
-from data_pipeline import packed_input, packing, tfrecords
+from data_pipeline import create_segments, metadata, packed_input, packing
 
 RECORD_LEN = 64
 
@@ -32,9 +33,10 @@ def segments(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("segments")
     docs = synthetic_text_documents(60, seed=4)
     write_reference(tmp / "corpus.txt", docs)
-    cfg = packed_input.SegmentsConfig(input=str(tmp / "corpus.txt"), output_dir=str(tmp / "out"),
-                                      max_seq_length=RECORD_LEN, num_shards=4, shuffle_buffer=50)
-    meta = packed_input.create_segments(cfg, stand_in_tokenizer)
+    cfg = create_segments.SegmentsConfig(input=str(tmp / "corpus.txt"),
+                                         output_dir=str(tmp / "out"), max_seq_length=RECORD_LEN,
+                                         num_shards=4, shuffle_buffer=50)
+    meta = create_segments.create_segments(cfg, stand_in_tokenizer)
     return str(tmp / "out" / "part-*"), meta, tokenized(docs, stand_in_tokenizer())
 
 
@@ -46,14 +48,14 @@ def test_segments_writer_never_imports_tensorflow_and_workers_match_one_process(
     write_reference(tmp_path / "corpus.txt", synthetic_text_documents(30, seed=5))
     script = textwrap.dedent(f"""
         import sys
-        from data_pipeline import segments
+        from data_pipeline import create_segments
         from test_data_pipeline import stand_in_tokenizer
         for workers in (1, 2):
-            cfg = segments.SegmentsConfig(
+            cfg = create_segments.SegmentsConfig(
                 input={str(tmp_path / "corpus.txt")!r},
                 output_dir={str(tmp_path)!r} + f"/out{{workers}}", max_seq_length=64,
                 num_shards=2, num_workers=workers, shuffle_buffer=20)
-            assert segments.create_segments(cfg, stand_in_tokenizer)["counts"]["instances"]
+            assert create_segments.create_segments(cfg, stand_in_tokenizer)["counts"]["instances"]
         assert "tensorflow" not in sys.modules, "TensorFlow imported"
     """)
     result = run_python(["-c", script], env={"PYTHONPATH": "tests"})
@@ -309,7 +311,7 @@ def test_bad_input_names_the_file(segments, tmp_path):
     (tmp_path / "part-00000-of-00001.tfrecord").write_bytes(b"")
     with pytest.raises(ValueError, match="no metadata"):
         packed_input.packed_rows(str(tmp_path / "part-*"), seq_len=64)
-    tfrecords.write_json_atomic(str(tmp_path / "metadata.json"),
+    metadata.write_json_atomic(str(tmp_path / "metadata.json"),
                                 {"masking": "static", "max_seq_length": 64})
     with pytest.raises(ValueError, match="metadata.json: masking is 'static'"):
         packed_input.packed_rows(str(tmp_path / "part-*"), seq_len=64)

@@ -5,14 +5,13 @@ and experiments/finetune_rotten_tomatoes.py reading what it writes."""
 import io
 import json
 import random
-import sys
 import tarfile
 
 import pytest
 
+from bertjax.errors import DataError
 from bertjax.finetune import load_task_data
 from data_pipeline import rotten_tomatoes as rt
-from data_pipeline.glue import DataError
 from experiments.finetune_rotten_tomatoes import get_config
 
 # (id, score as written, sentence, encoding of that line)
@@ -111,21 +110,23 @@ def test_bad_lines_name_file_and_line(tmp_path, line, message):
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
-def test_command_line_prints_counts(tmp_path, monkeypatch, capsys):
+def test_command_line_prints_counts(tmp_path):
+    from conftest import run_python
+
     source = tmp_path / "g.txt"
     source.write_bytes(ground_truth_bytes(ROWS))
-    monkeypatch.setattr(sys, "argv", ["rotten_tomatoes", f"--source={source}",
-                                      f"--output_dir={tmp_path / 'out'}"])
-    rt.main()
-    printed = capsys.readouterr().out
+    result = run_python(["-m", "data_pipeline.rotten_tomatoes", f"--source={source}",
+                         f"--output_dir={tmp_path / 'out'}"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = result.stdout
     counts = {n: len(read_jsonl(tmp_path / "out" / f"{n}.jsonl")) for n in ("train", "dev",
                                                                           "test")}
     for name, count in counts.items():
         assert f"{name}: {count} sentences" in printed
-    monkeypatch.setattr(sys, "argv", ["rotten_tomatoes", f"--source={tmp_path / 'nope.txt'}",
-                                      f"--output_dir={tmp_path / 'out'}"])
-    with pytest.raises(SystemExit, match="nope.txt: no such file"):
-        rt.main()
+    result = run_python(["-m", "data_pipeline.rotten_tomatoes",
+                         f"--source={tmp_path / 'nope.txt'}", f"--output_dir={tmp_path / 'out'}"])
+    assert result.returncode != 0
+    assert result.stderr.splitlines() == [f"error: {tmp_path / 'nope.txt'}: no such file"]
 
 
 @pytest.mark.parametrize("kind", ["binary", "regression"])
