@@ -142,15 +142,6 @@ def truncation(len_a: int, len_b: int, max_num_tokens: int,
     return a_front, from_a - a_front, b_front, from_b - b_front
 
 
-def truncate_seq_pair(tokens_a: list, tokens_b: list, max_num_tokens: int,
-                      rng: np.random.Generator) -> None:
-    """Trims the longer list, from the front or back at random, until both fit (in place)."""
-    a_front, a_back, b_front, b_back = truncation(len(tokens_a), len(tokens_b), max_num_tokens,
-                                                  rng)
-    del tokens_a[len(tokens_a) - a_back:], tokens_a[:a_front]
-    del tokens_b[len(tokens_b) - b_back:], tokens_b[:b_front]
-
-
 class PooledDocument(NamedTuple):
     """A document held in the pool: its sentences concatenated, with sentence boundaries.
 

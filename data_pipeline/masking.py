@@ -2,8 +2,7 @@
 
 Two implementations of the same rules, sharing `MaskingConfig`:
 
-* `mask_batch` (NumPy, a padded batch; `mask_sequence` for one sequence): static masking
-  while creating pre-training data.
+* `mask_batch` (NumPy, a padded batch): static masking while creating pre-training data.
 * `mask_batch_tf` (TensorFlow, a batch): dynamic masking inside tf.data, a fresh mask every
   epoch; stateless random numbers keyed by (seed, batch index) keep it deterministic and make
   the position restorable from an iterator checkpoint.
@@ -203,21 +202,6 @@ def mask_batch(ids: np.ndarray, lengths: np.ndarray, cfg: MaskingConfig,
     positions[r, slot] = c
     labels[r, slot] = ids[r, c]
     return out, positions, labels, counts
-
-
-def mask_sequence(ids: np.ndarray, cfg: MaskingConfig, rng: np.random.Generator,
-                  special: np.ndarray | None = None, continuation: np.ndarray | None = None,
-                  replacements: np.ndarray | None = None):
-    """Static masking of one sequence (all of `ids` are real tokens, no padding).
-
-    ids: [n] int. Returns (masked_ids [n] int32, positions [k] int32 ascending,
-    labels [k] int32) with k <= cfg.max_predictions (`mask_batch` on a batch of one).
-    """
-    ids = np.asarray(ids, np.int32)
-    out, positions, labels, counts = mask_batch(ids[None], [len(ids)], cfg, rng, special,
-                                                continuation, replacements)
-    k = int(counts[0])
-    return out[0], positions[0, :k], labels[0, :k]
 
 
 # ---------------------------------------------------------------------------------------------

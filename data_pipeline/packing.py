@@ -12,8 +12,9 @@ the row); per-example scalars named in `example_features` (e.g. a classification
 gathered into [max_examples_per_row] arrays, with example_weights 1.0 where an example exists.
 
 `segments_from_document` cuts a document into the single-segment examples of no-NSP
-pre-training (full sentences, see data_pipeline/packed_input.py); the tf.data packer there
-fills the rows of `pack_examples` block by block (each block of examples packed on its own).
+pre-training (full sentences, written by data_pipeline/create_segments.py); the tf.data packer
+of data_pipeline/packed_input.py fills the rows of `pack_examples` block by block (each block
+of examples packed on its own).
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ import dataclasses
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
-
-_MLM = ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights")
 
 
 @dataclasses.dataclass

@@ -210,12 +210,10 @@ def test_truncation_trims_longer_side_from_both_ends():
     rng = np.random.default_rng(0)
     fronts = backs = 0
     for _ in range(200):
-        a, b = list(range(100)), list(range(1000, 1030))
-        instances.truncate_seq_pair(a, b, 60, rng)
-        assert len(a) + len(b) == 60 and b == list(range(1000, 1030))
-        assert a == list(range(a[0], a[0] + 30))  # contiguous remainder
-        fronts += a[0] > 0
-        backs += a[-1] < 99
+        a_front, a_back, b_front, b_back = instances.truncation(100, 30, 60, rng)
+        assert a_front + a_back == 70 and b_front == b_back == 0  # A: 30 contiguous tokens left
+        fronts += a_front > 0
+        backs += a_back > 0
     assert fronts > 150 and backs > 150  # both ends are trimmed
 
 
@@ -362,7 +360,10 @@ def test_static_masking_statistics(whole_word):
     tok, seqs = masking_corpus()
     cfg = stand_in_masking_config(tok, whole_word)
     rng = np.random.default_rng(1)
-    results = [masking.mask_sequence(s, cfg, rng) for s in seqs]
+    results = []
+    for s in seqs:  # one sequence at a time: batches of one, no padding
+        out, positions, labels, counts = masking.mask_batch(s[None], [len(s)], cfg, rng)
+        results.append((out[0], positions[0, :counts[0]], labels[0, :counts[0]]))
     check_masking_statistics(seqs, results, cfg, [len(s) for s in seqs])
 
 
@@ -453,3 +454,38 @@ def test_packing_keeps_examples_separate_and_reduces_padding():
     assert stats.padding_after < 0.1 < 0.5 < stats.padding_before
     with pytest.raises(ValueError, match="129 tokens"):
         list(packing.pack_examples([{"input_ids": np.zeros(129)}], 128))
+
+
+# ------------------------------------------------------------------------------- metadata
+
+
+def test_metadata_written_read_back_and_checked(tmp_path):
+    from bertjax.errors import DataError
+    from data_pipeline import metadata
+
+    tok = stand_in_tokenizer()
+    meta = {"masking": "dynamic", "max_seq_length": 64, "masked_lm_prob": 0.2,
+            "do_whole_word_mask": True, **metadata.tokenizer_fields(tok)}
+    assert metadata.write(str(tmp_path), meta) == str(tmp_path / "metadata.json")
+    pattern = str(tmp_path / "part-*")
+    assert metadata.read(pattern) == (str(tmp_path / "metadata.json"), meta)
+    assert metadata.read(str(tmp_path / "none" / "part-*")) is None
+    assert metadata.file_name(1, 3) == "metadata-00001-of-00003.json"
+    # What the readers need comes from the file alone: the masking config of the tokenizer.
+    cfg = metadata.masking_from_metadata(pattern, max_predictions=10)
+    assert cfg == masking.MaskingConfig.from_tokenizer(tok, max_predictions=10,
+                                                       masked_lm_prob=0.2, whole_word=True)
+    np.testing.assert_array_equal(cfg.continuation, masking.continuation_flags(tok))
+    assert metadata.check_packing(pattern, 128, cfg) == 64
+    assert metadata.check_pretraining(pattern, 64, 10, cfg) is False  # unmasked records
+    # Bad files stop with a DataError naming the file and the field.
+    with pytest.raises(DataError, match=r"metadata\.json: max_seq_length is 64 but the reader "
+                                        r"was asked for seq_len=128"):
+        metadata.check_pretraining(pattern, 128, 10, cfg)
+    del meta["mask_id"]
+    metadata.write(str(tmp_path), meta)
+    with pytest.raises(DataError, match=r"metadata\.json: missing field 'mask_id'"):
+        metadata.masking_from_metadata(pattern, max_predictions=10)
+    (tmp_path / "metadata.json").write_text("{")
+    with pytest.raises(DataError, match=r"metadata\.json: invalid JSON"):
+        metadata.read(pattern)
