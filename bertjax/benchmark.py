@@ -25,6 +25,7 @@ import numpy as np
 from absl import app, flags
 
 from bertjax.models import BertConfig, BertForPreTraining, pretraining_loss
+from bertjax.tasks import pretraining
 from bertjax.train import step as step_lib
 
 _PRESET = flags.DEFINE_string("preset", "mini", "Model preset for the runtime comparisons.")
@@ -65,7 +66,7 @@ def _grad_fn(model):
 def bench_mlm_gather(cfg, batch_size, repeats):
     seq_len, max_predictions = 128, 20
     model = BertForPreTraining(cfg)
-    params = jax.jit(lambda k: nn.unbox(step_lib.init_params(model, k)))(jax.random.key(0))
+    params = jax.jit(lambda k: nn.unbox(pretraining.init_params(model, k)))(jax.random.key(0))
     r = np.random.default_rng(1)
     masked = np.stack([r.choice(seq_len, max_predictions, replace=False)
                        for _ in range(batch_size)]).astype(np.int32)
@@ -90,7 +91,7 @@ def bench_attention(cfg, batch_size, repeats):
     for name, impl in (("einsum (baseline)", "einsum"), ("dot_product_attention", "xla")):
         model = BertForPreTraining(BertConfig(**{**cfg.to_dict(), "attention_impl": impl}))
         if params is None:
-            params = nn.unbox(step_lib.init_params(model, jax.random.key(0)))
+            params = nn.unbox(pretraining.init_params(model, jax.random.key(0)))
         forward = jax.jit(lambda p, m=model: m.apply({"params": p}, ids, None, jnp.ones_like(ids),
                                                      positions)["mlm_logits"])
         rows.append((name, _time(forward, params, repeats=repeats), None))
@@ -109,13 +110,14 @@ def bench_compile(batch_size):
         cfg = BertConfig.from_dict(config.model)
         model = BertForPreTraining(cfg)
         tx, schedule = make_optimizer(config.optimizer, 1000)
+        init, loss = pretraining.step_fns(model)
         abstract, _ = step_lib.state_shardings(
-            model, tx, jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1),
-                                         ("data", "fsdp", "tensor")), config.logical_axis_rules)
-        step = jax.jit(lambda s, b, m=model, t=tx, sc=schedule: step_lib.train_step(
-            s, b, model=m, tx=t, schedule=sc))
+            init, tx, jax.sharding.Mesh(np.array(jax.devices()[:1]).reshape(1, 1, 1),
+                                        ("data", "fsdp", "tensor")), config.logical_axis_rules)
+        step = jax.jit(lambda s, b, f=loss, t=tx, sc=schedule: step_lib.train_step(
+            s, b, loss_fn=f, tx=t, schedule=sc))
         start = time.perf_counter()
-        step.lower(abstract, step_lib.batch_spec(batch_size, 128, 20)).compile()
+        step.lower(abstract, pretraining.batch_spec(batch_size, 128, 20)).compile()
         rows.append((name, time.perf_counter() - start, None))
     return rows
 
@@ -154,9 +156,10 @@ def bertjax_train_step(cfg, batch_size, seq_len, max_predictions):
     model = BertForPreTraining(cfg)
     tx, schedule = make_optimizer(config.optimizer, 1000)
     mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
-    _, state_sharding = step_lib.state_shardings(model, tx, mesh, config.logical_axis_rules)
-    state = step_lib.create_train_state(model, tx, jax.random.PRNGKey(0), state_sharding)
-    step = step_lib.jit_train_step(model, tx, schedule, state_sharding,
+    init, loss = pretraining.step_fns(model)
+    _, state_sharding = step_lib.state_shardings(init, tx, mesh, config.logical_axis_rules)
+    state = step_lib.create_train_state(init, tx, jax.random.PRNGKey(0), state_sharding)
+    step = step_lib.jit_train_step(loss, tx, schedule, state_sharding,
                                    sharding_lib.batch_sharding(mesh, config.logical_axis_rules))
     batch = _synthetic_batch(cfg, batch_size, seq_len, max_predictions)
     holder = [state]

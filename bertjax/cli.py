@@ -1,12 +1,24 @@
-"""Shared command-line plumbing: flag parsing that fails with one clear line."""
+"""Shared command-line plumbing for every `python -m bertjax.*` command: absl flags, bad
+flags and bad input reported as one `error: ...` line, TensorFlow's start-up noise (oneDNN
+banners, cuInit errors) kept out of the output unless TF_CPP_MIN_LOG_LEVEL is set by the user.
+
+Job commands (pretrain, finetune, finetune_grid) take `--config=FILE:ARG` (ml-collections,
+every field overridable as `--config.a.b=value`) and `--workdir`.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from absl import flags
+# Before anything imports TensorFlow (data_pipeline does, lazily).
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging  # noqa: E402
+
+from bertjax.errors import BertjaxError  # noqa: E402
 
 
 def _offending_flag(message: str, argv: Sequence[str]) -> str | None:
@@ -33,3 +45,36 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         culprit = _offending_flag(message, argv)
         where = f"{culprit}: " if culprit else ""
         sys.exit(f"error: bad config override {where}{message}")
+
+
+def define_job_flags(example: str):
+    """--config and --workdir, the flags every job command shares."""
+    from ml_collections import config_flags
+
+    config = config_flags.DEFINE_config_file("config", None, f"Config file, e.g. {example}.")
+    workdir = flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, "
+                                  "metrics and outputs; a rerun resumes from it.")
+    return config, workdir
+
+
+def require(value, flag: str, example: str):
+    if not value:
+        sys.exit(f"error: {flag} is required, e.g. {flag}={example}")
+    return value
+
+
+def report_errors(fn: Callable[[], object]) -> object:
+    """Runs `fn`; a user error (BertjaxError, a missing file) becomes one `error:` line."""
+    try:
+        return fn()
+    except (BertjaxError, FileNotFoundError) as e:
+        sys.exit(f"error: {e}")
+
+
+def run(main: Callable[[list[str]], None]) -> None:
+    """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet."""
+    def quiet_main(argv):
+        logging.set_verbosity(logging.WARNING)  # they would drown the progress line
+        return main(argv)
+
+    app.run(quiet_main, flags_parser=parse_flags)

@@ -7,9 +7,11 @@ r"""The paper's fine-tuning search: every hyper-parameter combination × several
 Each run is an ordinary `bertjax.finetune` run (same process, one after another) in its own
 directory `workdir/<combination>/seed_<s>`, e.g. `learning_rate=2e-5,batch_size=16,
 num_epochs=2/seed_3`; the seeds are config.seed, config.seed + 1, ... A run whose
-`results.json` exists is skipped, so an interrupted grid resumes where it stopped (an
-unfinished run restarts from scratch). A run whose loss diverged is recorded
-(`diverged.json`) and counted, not fatal: a too-large learning rate is a normal grid outcome.
+`results.json` exists is skipped, so an interrupted grid resumes where it stopped, and an
+unfinished run resumes from its last checkpoint, exactly. SIGTERM saves the running cell and
+stops the grid (exit 0); the next invocation continues it. A run whose loss diverged
+(bertjax.errors.TrainingError) is recorded (`diverged.json`) and counted, not fatal: a
+too-large learning rate is a normal grid outcome.
 
 The best combination is the one with the highest mean (over seeds) of the task's main dev
 metric (`primary_metric` in results.json). `workdir/summary.md` and `workdir/summary.csv`
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import io
 import itertools
 import json
@@ -31,8 +34,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from absl import flags
 
-from bertjax.models.config import ConfigError
+from bertjax import cli
+from bertjax.errors import ConfigError, TrainingError
+from bertjax.train.loop import RESULTS_FILE
 
 # Short grid names → the config fields that bertjax.finetune reads (experiments/glue.py).
 GRID_KEYS = {
@@ -45,7 +51,6 @@ GRID_KEYS = {
     "hidden_dropout_prob": "model.hidden_dropout_prob",
     "attention_dropout_prob": "model.attention_dropout_prob",
 }
-RESULTS_FILE = "results.json"  # written by bertjax.finetune
 DIVERGED_FILE = "diverged.json"
 NOT_METRICS = ("epoch",)  # keys of results.json "best" that are not dev metrics
 
@@ -269,20 +274,6 @@ def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): tree}
 
 
-def _is_divergence(error: Exception) -> bool:
-    # bertjax.finetune raises ConfigError("loss is nan at step ...") on a non-finite loss.
-    return isinstance(error, ConfigError) and str(error).startswith("loss is ")
-
-
-def _sync(name: str) -> None:
-    import jax
-
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
 def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], Any] = print,
              train_fn: Callable | None = None) -> dict[str, Any]:
     """Runs (or resumes) the whole grid and writes workdir/summary.{md,csv}.
@@ -321,22 +312,19 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
         if done:
             skipped += 1
             continue
-        if run_dir.exists():  # an interrupted run: bertjax.finetune does not resume
-            if jax.process_index() == 0:
-                log(f"{tag} removing the unfinished run in {run_dir}")
-                run_dir.rmtree()
-            _sync(f"grid_clean_{i}")
-        log(f"{tag} starting in {run_dir}")
+        log(f"{tag} {'resuming' if run_dir.exists() else 'starting'} in {run_dir}")
         try:
             summary = train_fn(cfg, str(run_dir), log=lambda s, t=tag: log(f"{t} {s}"))
-        except ConfigError as e:
-            if not _is_divergence(e):
-                raise
+        except TrainingError as e:
             log(f"{tag} diverged: {e}")
             if jax.process_index() == 0:
                 (run_dir / DIVERGED_FILE).write_text(json.dumps({"error": str(e)}) + "\n")
             ran += 1
             continue
+        if summary["status"] == "preempted":
+            log(f"grid: preempted in {run_dir}; run the same command to continue")
+            return {"best": None, "primary_metric": None, "ran": ran, "skipped": skipped,
+                    "diverged": 0, "rows": [], "status": "preempted"}
         ran += 1
         primary = summary["primary_metric"]
         log(f"{tag} best {primary} {summary['best'][primary]:.4f}")
@@ -365,41 +353,26 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
             log(f"grid: best {best.combination.name}: {primary} {mean:.4f} ± {std:.4f} "
                 f"(n={best.n})")
     return {"best": best.combination.name if best else None, "primary_metric": primary,
-            "ran": ran, "skipped": skipped, "diverged": sum(diverged.values()), "rows": rows}
+            "ran": ran, "skipped": skipped, "diverged": sum(diverged.values()), "rows": rows,
+            "status": "done"}
 
 
 def main(argv):
     if len(argv) > 1:
         sys.exit(f"error: unexpected arguments {argv[1:]}; put the grid in quotes: "
                  "--grid='learning_rate=2e-5,3e-5 batch_size=16,32'")
-    from absl import flags, logging
-
-    logging.set_verbosity(logging.WARNING)
-    FLAGS = flags.FLAGS
-    if FLAGS.config is None:
-        sys.exit("error: --config is required, e.g. --config=experiments/glue.py:mrpc")
-    if not FLAGS.workdir:
-        sys.exit("error: --workdir is required")
-    if not FLAGS.grid:
-        sys.exit("error: --grid is required, e.g. --grid='learning_rate=2e-5,3e-5,5e-5'")
-    from bertjax.convert.mapping import ConversionError
-    from data_pipeline.glue import DataError
-
-    try:
-        run_grid(FLAGS.config, FLAGS.grid, FLAGS.seeds, FLAGS.workdir)
-    except (ConfigError, DataError, ConversionError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    config = cli.require(_CONFIG.value, "--config", "experiments/glue.py:mrpc")
+    workdir = cli.require(_WORKDIR.value, "--workdir", "runs/mrpc_grid")
+    grid = cli.require(_GRID.value, "--grid", "'learning_rate=2e-5,3e-5,5e-5'")
+    cli.report_errors(lambda: run_grid(config, grid, _SEEDS.value, workdir,
+                                       log=functools.partial(print, flush=True)))
 
 
 if __name__ == "__main__":
-    from absl import app, flags
-    from ml_collections import config_flags
-
-    from bertjax.cli import parse_flags
-
-    config_flags.DEFINE_config_file("config", None, "Fine-tuning config file.")
-    flags.DEFINE_string("workdir", None, "Grid directory: one subdirectory per run.")
-    flags.DEFINE_string("grid", None, "Space-separated key=v1,v2,... e.g. "
-                        "'learning_rate=2e-5,3e-5,5e-5 batch_size=16,32 num_epochs=2,3,4'.")
-    flags.DEFINE_integer("seeds", 5, "Runs per combination, seeds config.seed, config.seed+1, ...")
-    app.run(main, flags_parser=parse_flags)
+    _CONFIG, _WORKDIR = cli.define_job_flags("experiments/glue.py:mrpc")
+    _GRID = flags.DEFINE_string(
+        "grid", None, "Space-separated key=v1,v2,... e.g. "
+        "'learning_rate=2e-5,3e-5,5e-5 batch_size=16,32 num_epochs=2,3,4'.")
+    _SEEDS = flags.DEFINE_integer("seeds", 5, "Runs per combination, seeds config.seed, "
+                                  "config.seed+1, ...")
+    cli.run(main)

@@ -19,16 +19,13 @@ No-NSP pre-training on packed rows (data from `python -m data_pipeline.packed_in
 from __future__ import annotations
 
 import functools
-import sys
 
-from absl import app, flags, logging
-from ml_collections import config_flags
+from absl import flags
 
-from bertjax.cli import parse_flags
-from bertjax.models.config import ConfigError
+from bertjax import cli
+from bertjax.errors import ConfigError
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory (local or gs://) for the run.")
+_CONFIG, _WORKDIR = cli.define_job_flags("experiments/pretrain.py:base")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
 )
@@ -51,6 +48,32 @@ def initialize_distributed() -> None:
         )
     elif _DISTRIBUTED.value:
         jax.distributed.initialize()
+
+
+def check_data(config) -> None:
+    """Every phase's data and eval_data pattern must match files, checked before step 0 (a bad
+    phase-2 pattern must not surface after all of phase 1)."""
+    from bertjax.train.configs import plan_phases
+
+    for phase in plan_phases(config):
+        for field in ("data", "eval_data"):
+            pattern = getattr(phase, field)
+            if field == "data" and phase.end > phase.start and not pattern:
+                raise ConfigError(f"config.phases.{phase.name}.data is empty; give a TFRecord "
+                                  "file pattern (or 'synthetic')")
+            if pattern and pattern != "synthetic" and not _glob(pattern):
+                raise ConfigError(f"config.phases.{phase.name}.{field}: no files match "
+                                  f"{pattern!r}")
+
+
+def _glob(pattern: str) -> list[str]:
+    if "://" in pattern:  # gs:// and other file systems that TensorFlow reads
+        import tensorflow as tf
+
+        return tf.io.gfile.glob(pattern)
+    import glob
+
+    return glob.glob(pattern)
 
 
 def make_input_fn(config):
@@ -80,12 +103,6 @@ def make_input_fn(config):
             raise ConfigError(
                 f"config.phases.{phase.name}.{'data' if split == 'train' else 'eval_data'} is "
                 "empty; give a TFRecord file pattern (or 'synthetic')"
-            )
-        import tensorflow as tf
-
-        if not tf.io.gfile.glob(pattern):
-            raise FileNotFoundError(
-                f"config.phases.{phase.name}.{field}: no files match {pattern!r}"
             )
         from data_pipeline import pretraining_input, tfrecords
 
@@ -143,29 +160,24 @@ def _packed_input(config, phase, field, pattern, per_host_batch, split):
 
 def main(argv):
     del argv
-    logging.set_verbosity(logging.WARNING)  # orbax/jax INFO lines drown the progress line
-    config = _CONFIG.value
-    if config is None:
-        sys.exit("error: --config is required, e.g. --config=experiments/pretrain.py:base")
-    from bertjax.train.trainer import TrainingError
+    config = cli.require(_CONFIG.value, "--config", "experiments/pretrain.py:base")
 
-    try:
+    def run():
+        from bertjax.tasks.pretraining import PretrainingJob
+        from bertjax.train import dry_run, loop
+
+        job = PretrainingJob(config, make_input_fn(config))
         if _DRY_RUN.value:
-            from bertjax.train import dry_run
-
-            dry_run.run(config)
+            dry_run.run(job, config)
             return
-        if not _WORKDIR.value:
-            sys.exit("error: --workdir is required (a local path or gs://bucket/path)")
+        cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
+        check_data(config)
         initialize_distributed()
-        from bertjax.train import trainer
+        summary = loop.train(job, config, _WORKDIR.value, log=functools.partial(print, flush=True))
+        print(f"Training {summary['status']}.", flush=True)
 
-        status = trainer.train(config, _WORKDIR.value, make_input_fn(config),
-                               log=functools.partial(print, flush=True))
-        print(f"Training {status}.", flush=True)
-    except (ConfigError, FileNotFoundError, TrainingError) as e:
-        sys.exit(f"error: {e}")
+    cli.report_errors(run)
 
 
 if __name__ == "__main__":
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)

@@ -13,6 +13,8 @@ dropout 0.1, warmup over the first 10% of steps then linear decay.
 
 import ml_collections
 
+from experiments import common
+
 GLUE = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli")
 
 
@@ -29,26 +31,24 @@ def base_config() -> ml_collections.ConfigDict:
         dir="", tfds=False, tfds_data_dir="", train="", validation="", test="", text_a="",
         text_b="", label="label", choices="", labels=""))
 
-    # load_pretrained overrides: compute dtype (float32 on CPU whatever is asked) and dropout.
+    # Overrides of the checkpoint's config.json: compute dtype ("auto": bfloat16 on TPU/GPU,
+    # float32 on CPU, as in pre-training; an explicit dtype is honoured everywhere) and dropout.
     config.model = ml_collections.ConfigDict(dict(
-        dtype="bfloat16", hidden_dropout_prob=0.1, attention_dropout_prob=0.1))
+        dtype="auto", hidden_dropout_prob=0.1, attention_dropout_prob=0.1))
 
-    config.train = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=3.0))
-    config.optimizer = ml_collections.ConfigDict(dict(
-        name="bert_adamw", learning_rate=2e-5, warmup_proportion=0.1, schedule="reference",
-        weight_decay=0.01, b1=0.9, b2=0.999, eps=1e-6, clip_norm=1.0))
+    config.train = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=3.0,
+                                                  grad_accum_steps=1))
+    config.optimizer = common.optimizer(learning_rate=2e-5)
+    config.optimizer.warmup_proportion = 0.1
     # Evaluation on the dev set(s) every `every_steps` steps (0 = at the end of every epoch);
-    # the checkpoint with the best dev metric is kept under workdir/best.
+    # the checkpoint with the best dev metric is kept, and test predictions come from it.
     config.eval = ml_collections.ConfigDict(dict(every_steps=0, batch_size=64))
+    config.checkpoint = common.checkpoint(every_steps=1000, max_to_keep=1)
     config.log_every_steps = 50
     config.min_bucket_length = 16  # length buckets: 16, 32, 64, ..., max_seq_length
 
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-    config.logical_axis_rules = (
-        ("batch", ("data", "fsdp")), ("vocab", "tensor"), ("embed", "fsdp"), ("mlp", "tensor"),
-        ("heads", "tensor"), ("kv", None), ("length", None), ("layers", None),
-        ("classes", None), ("embed_out", None),
-    )
+    config.mesh = common.mesh()
+    config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config
 
 

@@ -12,6 +12,7 @@ overridden with --config.<path>=<value>.
 import ml_collections
 
 from bertjax.models.config import BertConfig
+from experiments import common
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
@@ -51,24 +52,11 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # block's end, so larger blocks pad slightly less.
     config.packing = dict(enabled=False, num_open_rows=8, block_size=1024)
 
-    # The reference optimizer: Adam without bias correction, decoupled weight decay 0.01 not on
-    # LayerNorm or biases, global-norm clipping 1.0, warmup then linear decay counted from step 0.
-    config.optimizer = ml_collections.ConfigDict()
-    config.optimizer.name = "bert_adamw"  # bert_adamw | adamw | lamb
-    config.optimizer.learning_rate = 1e-4
+    config.optimizer = common.optimizer(learning_rate=1e-4)
     config.optimizer.warmup_steps = 10_000
-    config.optimizer.schedule = "reference"  # reference (decay from step 0) | from_peak
-    config.optimizer.weight_decay = 0.01
-    config.optimizer.b1 = 0.9
-    config.optimizer.b2 = 0.999
-    config.optimizer.eps = 1e-6
-    config.optimizer.clip_norm = 1.0
     config.optimizer.phase_warmup_steps = 0  # > 0: warm up again at the start of phase 2
 
-    config.checkpoint = ml_collections.ConfigDict()
-    config.checkpoint.every_steps = 5000
-    config.checkpoint.max_to_keep = 3
-    config.checkpoint.async_save = True
+    config.checkpoint = common.checkpoint(every_steps=5000)
 
     config.eval = ml_collections.ConfigDict()
     config.eval.every_steps = 10_000  # on each phase's eval_data, when set
@@ -80,22 +68,6 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.init_checkpoint = ""
     config.vocab = ""  # vocab.txt / SentencePiece model of the data (needed by dynamic masking)
 
-    # Device mesh: data / fsdp / tensor; -1 fills the remaining devices.
-    config.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
-    # Logical axis name → mesh axis (or axes, or None for replicated).
-    config.logical_axis_rules = (
-        ("batch", ("data", "fsdp")),
-        ("vocab", "tensor"),
-        ("embed", "fsdp"),
-        ("mlp", "tensor"),
-        ("heads", "tensor"),
-        ("kv", None),
-        ("length", None),
-        ("layers", None),
-        ("classes", None),
-        # Output axis of the square pooler / MLM-transform matrices. Kept replicated: sharding it
-        # over `tensor` made XLA mis-compile the MLM backward pass on a 2x2x2 mesh (CPU, jax
-        # 0.10.2; tests/test_trainer.py checks every mesh against one device).
-        ("embed_out", None),
-    )
+    config.mesh = common.mesh()
+    config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config

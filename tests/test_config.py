@@ -10,7 +10,7 @@ from conftest import run_python
 
 from bertjax.models import PRESETS, BertConfig, BertForPreTraining, BertModel
 from bertjax.models.config import ConfigError
-from bertjax.train.trainer import resolve_model_config
+from bertjax.train.configs import resolve_model_config
 from experiments import pretrain as pretrain_experiment
 
 # BertForPreTraining at vocab 30522 (tied decoder), as in the paper and its released models.
@@ -51,11 +51,11 @@ def test_presets_follow_the_paper_shapes():
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_experiment_config_round_trips_into_the_model_config(preset):
     config = pretrain_experiment.get_config(preset)
-    cfg = resolve_model_config(config)
+    cfg = resolve_model_config(config.model)
     assert cfg.num_layers == PRESETS[preset][0]
     assert cfg.dtype == ("float32" if jax.default_backend() == "cpu" else "bfloat16")
     config.model.dtype = "bfloat16"  # an explicit dtype is honoured on every backend
-    assert resolve_model_config(config).dtype == "bfloat16"
+    assert resolve_model_config(config.model).dtype == "bfloat16"
     assert sorted(config.phases) == ["phase1", "phase2"]
     assert config.phases.phase1.seq_len == 128 and config.phases.phase2.seq_len == 512
 

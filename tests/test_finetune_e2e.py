@@ -70,9 +70,9 @@ def test_glue_sst2_layout_cli(checkpoint, tmp_path):
     results = json.loads((workdir / "results.json").read_text())
     best = max(evals, key=lambda r: r["accuracy"])
     assert results["best"]["accuracy"] == best["accuracy"] >= 0.95 > majority
-    # Exactly one checkpoint is kept: that of the best dev accuracy.
-    kept = [p for p in os.listdir(workdir / "best") if p.isdigit()]
-    assert kept == [str(results["best_step"])]
+    # Kept: the best dev accuracy's checkpoint and the last one (max_to_keep=1), no other.
+    kept = sorted(int(p) for p in os.listdir(workdir / "checkpoints") if p.isdigit())
+    assert kept == sorted({results["best_step"], 96})
     assert next(r for r in evals if r["step"] == results["best_step"])["accuracy"] == best[
         "accuracy"]
     with open(workdir / "submission" / "SST-2.tsv") as f:
@@ -148,7 +148,8 @@ def test_multiple_choice_from_csv_far_above_chance(checkpoint, tmp_path):
 
 
 def test_missing_checkpoint_is_one_line_error(tmp_path):
-    from bertjax.finetune import ConfigError, train_and_evaluate
+    from bertjax.errors import ConfigError
+    from bertjax.finetune import train_and_evaluate
     from experiments.glue import get_config
 
     config = get_config("rte")

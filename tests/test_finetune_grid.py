@@ -12,8 +12,8 @@ import pytest
 import test_finetune_e2e as e2e
 from conftest import run_python
 
+from bertjax.errors import ConfigError, TrainingError
 from bertjax.finetune_grid import (
-    ConfigError,
     combinations,
     mean_std,
     parse_grid,
@@ -87,11 +87,11 @@ def test_stub_grid_counts_divergence_and_selects_by_mean(tmp_path):
         path.mkdir(parents=True)
         (path / "config.json").write_text(config.to_json_best_effort())
         if lr == 1.0:
-            raise ConfigError("loss is nan at step 3; lower config.optimizer.learning_rate")
+            raise TrainingError("loss is nan at step 3; lower config.optimizer.learning_rate")
         acc = {0.1: 0.6, 0.01: 0.7}[lr] + 0.05 * seed
         (path / "results.json").write_text(json.dumps({
             "primary_metric": "accuracy", "best": {"accuracy": acc, "f1": acc / 2, "epoch": 1}}))
-        return {"primary_metric": "accuracy", "best": {"accuracy": acc}}
+        return {"status": "done", "primary_metric": "accuracy", "best": {"accuracy": acc}}
 
     config = get_config("classification")
     out = run_grid(config, "learning_rate=0.1,0.01,1.0", 3, str(tmp_path), log=lambda _: None,

@@ -8,6 +8,7 @@ from conftest import run_python
 
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.models.config import ConfigError
+from bertjax.tasks import pretraining
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
 from bertjax.train.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
@@ -40,7 +41,7 @@ def test_from_peak_schedule():
 
 def test_weight_decay_mask_skips_layer_norm_and_biases():
     cfg = BertConfig.from_preset("tiny", num_layers=1)
-    params = step_lib.init_params(BertForPreTraining(cfg), jax.random.key(0))
+    params = pretraining.init_params(BertForPreTraining(cfg), jax.random.key(0))
     import flax
     flat = flax.traverse_util.flatten_dict(weight_decay_mask(params))
     decayed = {"/".join(k) for k, v in flat.items() if v}
@@ -119,9 +120,10 @@ def make_step(config, mesh=None, grad_accum_steps=1):
     model = BertForPreTraining(cfg)
     tx, schedule = make_optimizer(config.optimizer, config.train.num_train_steps)
     mesh = mesh or sharding_lib.make_mesh(config.mesh)
-    _, state_sharding = step_lib.state_shardings(model, tx, mesh, config.logical_axis_rules)
-    state = step_lib.create_train_state(model, tx, jax.random.key(0), state_sharding)
-    step = step_lib.jit_train_step(model, tx, schedule, state_sharding,
+    init, loss = pretraining.step_fns(model)
+    _, state_sharding = step_lib.state_shardings(init, tx, mesh, config.logical_axis_rules)
+    state = step_lib.create_train_state(init, tx, jax.random.key(0), state_sharding)
+    step = step_lib.jit_train_step(loss, tx, schedule, state_sharding,
                                    sharding_lib.batch_sharding(mesh, config.logical_axis_rules),
                                    grad_accum_steps=grad_accum_steps)
     return state, step

@@ -249,13 +249,13 @@ def _write_checkpoint_dir(directory, hidden_size=64):
 
     from bertjax.models import BertConfig, BertForPreTraining
     from bertjax.pretrained import save_pretrained
-    from bertjax.train import step as step_lib
+    from bertjax.tasks import pretraining
 
     cfg = BertConfig(num_layers=2, hidden_size=hidden_size, num_heads=8,
                      intermediate_size=256, vocab_size=128)
     import flax.linen as nn
 
-    params = nn.unbox(step_lib.init_params(BertForPreTraining(cfg), jax.random.PRNGKey(7)))
+    params = nn.unbox(pretraining.init_params(BertForPreTraining(cfg), jax.random.PRNGKey(7)))
     vocab = directory / "vocab.txt"
     directory.mkdir()
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -1,17 +1,43 @@
-"""Fine-tuning task families: heads (Flax linen on bertjax.models.BertModel), losses, metrics
-and post-processing. Never imports TensorFlow."""
+"""Jobs for the shared training loop (bertjax/train/loop.py): pre-training (pretraining.py) and
+the fine-tuning task families, each a plug-in of tasks/base.py — data, features, head, loss,
+predictions, metrics and output files. Never imports TensorFlow (data_pipeline is imported
+lazily, when a task reads its files).
 
+A new family subclasses `Task` and registers its `config.task.family` names in FAMILIES.
+"""
+
+from bertjax.errors import ConfigError
+from bertjax.tasks.base import FineTuningJob, Splits, Task
 from bertjax.tasks.classification import (
     BertForSequenceClassification,
+    SequenceTask,
     classification_loss,
     regression_loss,
 )
 from bertjax.tasks.multiple_choice import BertForMultipleChoice, multiple_choice_loss
 
+# config.task.family → the Task class that handles it.
+FAMILIES: dict[str, type[Task]] = {"glue": SequenceTask, "swag": SequenceTask,
+                                   "files": SequenceTask}
+
+
+def get_task(config) -> Task:
+    family = config.task.family
+    if family not in FAMILIES:
+        raise ConfigError(f"config.task.family={family!r} is not one of {' | '.join(FAMILIES)}")
+    return FAMILIES[family](config)
+
+
 __all__ = [
+    "FAMILIES",
     "BertForMultipleChoice",
     "BertForSequenceClassification",
+    "FineTuningJob",
+    "SequenceTask",
+    "Splits",
+    "Task",
     "classification_loss",
+    "get_task",
     "multiple_choice_loss",
     "regression_loss",
 ]

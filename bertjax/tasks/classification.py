@@ -1,20 +1,28 @@
-"""Sequence classification and regression (GLUE, users' own data): one output layer on C.
+"""Sequence-level tasks: classification, regression and multiple choice (GLUE, SWAG, users'
+own CSV / TSV / JSONL files), as one task family of the fine-tuning plug-in (tasks/base.py).
 
 The paper's fine-tuning head: C = the pooled final [CLS] vector, dropout 0.1, then one dense
 layer to `num_labels` (truncated-normal 0.02 init); softmax cross-entropy for classification,
-mean squared error for regression (num_labels = 1, e.g. STS-B). Losses in float32.
+mean squared error for regression (num_labels = 1, e.g. STS-B); multiple choice scores each
+choice with one vector (tasks/multiple_choice.py). Losses in float32. Dev metrics are the
+official ones (tasks/metrics.py); GLUE test predictions become leaderboard files
+(tasks/submission.py).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import functools
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert import dense
+from bertjax.tasks import metrics as metrics_lib
+from bertjax.tasks.base import Splits, Task
+from bertjax.tasks.submission import write_submission
 
 Array = jax.Array
 
@@ -75,9 +83,136 @@ def regression_loss(
     return loss, {"loss": loss}
 
 
-def predictions(logits: Any, regression: bool):
-    """Host post-processing: class ids [batch] (argmax) or scores [batch] (regression)."""
-    import numpy as np
+# ---------------------------------------------------------------------------------------------
+# The task family
 
-    logits = np.asarray(logits, np.float32)
-    return logits.reshape(-1) if regression else logits.argmax(axis=-1)
+
+class SequenceTask(Task):
+    """config.task.family: glue (config.task.name: cola ... wnli) | swag | files
+    (config.task.kind: classification | regression | multiple_choice)."""
+
+    def __init__(self, config):
+        self.min_bucket_length = config.min_bucket_length
+        self.train_batch_size = config.train.batch_size
+
+    def read(self, config) -> Splits:
+        """Examples of every split, from config.task / config.data (TensorFlow only for TFDS)."""
+        from data_pipeline import glue
+
+        family, data = config.task.family, config.data
+        self.glue = family == "glue"
+        if family == "glue":
+            task = glue.get_task(config.task.name)
+            if data.tfds:
+                splits = glue.read_glue_tfds(task, data.tfds_data_dir or None)
+            elif data.dir:
+                splits = glue.read_glue(data.dir, task)
+            else:
+                raise ConfigError("config.data.dir is empty; give the GLUE data directory "
+                                  "(official layout) or set config.data.tfds=true")
+            self._declare("regression" if task.regression else "classification", task.labels,
+                          task.metrics)
+            return Splits(splits["train"], {s.name: splits[s.name] for s in task.dev},
+                          {s.name: splits[s.name] for s in task.test if s.name in splits})
+        if family == "swag":
+            if not data.dir:
+                raise ConfigError("config.data.dir is empty; give the directory holding SWAG's "
+                                  "train.csv, val.csv (and test.csv)")
+            splits = glue.read_swag(data.dir)
+            self._declare("multiple_choice", ("0", "1", "2", "3"), ("accuracy",))
+            return Splits(splits["train"], {"dev": splits["dev"]},
+                          {"test": splits["test"]} if "test" in splits else {})
+        if family != "files":
+            raise ConfigError(f"config.task.family={family!r} is not one of glue | swag | files")
+        kind = config.task.kind
+        for field in ("train", "validation", "text_a"):
+            if not data[field]:
+                raise ConfigError(f"config.data.{field} is empty")
+        choices = tuple(c for c in data.choices.split(",") if c)
+        if kind == "multiple_choice" and len(choices) < 2:
+            raise ConfigError("config.data.choices must name at least two columns, e.g. a,b,c,d")
+        labels = None
+        if kind == "classification":
+            labels = (tuple(x for x in data.labels.split(",") if x) if data.labels
+                      else glue.infer_labels(data.train, data.label))
+        read = functools.partial(glue.read_file, kind=kind, text_a=data.text_a,
+                                 text_b=data.text_b, label=data.label, choices=choices,
+                                 labels=labels)
+        label_names = {"classification": labels, "regression": (),
+                       "multiple_choice": tuple(str(i) for i in range(len(choices)))}[kind]
+        metric_names = ("pearson", "spearman") if kind == "regression" else ("accuracy",)
+        if kind == "classification" and len(labels) == 2:
+            metric_names = ("accuracy", "f1", "matthews_corrcoef")
+        self._declare(kind, tuple(label_names), metric_names)
+        return Splits(read(data.train), {"dev": read(data.validation)},
+                      {"test": read(data.test, labelled=False)} if data.test else {})
+
+    def _declare(self, kind: str, label_names, metric_names) -> None:
+        self.kind, self.label_names = kind, tuple(label_names)
+        self.metric_names, self.primary_metric = tuple(metric_names), metric_names[0]
+
+    def encode(self, tokenizer, examples, max_seq_length: int):
+        from data_pipeline import finetune_data
+
+        self.buckets = finetune_data.bucket_lengths(
+            max_seq_length, min(self.min_bucket_length, max_seq_length))
+        return finetune_data.encode(tokenizer, examples, max_seq_length=max_seq_length,
+                                    regression=self.kind == "regression")
+
+    def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
+        from data_pipeline import finetune_data
+
+        return finetune_data.batches(features, batch_size, self.buckets, shuffle=shuffle,
+                                     seed=seed, process_index=jax.process_index(),
+                                     process_count=jax.process_count())
+
+    def batch_spec(self, batch_size: int, max_seq_length: int):
+        tokens = (batch_size, max_seq_length)
+        if self.kind == "multiple_choice":
+            tokens = (batch_size, len(self.label_names), max_seq_length)
+        i32, f32 = jnp.int32, jnp.float32
+        label = f32 if self.kind == "regression" else i32
+        return {"input_ids": jax.ShapeDtypeStruct(tokens, i32),
+                "segment_ids": jax.ShapeDtypeStruct(tokens, i32),
+                "input_mask": jax.ShapeDtypeStruct(tokens, i32),
+                "labels": jax.ShapeDtypeStruct((batch_size,), label),
+                "weights": jax.ShapeDtypeStruct((batch_size,), f32),
+                "example_index": jax.ShapeDtypeStruct((batch_size,), i32)}
+
+    def describe(self, features) -> str:
+        from data_pipeline import finetune_data
+
+        padding = finetune_data.padding_fraction(features, self.train_batch_size, self.buckets)
+        return (f"; padding is {100 * padding:.1f}% of the train tokens computed "
+                f"(buckets {self.buckets})")
+
+    def model(self, model_config):
+        from bertjax.tasks.multiple_choice import BertForMultipleChoice
+
+        if self.kind == "multiple_choice":
+            return BertForMultipleChoice(model_config)
+        num_labels = 1 if self.kind == "regression" else len(self.label_names)
+        return BertForSequenceClassification(model_config, num_labels)
+
+    def init_inputs(self) -> tuple:
+        ids = jnp.zeros((1, 2, 8) if self.kind == "multiple_choice" else (1, 8), jnp.int32)
+        return ids, ids, ids
+
+    def loss(self, logits, batch):
+        loss_fn = regression_loss if self.kind == "regression" else classification_loss
+        return loss_fn(logits, batch["labels"], batch["weights"])
+
+    def predict(self, logits, batch) -> dict[str, Array]:
+        logits = logits.astype(jnp.float32)
+        if self.kind == "regression":
+            return {"prediction": logits.reshape(-1)}
+        return {"prediction": jnp.argmax(logits, axis=-1)}
+
+    def metrics(self, predictions, features, split: str) -> dict[str, float]:
+        return metrics_lib.compute(self.metric_names, features.labels, predictions["prediction"])
+
+    def write_outputs(self, predictions, examples, split: str, workdir, log) -> None:
+        """GLUE leaderboard files (or test.tsv): `workdir/submission/<split>.tsv`."""
+        path = write_submission(str(workdir / "submission"), split, [e.index for e in examples],
+                                predictions["prediction"], self.label_names)
+        log(f"wrote {len(examples)} test predictions to {path}")

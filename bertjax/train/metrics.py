@@ -80,9 +80,10 @@ class Throughput:
             "steps_per_second": steps / seconds,
             "sequences_per_second": sequences,
             "tokens_per_second": sequences * seq_len,
-            "model_tflops_per_device": flops_per_device / 1e12,
         }
-        if self.peak:
+        if self.flops_per_sequence:
+            out["model_tflops_per_device"] = flops_per_device / 1e12
+        if self.peak and self.flops_per_sequence:
             out["mfu"] = flops_per_device / self.peak
         return out
 

@@ -1,8 +1,18 @@
-"""Train state, its sharded initialisation, and the pre-training step."""
+"""Train state, its sharded initialisation, and the train step shared by every job.
+
+A job gives two pure functions:
+  init_params(rng) -> boxed params (`nn.LogicallyPartitioned` leaves: their logical axis names
+    fix the sharding), e.g. `lambda rng: model.init(rng, ids)["params"]`;
+  loss_fn(params, batch, rng) -> (loss [] float32, metrics {name: []}); `rng` is the dropout
+    key of the step (None for a deterministic pass).
+Pre-training's MLM + NSP loss is one such loss (bertjax/tasks/pretraining.py), fine-tuning
+heads are others (bertjax/tasks/).
+"""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import flax
@@ -12,63 +22,34 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, PartitionSpec
 
-from bertjax.models import BertForPreTraining, pretraining_loss
 from bertjax.train import sharding as sharding_lib
 
 Batch = dict[str, jax.Array]
+InitFn = Callable[[jax.Array], Any]
+LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
 
 
 @flax.struct.dataclass
 class TrainState:
-    step: jax.Array  # [] int32, the global step across phases
+    step: jax.Array  # [] int32, the global step
     params: Any
     opt_state: Any
     rng: jax.Array  # base key; each step folds in `step` for dropout
 
 
-def batch_spec(
-    batch_size: int, seq_len: int, max_predictions: int, packed: bool = False
-) -> dict[str, jax.ShapeDtypeStruct]:
-    """Shapes and dtypes of a pre-training batch (the reference TFRecord features).
-
-    packed: rows of several examples (data_pipeline/packed_input.py): `packing_ids`
-    [batch, seq] instead of `next_sentence_labels` (no NSP).
-    """
-    i32, f32 = jnp.int32, jnp.float32
-    spec = {
-        "input_ids": jax.ShapeDtypeStruct((batch_size, seq_len), i32),
-        "input_mask": jax.ShapeDtypeStruct((batch_size, seq_len), i32),
-        "segment_ids": jax.ShapeDtypeStruct((batch_size, seq_len), i32),
-        "masked_lm_positions": jax.ShapeDtypeStruct((batch_size, max_predictions), i32),
-        "masked_lm_ids": jax.ShapeDtypeStruct((batch_size, max_predictions), i32),
-        "masked_lm_weights": jax.ShapeDtypeStruct((batch_size, max_predictions), f32),
-        "next_sentence_labels": jax.ShapeDtypeStruct((batch_size,), i32),
-    }
-    if packed:
-        del spec["next_sentence_labels"]
-        spec["packing_ids"] = jax.ShapeDtypeStruct((batch_size, seq_len), i32)
-    return spec
-
-
-def init_params(model: BertForPreTraining, rng: jax.Array) -> Any:
-    """Boxed (logically partitioned) parameters; shapes do not depend on the sequence length."""
-    ids = jnp.zeros((1, 8), jnp.int32)
-    return model.init(rng, ids, ids, ids, jnp.zeros((1, 1), jnp.int32))["params"]
-
-
-def _init_state(model, tx, rng) -> TrainState:
+def _init_state(init_params: InitFn, tx, rng) -> TrainState:
     params_rng, dropout_rng = jax.random.split(rng)
-    params = nn.unbox(init_params(model, params_rng))
+    params = nn.unbox(init_params(params_rng))
     return TrainState(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng
     )
 
 
-def state_shardings(model, tx, mesh: Mesh, rules) -> tuple[TrainState, TrainState]:
+def state_shardings(init_params: InitFn, tx, mesh: Mesh, rules) -> tuple[TrainState, TrainState]:
     """(abstract state, NamedShardings of the state) without allocating anything."""
-    boxed = jax.eval_shape(lambda: init_params(model, jax.random.key(0)))
+    boxed = jax.eval_shape(init_params, jax.random.key(0))
     param_specs = nn.get_partition_spec(boxed)
-    abstract = jax.eval_shape(functools.partial(_init_state, model, tx), jax.random.key(0))
+    abstract = jax.eval_shape(functools.partial(_init_state, init_params, tx), jax.random.key(0))
     opt_specs = optax.tree_map_params(
         tx,
         lambda _, spec: spec,
@@ -84,29 +65,18 @@ def state_shardings(model, tx, mesh: Mesh, rules) -> tuple[TrainState, TrainStat
     return abstract, shardings
 
 
-def create_train_state(model, tx, rng, shardings: TrainState) -> TrainState:
+def create_train_state(init_params: InitFn, tx, rng, shardings: TrainState) -> TrainState:
     """Initialises the state directly in its sharded layout (never whole on one device)."""
-    return jax.jit(functools.partial(_init_state, model, tx), out_shardings=shardings)(rng)
+    return jax.jit(functools.partial(_init_state, init_params, tx), out_shardings=shardings)(rng)
 
 
-def model_outputs(model, params, batch: Batch, packed: bool, **kwargs) -> dict[str, jax.Array]:
-    """The model applied to a batch; packed batches pass `packing_ids` (block-diagonal
-    attention, position ids restarting at each example)."""
-    extra = {"packing_ids": batch["packing_ids"]} if packed else {}
-    return model.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        batch["masked_lm_positions"], **extra, **kwargs,
-    )
-
-
-def loss_and_metrics(outputs, batch: Batch, nsp_weight: float, packed: bool):
-    """`pretraining_loss`; a packed row has no sentence pair, so NSP (weight 0) gets a dummy
-    label and its metrics are left out."""
-    if not packed:
-        return pretraining_loss(outputs, batch, nsp_weight)
-    labels = jnp.zeros(batch["input_ids"].shape[:1], jnp.int32)
-    loss, metrics = pretraining_loss(outputs, dict(batch, next_sentence_labels=labels), 0.0)
-    return loss, {k: v for k, v in metrics.items() if not k.startswith("nsp_")}
+def replace_params(state: TrainState, loaded: dict[str, Any], shardings: TrainState) -> TrainState:
+    """`state` with the top-level param groups of `loaded` (host arrays, e.g. {"bert": ...} from
+    a pre-trained checkpoint) placed with the state's shardings; optimizer state untouched."""
+    params = dict(state.params)
+    for name, group in loaded.items():
+        params[name] = jax.device_put(group, shardings.params[name])
+    return state.replace(params=params)
 
 
 def _micro_batches(batch: Batch, num: int) -> Batch:
@@ -124,27 +94,13 @@ def train_step(
     state: TrainState,
     batch: Batch,
     *,
-    model: BertForPreTraining,
+    loss_fn: LossFn,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     grad_accum_steps: int = 1,
-    nsp_weight: float = 1.0,
-    packed: bool = False,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches).
-
-    packed: the batch carries `packing_ids` (see `batch_spec`); NSP is off (nsp_weight 0).
-    """
-    if packed and nsp_weight:
-        raise ValueError(f"packed batches have no sentence pairs; nsp_weight={nsp_weight} "
-                         "must be 0.0")
+    """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches)."""
     dropout_rng = jax.random.fold_in(state.rng, state.step)
-
-    def loss_fn(params, micro, rng):
-        outputs = model_outputs(model, params, micro, packed, deterministic=False,
-                                rngs={"dropout": rng})
-        return loss_and_metrics(outputs, micro, nsp_weight, packed)
-
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if grad_accum_steps == 1:
         (_, metrics), grads = grad_fn(state.params, batch, dropout_rng)
@@ -172,9 +128,11 @@ def train_step(
     return new_state, metrics
 
 
-def jit_train_step(model, tx, schedule, state_sharding, batch_sharding, **step_kwargs):
+def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding,
+                   grad_accum_steps: int = 1):
     """`train_step` jitted with explicit in/out shardings and the state donated."""
-    step = functools.partial(train_step, model=model, tx=tx, schedule=schedule, **step_kwargs)
+    step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
+                             grad_accum_steps=grad_accum_steps)
     return jax.jit(
         step,
         in_shardings=(state_sharding, batch_sharding),

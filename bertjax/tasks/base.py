@@ -1,0 +1,239 @@
+"""The fine-tuning plug-in interface, and the job that runs any task on the shared loop.
+
+A task family (classification.py, and next SQuAD, token classification, ...) subclasses `Task`
+and declares only what is its own:
+
+  read(config)                  -> Splits: examples of train, dev {name: [...]}, test {name: [...]}
+  encode(tokenizer, examples)   -> features of a split (any object; `batches` knows it)
+  batches(features, batch_size, shuffle, seed) -> per-host NumPy batches of one epoch, each
+                                   with `example_index` [batch] (-1 for filler rows)
+  batch_spec(batch_size, max_seq_length) -> shapes of the largest global batch (dry runs)
+  model(model_config)           -> the Flax module (BertModel "bert" + head)
+  init_inputs()                 -> dummy inputs for model.init
+  outputs(model, params, batch, **apply_kwargs) -> the head's outputs for a batch
+  loss(outputs, batch)          -> (loss, metrics) in float32
+  predict(outputs, batch)       -> {name: [batch, ...]} per-example predictions (jitted)
+  metrics(predictions, features, split) -> {metric: float}
+  write_outputs(predictions, examples, split, workdir, log)   (test predictions, files)
+  metric_names, primary_metric  (the primary one selects the best checkpoint)
+
+`FineTuningJob` turns a task into a job for bertjax.train.loop.train: it loads the pre-trained
+encoder (params only, no optimizer state), counts steps from epochs, applies the paper's warmup
+proportion, feeds epochs with a saveable position (so a resumed run sees the same batches), and
+evaluates every dev split; the loop does the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from etils import epath
+
+from bertjax.errors import ConfigError
+from bertjax.train import configs
+from bertjax.train.loop import Stage
+from bertjax.train.optimizer import make_optimizer
+
+
+@dataclasses.dataclass
+class Splits:
+    train: list
+    dev: dict[str, list]  # eval name → examples (several: MNLI matched / mismatched)
+    test: dict[str, list]  # output name (e.g. a leaderboard file stem) → examples
+
+
+class Task:
+    """Base of the task families; see the module docstring for what a subclass declares."""
+
+    metric_names: tuple[str, ...] = ()
+    primary_metric: str = ""
+
+    def read(self, config) -> Splits:
+        raise NotImplementedError
+
+    def encode(self, tokenizer, examples, max_seq_length: int):
+        raise NotImplementedError
+
+    def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0
+                ) -> Iterator[dict[str, np.ndarray]]:
+        raise NotImplementedError
+
+    def batch_spec(self, batch_size: int, max_seq_length: int
+                   ) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes of the largest global batch (for dry runs)."""
+        raise NotImplementedError
+
+    def model(self, model_config):
+        raise NotImplementedError
+
+    def init_inputs(self) -> tuple:
+        raise NotImplementedError
+
+    def outputs(self, model, params, batch, **kwargs):
+        return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                           batch["input_mask"], **kwargs)
+
+    def loss(self, outputs, batch):
+        raise NotImplementedError
+
+    def predict(self, outputs, batch) -> dict[str, jax.Array]:
+        raise NotImplementedError
+
+    def metrics(self, predictions: dict[str, np.ndarray], features, split: str
+                ) -> dict[str, float]:
+        raise NotImplementedError
+
+    def write_outputs(self, predictions: dict[str, np.ndarray], examples: list, split: str,
+                      workdir: epath.Path, log) -> None:
+        pass
+
+    def describe(self, features) -> str:
+        return ""
+
+
+class EpochInput:
+    """Batches of epoch after epoch (`make_epoch(epoch)` builds one epoch), with a saveable
+    position: (epoch, batches taken from it)."""
+
+    def __init__(self, make_epoch: Callable[[int], Iterator[dict[str, np.ndarray]]]):
+        self.make_epoch = make_epoch
+        self.epoch, self.index = 0, 0
+        self._batches = make_epoch(0)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        for batch in self._batches:
+            self.index += 1
+            return batch
+        self.epoch, self.index = self.epoch + 1, 0
+        self._batches = self.make_epoch(self.epoch)
+        return next(self)
+
+    def save(self, prefix: str) -> None:
+        epath.Path(prefix + ".json").write_text(json.dumps({"epoch": self.epoch,
+                                                            "index": self.index}))
+
+    def restore(self, prefix: str) -> None:
+        position = json.loads(epath.Path(prefix + ".json").read_text())
+        self.epoch, self.index = position["epoch"], 0
+        self._batches = self.make_epoch(self.epoch)
+        for _ in range(position["index"]):
+            next(self)
+
+
+def load_pretrained_model(config):
+    """(model config with config.model overrides and the dtype policy, host params, tokenizer)
+    of config.init_checkpoint."""
+    from bertjax.pretrained import load_pretrained
+
+    overrides = dict(config.model)
+    overrides["dtype"] = configs.compute_dtype(overrides.get("dtype", "auto"))
+    return load_pretrained(config.init_checkpoint, **overrides)
+
+
+class FineTuningJob:
+    """A task on the shared loop (bertjax.train.loop.train)."""
+
+    def __init__(self, task: Task, config, log=print):
+        self.task, self.config = task, config
+        if not config.init_checkpoint:
+            raise ConfigError("config.init_checkpoint is empty; give a bertjax checkpoint "
+                              "directory")
+        self.splits = task.read(config)
+        self.model_config, pretrained, tokenizer = load_pretrained_model(config)
+        self._encoder = pretrained["bert"]
+        max_len = config.max_seq_length
+        if max_len > self.model_config.max_position_embeddings:
+            raise ConfigError(f"config.max_seq_length={max_len} exceeds the model's "
+                              f"{self.model_config.max_position_embeddings} positions")
+        encode = functools.partial(task.encode, tokenizer, max_seq_length=max_len)
+        self.train_features = encode(self.splits.train)
+        self.dev_features = {k: encode(v) for k, v in self.splits.dev.items()}
+        self.test_features = {k: encode(v) for k, v in self.splits.test.items()}
+        self.model = task.model(self.model_config)
+        self.batch_size = config.train.batch_size
+        self.eval_batch_size = config.eval.batch_size
+        self.grad_accum_steps = config.train.get("grad_accum_steps", 1)
+        self.best_metric = task.primary_metric
+        self.steps_per_epoch = sum(1 for _ in self._plan(self.train_features, shuffle=False))
+        self.total_steps = max(1, int(round(self.steps_per_epoch * config.train.num_epochs)))
+        log(f"Task {config.task.name}: {len(self.splits.train)} train, "
+            + ", ".join(f"{len(v)} {k}" for k, v in self.splits.dev.items())
+            + " examples" + task.describe(self.train_features))
+        self.loss = functools.partial(_loss, task=task, model=self.model)
+        self._predict = jax.jit(functools.partial(_predict, task=task, model=self.model))
+        self.stages = [Stage(
+            name="finetune", start=0, end=self.total_steps, make_input=self._train_input,
+            batch_spec=task.batch_spec(self.batch_size, max_len),
+            flops_per_example=0.0, tokens_per_example=max_len,  # 0: MFU not reported
+            description=f"Fine-tuning for {self.total_steps} steps "
+                        f"({config.train.num_epochs} epochs of {self.steps_per_epoch})",
+            eval_every=config.eval.every_steps or self.steps_per_epoch)]
+
+    def _plan(self, features, shuffle: bool, seed: int = 0):
+        return self.task.batches(features, self.batch_size, shuffle=shuffle, seed=seed)
+
+    def _train_input(self) -> EpochInput:
+        return EpochInput(lambda epoch: self._plan(self.train_features, shuffle=True,
+                                                   seed=self.config.seed * 1000 + epoch))
+
+    def init_params(self, rng):
+        return self.model.init(rng, *self.task.init_inputs())["params"]
+
+    def optimizer(self):
+        opt = ml_collections.ConfigDict(self.config.optimizer.to_dict())
+        opt.warmup_steps = int(self.config.optimizer.warmup_proportion * self.total_steps)
+        return make_optimizer(opt, self.total_steps)
+
+    def pretrained_params(self) -> dict[str, Any]:
+        encoder, self._encoder = self._encoder, None  # host memory back once placed
+        return {"bert": encoder}
+
+    def predictions(self, params, features, runner) -> dict[str, np.ndarray]:
+        """Every example's predictions, in example order."""
+        out: dict[str, np.ndarray] = {}
+        batches = self.task.batches(features, self.eval_batch_size, shuffle=False)
+        for batch, predicted in runner.run(self._predict, params, batches):
+            keep = batch["example_index"] >= 0
+            index = batch["example_index"][keep]
+            for name, values in predicted.items():
+                if name not in out:
+                    out[name] = np.zeros((len(features),) + values.shape[1:], values.dtype)
+                out[name][index] = values[keep]
+        return out
+
+    def evaluate(self, params, stage: Stage, step: int, runner) -> dict[str, float]:
+        results = {}
+        for name, features in self.dev_features.items():
+            prefix = f"{name}_" if len(self.dev_features) > 1 else ""
+            metrics = self.task.metrics(self.predictions(params, features, runner), features,
+                                        name)
+            results.update({prefix + k: v for k, v in metrics.items()})
+        results["epoch"] = step / self.steps_per_epoch
+        return results
+
+    def finish(self, params, runner, workdir: epath.Path, log) -> None:
+        """Test predictions from the best checkpoint's params, written by the task."""
+        for name, features in self.test_features.items():
+            predicted = self.predictions(params, features, runner)
+            if jax.process_index() == 0:
+                self.task.write_outputs(predicted, self.splits.test[name], name, workdir, log)
+
+
+def _loss(params, batch, rng, *, task: Task, model):
+    kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
+    return task.loss(task.outputs(model, params, batch, **kwargs), batch)
+
+
+def _predict(params, batch, *, task: Task, model):
+    return task.predict(task.outputs(model, params, batch), batch)
+

@@ -1,0 +1,92 @@
+"""Config checks and derived settings shared by every job: the dtype policy, the batch-size
+check against the mesh, and pre-training's phase plan. All raise ConfigError naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+from jax.sharding import Mesh
+
+from bertjax.errors import ConfigError
+from bertjax.models import BertConfig
+
+
+def compute_dtype(dtype: str) -> str:
+    """The one dtype policy: "auto" computes in bfloat16 on TPU/GPU and in float32 on CPU; an
+    explicit dtype is honoured on every backend (bfloat16 is fast on CPUs with AMX)."""
+    if dtype == "auto":
+        return "float32" if jax.default_backend() == "cpu" else "bfloat16"
+    return dtype
+
+
+def resolve_model_config(fields: Mapping[str, Any]) -> BertConfig:
+    """BertConfig from config fields (config.model, or a checkpoint's config with overrides)."""
+    fields = dict(fields)
+    fields["dtype"] = compute_dtype(fields.get("dtype", "float32"))
+    return BertConfig.from_dict(fields)
+
+
+def check_batch_size(batch_size: int, mesh: Mesh, grad_accum_steps: int = 1,
+                     field: str = "config.train.batch_size") -> None:
+    """The global batch (and each micro-batch) must split evenly over the data-parallel devices
+    and the processes."""
+    data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
+    if batch_size < 1:
+        raise ConfigError(f"{field}={batch_size} must be positive")
+    if batch_size % grad_accum_steps or (batch_size // grad_accum_steps) % data_parallel:
+        accum = f" with grad_accum_steps={grad_accum_steps}" if grad_accum_steps > 1 else ""
+        raise ConfigError(
+            f"{field}={batch_size}{accum} does not divide evenly over the {data_parallel} "
+            "data-parallel devices (data x fsdp)")
+    if batch_size % jax.process_count():
+        raise ConfigError(
+            f"{field}={batch_size} is not divisible by the {jax.process_count()} processes")
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    name: str
+    start: int  # first global step of the phase
+    end: int  # one past its last step
+    seq_len: int
+    max_predictions: int
+    data: str
+    eval_data: str
+
+
+def plan_phases(config) -> list[Phase]:
+    """Pre-training phases in name order with their global step ranges; `steps` wins over
+    `fraction`, and the last phase takes what is left."""
+    total = config.train.num_train_steps
+    phases, start = [], 0
+    items = sorted(config.phases.items())
+    for i, (name, p) in enumerate(items):
+        if p.get("steps"):
+            steps = int(p.steps)
+        elif i == len(items) - 1:
+            steps = total - start  # the last phase takes what is left, whatever the rounding
+        else:
+            steps = int(round(p.fraction * total))
+        phases.append(Phase(name, start, start + steps, int(p.seq_len), int(p.max_predictions),
+                            p.get("data", ""), p.get("eval_data", "")))
+        start += steps
+    if start != total:
+        raise ConfigError(
+            f"config.phases cover {start} steps but config.train.num_train_steps={total}"
+        )
+    return phases
+
+
+def packing_enabled(config) -> bool:
+    """Whether pre-training batches are packed rows; packing has no sentence pairs, so NSP
+    must be off."""
+    packed = bool(config.get("packing") and config.packing.get("enabled"))
+    if packed and config.train.nsp_weight != 0:
+        raise ConfigError(
+            f"config.packing.enabled=True needs config.train.nsp_weight=0.0 (packed rows hold "
+            f"no sentence pairs), got {config.train.nsp_weight}"
+        )
+    return packed

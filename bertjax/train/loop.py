@@ -1,0 +1,217 @@
+"""The training loop every job shares: pre-training and each fine-tuning task.
+
+A job (bertjax/tasks/) declares what differs; this loop does the rest, once:
+  sharded state init (or resume from the latest checkpoint, or params from a pre-trained
+  checkpoint), the jitted step, stages of steps fed by saveable inputs, logging + metrics +
+  throughput, evaluation, checkpoints (last N + the best by the job's metric, the inputs'
+  positions inside them), preemption, divergence, and the job's final outputs from the best
+  (or last) parameters. `workdir/results.json` records the evaluations and the best step.
+
+The job's interface (duck-typed; see bertjax/tasks/pretraining.py and bertjax/tasks/base.py):
+  model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
+  stages: [Stage]; best_metric: str | None (None: no best checkpoint, e.g. pre-training)
+  init_params(rng) -> boxed params;  loss(params, batch, rng) -> (loss, metrics)
+  optimizer() -> (optax transform, schedule)
+  pretrained_params() -> {group: host arrays} | None   (params-only init checkpoint)
+  evaluate(params, stage, step, runner) -> {metric: float}  (runner: `Runner` below)
+  finish(params, runner, workdir, log) -> None         (exports, test predictions)
+Data arrives as iterators of per-host NumPy batches with `save(prefix)` / `restore(prefix)`;
+this module never imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import jax
+import numpy as np
+from etils import epath
+
+from bertjax.errors import TrainingError
+from bertjax.train import configs
+from bertjax.train import flops as flops_lib
+from bertjax.train import metrics as metrics_lib
+from bertjax.train import sharding as sharding_lib
+from bertjax.train import step as step_lib
+from bertjax.train.checkpoints import Checkpointer
+
+RESULTS_FILE = "results.json"
+
+
+@dataclasses.dataclass
+class Stage:
+    """A contiguous range of global steps [start, end) fed by one input (a pre-training
+    phase; fine-tuning has one stage)."""
+
+    name: str
+    start: int
+    end: int
+    make_input: Callable[[], Any]  # per-host batches, with save(prefix) / restore(prefix)
+    batch_spec: dict[str, jax.ShapeDtypeStruct]  # the largest global batch (dry runs)
+    flops_per_example: float  # model FLOPs of one training example (MFU)
+    tokens_per_example: int
+    description: str
+    eval_every: int = 0  # 0: no evaluation; otherwise every N steps and at the stage's end
+    log_extra: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class Runner:
+    """Runs a jitted function over per-host batches and brings the outputs to every host."""
+
+    def __init__(self, batch_sharding):
+        self.batch_sharding = batch_sharding
+
+    def to_global(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
+                for k, v in batch.items()}
+
+    @staticmethod
+    def to_host(x) -> Any:
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            x = multihost_utils.process_allgather(x, tiled=True)
+        return jax.tree.map(np.asarray, jax.device_get(x))
+
+    def run(self, fn, params, batches: Iterable[dict[str, np.ndarray]]
+            ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
+        """(global batch on the host, fn(params, batch) on the host) for every batch."""
+        for batch in batches:
+            global_batch = self.to_global(batch)
+            yield self.to_host(global_batch), self.to_host(fn(params, global_batch))
+
+
+def best_entry(history: list[dict[str, float]], metric: str) -> dict[str, float]:
+    """The evaluation with the highest `metric`, the latest on ties (as orbax's BestN keeps)."""
+    return max(history, key=lambda h: (h[metric], h["step"]))
+
+
+def _host_metrics(metrics) -> dict[str, float]:
+    return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+
+def _write_json(path: epath.Path, value: Any) -> None:
+    if jax.process_index() == 0:
+        path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def train(job, config, workdir: str, log=print) -> dict[str, Any]:
+    """Runs (or resumes) `job` in `workdir`.
+
+    Returns {"status": "done" | "preempted", "total_steps", "history", and with a best metric:
+    "primary_metric", "best_step", "best"}.
+    """
+    workdir_path = epath.Path(workdir)
+    workdir_path.mkdir(parents=True, exist_ok=True)
+    _write_json(workdir_path / "config.json", json.loads(config.to_json_best_effort()))
+
+    mesh = sharding_lib.make_mesh(config.mesh)
+    configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
+    rules = config.logical_axis_rules
+    tx, schedule = job.optimizer()
+    abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules)
+    runner = Runner(sharding_lib.batch_sharding(mesh, rules))
+    train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
+                                         runner.batch_sharding, job.grad_accum_steps)
+
+    ckpt = config.checkpoint
+    checkpointer = Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
+                                job.best_metric)
+    writer = metrics_lib.MetricsWriter(workdir)
+    latest = checkpointer.latest_step()
+    history: list[dict[str, float]] = []
+    if latest is not None:
+        state, meta = checkpointer.restore(latest, abstract, state_sharding)
+        history = meta.get("history", [])
+        log(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}")
+    else:
+        state = step_lib.create_train_state(job.init_params, tx, jax.random.PRNGKey(config.seed),
+                                            state_sharding)
+        pretrained = job.pretrained_params()
+        if pretrained:
+            state = step_lib.replace_params(state, pretrained, state_sharding)
+            log(f"Initialised parameters from {config.init_checkpoint} (optimizer state fresh)")
+    step = int(state.step)
+    peak = flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
+    start_time = time.time()
+    last_saved = latest
+    status = "done"
+    try:
+        for stage in job.stages:
+            if step >= stage.end:
+                continue
+            inputs = stage.make_input()
+            if latest is not None and stage.start < latest:
+                checkpointer.restore_data(latest, inputs)
+            throughput = metrics_lib.Throughput(stage.flops_per_example, peak)
+            throughput.reset(step)
+            log(stage.description)
+            while step < stage.end:
+                state, metrics = train_step(state, runner.to_global(next(inputs)))
+                step += 1
+                at_end = step == stage.end
+                log_now = step % config.log_every_steps == 0 or at_end
+                eval_now = bool(stage.eval_every) and (step % stage.eval_every == 0 or at_end)
+                preempted = checkpointer.reached_preemption(step)
+                save_now = step % ckpt.every_steps == 0 or at_end or eval_now or preempted
+                if log_now or save_now:
+                    host = _host_metrics(metrics)
+                    if not math.isfinite(host["loss"]):
+                        kept = f"step {last_saved}" if last_saved is not None else "none"
+                        raise TrainingError(
+                            f"loss is {host['loss']} at step {step}; stopping without saving "
+                            f"(last good checkpoint: {kept}); lower "
+                            "config.optimizer.learning_rate")
+                if log_now:
+                    host.update(throughput.measure(step, job.batch_size,
+                                                   stage.tokens_per_example))
+                    host.update(stage.log_extra)
+                    writer.write(step, host)
+                    log(metrics_lib.progress_line(step, job.total_steps, host,
+                                                  time.time() - start_time,
+                                                  host.get("steps_per_second")))
+                results = None
+                if eval_now:
+                    results = job.evaluate(state.params, stage, step, runner)
+                    writer.write(step, results, split="eval")
+                    history.append({"step": step, **results})
+                    log(f"eval at step {step}: " + json.dumps(
+                        {k: round(v, 4) for k, v in results.items()}))
+                if save_now:
+                    checkpointer.save(step, state, {"stage": stage.name, "history": history},
+                                      inputs, metrics=results)
+                    last_saved = step
+                if preempted:
+                    checkpointer.wait()
+                    log(f"SIGTERM: saved step {step}; exiting so the run can resume")
+                    status = "preempted"
+                    break
+            if status == "preempted":
+                break
+        checkpointer.wait()
+        summary: dict[str, Any] = {"status": status, "total_steps": job.total_steps,
+                                   "history": history}
+        if status == "preempted":
+            return summary
+        params = state.params
+        if job.best_metric and history:
+            best = best_entry(history, job.best_metric)
+            summary.update(primary_metric=job.best_metric, best_step=best["step"],
+                           best={k: v for k, v in best.items() if k != "step"})
+            log(f"best {job.best_metric} {best[job.best_metric]:.4f} at step {best['step']}; "
+                f"checkpoint {checkpointer.directory / str(best['step'])}")
+            if best["step"] != step:
+                del state
+                params = checkpointer.restore(best["step"], abstract, state_sharding)[0].params
+        job.finish(params, runner, workdir_path, log)
+        if job.best_metric:
+            _write_json(workdir_path / RESULTS_FILE, summary)
+        return summary
+    finally:
+        checkpointer.close()
+        writer.close()
