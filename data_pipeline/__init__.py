@@ -1,14 +1,26 @@
 """Text and task files in, batches out (tf.data). Never imported by bertjax.models/train.
 
-Pre-training data (issue 4):
-  corpus.py                  readers: reference format, plain, JSONL, TFDS; sharded streaming
+Pre-training data. Writers never import TensorFlow (their worker processes start fast); the
+readers are tf.data pipelines.
+  corpus.py                  readers of text: reference format, plain, JSONL, TFDS; sharded
   instances.py               NSP sentence pairs exactly as the reference generator
   masking.py                 the masked-LM rules: static (NumPy) and dynamic (tf.data)
-  tfrecords.py               reference-schema TFRecord shards + metadata.json
-  create_pretraining_data.py python -m data_pipeline.create_pretraining_data
-  pretraining_input.py       make_dataset / InputIterator for the trainer
-  packing.py                 several short examples per row (packing_ids, position_ids)
-  segments.py                packed no-NSP input: the examples writer (TensorFlow-free)
-  packed_input.py            packed no-NSP input: its CLI and the tf.data packer
-  demo_corpus.py, benchmark.py  the BBC demo corpus and throughput figures
+  packing.py                 several short examples per row (packing_ids, position_ids); the
+                             single-segment examples of a document
+  tfrecords.py               writes reference-schema TFRecord shards (TensorFlow-free)
+  metadata.py                metadata.json beside the shards: written, read, checked; the
+                             dynamic masking config of the data
+  create_pretraining_data.py writer: NSP pairs   python -m data_pipeline.create_pretraining_data
+  create_segments.py         writer: no-NSP examples   python -m data_pipeline.create_segments
+  pretraining_input.py       reader: make_dataset / InputIterator for the trainer
+  packed_input.py            reader: make_packed_dataset, rows packed with several examples
+
+Fine-tuning data:
+  glue.py                    GLUE (local or TFDS), SWAG and users' CSV / TSV / JSONL files
+  finetune_data.py           tokenised, length-bucketed fine-tuning batches
+  rotten_tomatoes.py         the demo task       python -m data_pipeline.rotten_tomatoes
+
+Shared: tf_setup.py (TensorFlow imported CPU-only and quiet), cli.py (the commands' absl flags
+and one-line `error: ...`). demo_corpus.py, benchmark.py: the BBC demo corpus and throughput
+figures (python -m data_pipeline.demo_corpus | benchmark).
 """

@@ -23,7 +23,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from data_pipeline.glue import ChoiceExample, DataError, Example
+from bertjax.errors import DataError
+from data_pipeline.glue import ChoiceExample, Example
 
 
 @dataclasses.dataclass

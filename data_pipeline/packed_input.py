@@ -84,7 +84,7 @@ from data_pipeline.tf_setup import import_tensorflow
 tf = import_tensorflow()
 
 __all__ = ["InputIterator", "first_fit", "make_packed_dataset", "masking_from_metadata",
-           "pack_block", "pack_dataset", "packed_rows", "padding_stats"]
+           "pack_block", "packed_rows", "padding_stats"]
 
 
 # ------------------------------------------------------------------------------------ packing
@@ -170,24 +170,6 @@ def pack_block(input_ids: tf.Tensor, segment_ids: tf.Tensor, lengths: tf.Tensor,
     packing_ids = tf.reshape(packing_ids, [-1, seq_len])
     return {"input_ids": place(input_ids), "segment_ids": place(segment_ids),
             "packing_ids": packing_ids, "input_mask": tf.cast(packing_ids > 0, tf.int32)}
-
-
-def pack_dataset(examples: tf.data.Dataset, seq_len: int, *, num_open_rows: int = 8,
-                 max_examples_per_row: int | None = None,
-                 block_size: int = 1024) -> tf.data.Dataset:
-    """Packs a stream of examples into rows of seq_len, block by block (see `pack_block`).
-
-    examples: elements {"input_ids": [width] int32, "segment_ids": [width] int32, "length": []
-    int32}, width <= seq_len. Every `block_size` examples are packed together and their rows
-    all closed (nothing is carried from block to block; the last rows of a block are a little
-    emptier). Returns rows {input_ids, segment_ids, packing_ids, input_mask: [seq_len] int32}.
-    """
-    _check_packing(num_open_rows, block_size)
-    ds = examples.batch(block_size).map(
-        lambda b: pack_block(b["input_ids"], b["segment_ids"], b["length"], seq_len,
-                             num_open_rows, max_examples_per_row),
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.unbatch()
 
 
 def _check_packing(num_open_rows: int, block_size: int) -> None:

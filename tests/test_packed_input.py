@@ -139,16 +139,6 @@ def test_segments_data_are_whole_documents_once(segments):
 # -------------------------------------------------------------------------------- packing
 
 
-def example_stream(examples, width):
-    """tf.data stream in pack_dataset's input format from NumPy examples ([width] padded)."""
-    pad = lambda x: np.pad(np.asarray(x, np.int32), (0, width - len(x)))
-    return tf.data.Dataset.from_tensor_slices({
-        "input_ids": np.stack([pad(e["input_ids"]) for e in examples]),
-        "segment_ids": np.stack([pad(e["segment_ids"]) for e in examples]),
-        "length": np.array([len(e["input_ids"]) for e in examples], np.int32),
-    })
-
-
 @pytest.mark.parametrize("num_open_rows,max_examples,block_size,width",
                          [(1, None, 300, 32), (3, 2, 64, 32), (8, None, 37, 20)])
 def test_tf_packer_makes_the_rows_of_the_numpy_packer_per_block(num_open_rows, max_examples,
@@ -161,10 +151,17 @@ def test_tf_packer_makes_the_rows_of_the_numpy_packer_per_block(num_open_rows, m
         n = int(rng.integers(0, width + 1)) if rng.random() < 0.05 else int(rng.integers(1, width))
         examples.append({"input_ids": rng.integers(5, 100, n),
                          "segment_ids": (np.arange(n) >= rng.integers(0, n + 1)).astype(int)})
-    got = all_rows(packed_input.pack_dataset(example_stream(examples, width), seq_len,
-                                             num_open_rows=num_open_rows,
-                                             max_examples_per_row=max_examples,
-                                             block_size=block_size))
+    pad = lambda x: np.pad(np.asarray(x, np.int32), (0, width - len(x)))  # [width] each
+    ids = np.stack([pad(e["input_ids"]) for e in examples])
+    segments = np.stack([pad(e["segment_ids"]) for e in examples])
+    lengths = np.array([len(e["input_ids"]) for e in examples], np.int32)
+    got = []
+    for start in range(0, len(examples), block_size):  # the blocks of `packed_rows`
+        block = slice(start, start + block_size)
+        rows = packed_input.pack_block(tf.constant(ids[block]), tf.constant(segments[block]),
+                                       tf.constant(lengths[block]), seq_len, num_open_rows,
+                                       max_examples)
+        got += [dict(zip(rows, r)) for r in zip(*(v.numpy() for v in rows.values()))]
     want = []
     for start in range(0, len(examples), block_size):  # empty examples are dropped
         block = [e for e in examples[start:start + block_size] if len(e["input_ids"])]
