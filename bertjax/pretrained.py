@@ -35,15 +35,19 @@ import numpy as np
 from absl import logging
 from etils import epath
 
-from bertjax.convert.layout import is_scanned, to_layout, unstack_layers
-from bertjax.convert.mapping import OPTIONAL_GROUPS, ConversionError, config_summary
+from bertjax.errors import CheckpointError
 from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.models.layout import to_layout
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
 VOCAB_FILE = "vocab.txt"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CONVERSION_FILE = "conversion.json"
+
+# Parameter groups a source may lack entirely (encoder-only or MLM-only checkpoints). They are
+# then initialised and reported, never silently. The encoder group is always required.
+OPTIONAL_GROUPS = ("bert/pooler", "mlm", "nsp")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,24 +66,33 @@ def abstract_params(config: BertConfig) -> dict[str, Any]:
     return nn.unbox(boxed["params"])
 
 
+def config_summary(config: BertConfig) -> str:
+    """The config fields that fix the parameter shapes, for error messages."""
+    return (f"vocab_size={config.vocab_size}, hidden_size={config.hidden_size}, "
+            f"num_layers={config.num_layers}, num_heads={config.num_heads}, "
+            f"intermediate_size={config.intermediate_size}, "
+            f"max_position_embeddings={config.max_position_embeddings}, "
+            f"type_vocab_size={config.type_vocab_size}")
+
+
 def _flat(tree: Mapping[str, Any]) -> dict[str, Any]:
     return {"/".join(k): v for k, v in flax.traverse_util.flatten_dict(dict(tree)).items()}
 
 
 def check_params(config: BertConfig, params: Mapping[str, Any], where: str) -> None:
-    """Raises ConversionError naming the first missing, unexpected or misshapen parameter."""
+    """Raises CheckpointError naming the first missing, unexpected or misshapen parameter."""
     want = _flat(abstract_params(config))
     have = _flat(params)
     for key in want:
         if key not in have:
-            raise ConversionError(f"{where}: missing parameter {key}")
+            raise CheckpointError(f"{where}: missing parameter {key}")
     for key in have:
         if key not in want:
-            raise ConversionError(f"{where}: unexpected parameter {key} for this config")
+            raise CheckpointError(f"{where}: unexpected parameter {key} for this config")
     for key, spec in want.items():
         shape = tuple(np.shape(have[key]))
         if shape != spec.shape:
-            raise ConversionError(
+            raise CheckpointError(
                 f"{where}: parameter {key} has shape {shape} but the config "
                 f"({config_summary(config)}) implies {spec.shape}"
             )
@@ -155,12 +168,12 @@ def vocab_path(path: str | epath.Path) -> epath.Path:
         models = sorted(path.glob("*.model"))
         if len(models) == 1:
             return models[0]
-        raise ConversionError(
+        raise CheckpointError(
             f"{path}: expected a {VOCAB_FILE} or exactly one SentencePiece *.model, "
             f"found {len(models)} *.model files"
         )
     if not path.exists():
-        raise ConversionError(f"vocabulary {path} does not exist")
+        raise CheckpointError(f"vocabulary {path} does not exist")
     return path
 
 
@@ -193,7 +206,7 @@ def infer_do_lower_case(path: epath.Path) -> bool:
 
 def check_vocab_size(config: BertConfig, size: int, source: str) -> None:
     if size != config.vocab_size:
-        raise ConversionError(
+        raise CheckpointError(
             f"{source} has {size} entries but bert/embeddings/word_embeddings has "
             f"{config.vocab_size} rows (vocab_size={config.vocab_size})"
         )
@@ -267,8 +280,7 @@ def save_pretrained(
     params = nn.unbox(dict(params))
     if "embeddings" in params:  # BertModel params: the encoder alone
         params = {"bert": params}
-    if is_scanned(params):
-        params = unstack_layers(params)
+    params = to_layout(params, scan_layers=False)
     config = dataclasses.replace(model_config, scan_layers=False)
     params, initialised = complete_params(config, params, seed)
     check_params(config, params, where="params")
@@ -277,7 +289,7 @@ def save_pretrained(
 
     params_dir = directory / PARAMS_DIR
     if params_dir.exists() and not overwrite:
-        raise ConversionError(f"{params_dir} already exists (pass overwrite=True/--overwrite)")
+        raise CheckpointError(f"{params_dir} already exists (pass overwrite=True/--overwrite)")
     summary = {**(provenance or {}), "initialised": initialised}
     # Multi-host: every process calls this (orbax coordinates the params write); only the
     # first one writes the small files.
@@ -320,10 +332,18 @@ def load_config(directory: str | epath.Path) -> BertConfig:
             hint = f"; convert it first: python -m bertjax.convert from_hf --input {directory}"
         elif (directory / "bert_config.json").exists():
             hint = "; convert it first: python -m bertjax.convert from_tf ... --output DIR"
-        raise ConversionError(f"{directory} is not a bertjax checkpoint (no {PARAMS_DIR}/){hint}")
+        raise CheckpointError(f"{directory} is not a bertjax checkpoint (no {PARAMS_DIR}/){hint}")
     if not config_file.exists():
-        raise ConversionError(f"{config_file} does not exist")
+        raise CheckpointError(f"{config_file} does not exist")
     return BertConfig.from_dict(json.loads(config_file.read_text()))
+
+
+def load_do_lower_case(directory: str | epath.Path) -> bool:
+    """do_lower_case as DIR/tokenizer_config.json records it (True when it does not say)."""
+    tokenizer_config = epath.Path(directory) / TOKENIZER_CONFIG_FILE
+    if not tokenizer_config.exists():
+        return True
+    return json.loads(tokenizer_config.read_text()).get("do_lower_case", True)
 
 
 def load_params(directory: str | epath.Path, config: BertConfig) -> dict[str, Any]:
@@ -356,7 +376,7 @@ def load_pretrained(
     tokenizer = load_tokenizer(str(directory), do_lower_case=do_lower_case)
     ids = tokenizer.vocab.values()
     if ids and max(ids) >= config.vocab_size:
-        raise ConversionError(
+        raise CheckpointError(
             f"{directory}: the vocabulary has token id {max(ids)} but the model has only "
             f"{config.vocab_size} word embeddings"
         )

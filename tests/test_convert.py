@@ -9,9 +9,9 @@ import pytest
 
 import bertjax
 from bertjax import pretrained
-from bertjax.convert.layout import stack_layers, unstack_layers
 from bertjax.convert.mapping import ConversionError, reference_specs
 from bertjax.models import BertConfig
+from bertjax.models.layout import stack_layers, unstack_layers
 
 CONFIG = BertConfig(vocab_size=40, hidden_size=32, num_layers=2, num_heads=4,
                     intermediate_size=37, max_position_embeddings=64)
@@ -35,7 +35,7 @@ def test_tensor_table_covers_every_model_parameter_exactly_once():
     flat = flax.traverse_util.flatten_dict(pretrained.abstract_params(CONFIG))
     want = {"/".join(path): value.shape for path, value in flat.items()}
     specs = reference_specs(CONFIG)
-    assert {s.key: s.shape for s in specs} == want
+    assert {"/".join(s.path): s.shape for s in specs} == want
     assert len({s.tf_name for s in specs}) == len({s.hf_name for s in specs}) == len(specs)
     for spec in specs:  # both external layouts have as many elements as the bertjax one
         assert np.prod(spec.flat_shape) == np.prod(spec.shape)

@@ -6,9 +6,9 @@ import json
 import jax
 import numpy as np
 import pytest
+from convert_cli import convert_main
 
 from bertjax import pretrained
-from bertjax.convert.__main__ import main as convert_main
 from bertjax.models import BertForPreTraining, BertModel
 
 L, H, A, FFN, V, P, T = 2, 32, 4, 37, 100, 64, 2
@@ -252,7 +252,7 @@ def test_bad_tf_checkpoint_fails_with_one_line_naming_the_tensor(tmp_path, case,
 
 
 def test_stored_params_round_trip_through_scan_layout(converted):
-    from bertjax.convert.layout import stack_layers, unstack_layers
+    from bertjax.models.layout import stack_layers, unstack_layers
 
     _, out = converted
     config = pretrained.load_config(out)

@@ -5,13 +5,11 @@
     python -m bertjax.convert from_hf --input HF_DIR --output DIR
     python -m bertjax.convert to_hf --input DIR --output HF_DIR
 
-DIR is a bertjax checkpoint directory (`bertjax.pretrained`); load it with
-`bertjax.load_pretrained(DIR)`. `mapping` holds the one table of tensor names and layouts;
-`layout` converts params between unrolled and `nn.scan` layers. Nothing here imports
-TensorFlow or torch at import time.
+DIR is a bertjax checkpoint directory, written and read by `bertjax.pretrained` (which never
+imports this package); load it with `bertjax.load_pretrained(DIR)`. `mapping` holds the one
+table of tensor names and layouts. Nothing here imports TensorFlow or torch at import time.
 """
 
-from bertjax.convert.layout import stack_layers, to_layout, unstack_layers
 from bertjax.convert.mapping import ConversionError
 
-__all__ = ["ConversionError", "stack_layers", "to_layout", "unstack_layers"]
+__all__ = ["ConversionError"]

@@ -7,24 +7,28 @@ r"""Convert BERT checkpoints to and from bertjax checkpoint directories.
   python -m bertjax.convert to_hf --input checkpoints/base --output hf/base \
       [--architecture BertForPreTraining|BertForMaskedLM|BertModel]
 
-Every source tensor is either converted or listed as skipped (optimizer state, tied copies,
-buffers, task heads); heads the source lacks are initialised and listed. Any mismatch stops
-with one line naming the tensor.
+from_tf and from_hf also take --do_lower_case/--nodo_lower_case, --seed and --overwrite;
+to_hf takes --dtype and --overwrite. Every source tensor is either converted or listed as
+skipped (optimizer state, tied copies, buffers, task heads); heads the source lacks are
+initialised and listed. Any mismatch stops with one line naming the tensor.
 """
 
 from __future__ import annotations
 
-import argparse
 import collections
 import json
 import sys
+import types
 from collections.abc import Sequence
 
 import numpy as np
+from absl import app, flags, logging
 from etils import epath
 
+from bertjax import pretrained
 from bertjax.convert.mapping import ConversionError
-from bertjax.models.config import BertConfig, ConfigError
+from bertjax.errors import BertjaxError
+from bertjax.models.config import BertConfig
 
 GROUP_NAMES = {
     "bert/pooler": "the pooler (bert/pooler)",
@@ -33,53 +37,26 @@ GROUP_NAMES = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of usage + message
-        sys.exit(f"error: {self.prog}: {message}")
-
-
-def _bool(value: str) -> bool:
-    if value.lower() in ("true", "1", "yes"):
-        return True
-    if value.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m bertjax.convert", description=__doc__,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    def common_import_flags(p):
-        p.add_argument("--output", required=True, help="bertjax checkpoint directory to write")
-        p.add_argument("--do_lower_case", type=_bool, default=None,
-                       help="true/false; default: the source's tokenizer_config.json, else "
-                            "inferred from the vocabulary (upper-case tokens → cased)")
-        p.add_argument("--seed", type=int, default=0,
-                       help="seed for heads the source lacks (they are listed)")
-        p.add_argument("--overwrite", action="store_true")
-
-    tf = commands.add_parser("from_tf", help="Google's TF1 checkpoint → bertjax")
-    tf.add_argument("--checkpoint", required=True, help="PATH/bert_model.ckpt (the prefix)")
-    tf.add_argument("--config", required=True, help="PATH/bert_config.json")
-    tf.add_argument("--vocab", required=True, help="PATH/vocab.txt")
-    common_import_flags(tf)
-
-    hf = commands.add_parser("from_hf", help="Hugging Face BERT directory → bertjax")
-    hf.add_argument("--input", required=True, help="directory with config.json and weights")
-    hf.add_argument("--vocab", default=None, help="default: INPUT/vocab.txt")
-    common_import_flags(hf)
-
-    out = commands.add_parser("to_hf", help="bertjax → Hugging Face (safetensors)")
-    out.add_argument("--input", required=True, help="bertjax checkpoint directory")
-    out.add_argument("--output", required=True, help="Hugging Face directory to write")
-    out.add_argument("--architecture", default="BertForPreTraining",
-                     choices=["BertForPreTraining", "BertForMaskedLM", "BertModel"])
-    out.add_argument("--dtype", default="float32",
-                     choices=["float32", "bfloat16", "float16", "float64"])
-    out.add_argument("--overwrite", action="store_true")
-    return parser
+def define_flags() -> None:
+    # Defined only when run as a program: modules imported together (e.g. by pytest) must not
+    # compete for absl's global flag names.
+    flags.DEFINE_string("checkpoint", None, "from_tf: PATH/bert_model.ckpt (the prefix).")
+    flags.DEFINE_string("config", None, "from_tf: PATH/bert_config.json.")
+    flags.DEFINE_string("vocab", None, "from_tf: PATH/vocab.txt; from_hf: default INPUT/vocab.txt.")
+    flags.DEFINE_string("input", None, "from_hf: directory with config.json and weights; "
+                        "to_hf: bertjax checkpoint directory.")
+    flags.DEFINE_string("output", None, "Directory to write (from_*: a bertjax checkpoint, "
+                        "to_hf: a Hugging Face directory).")
+    flags.DEFINE_bool("do_lower_case", None, "from_*: default: the source's "
+                      "tokenizer_config.json, else inferred from the vocabulary (upper-case "
+                      "tokens: cased).")
+    flags.DEFINE_integer("seed", 0, "from_*: seed for heads the source lacks (they are listed).")
+    flags.DEFINE_bool("overwrite", False, "Replace the weights already in --output.")
+    flags.DEFINE_enum("architecture", "BertForPreTraining",
+                      ["BertForPreTraining", "BertForMaskedLM", "BertModel"], "to_hf: the model "
+                      "class to write.")
+    flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16", "float64"],
+                      "to_hf: dtype of the written weights.")
 
 
 def _report(summary: dict, output: str, num_params: int, num_tensors: int) -> None:
@@ -95,7 +72,7 @@ def _report(summary: dict, output: str, num_params: int, num_tensors: int) -> No
         counts = collections.Counter(skipped.values())
         parts = ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
         print(f"skipped {len(skipped)} source tensors ({parts}); listed in "
-              f"{epath.Path(output) / 'conversion.json'}")
+              f"{epath.Path(output) / pretrained.CONVERSION_FILE}")
 
 
 def _count(params) -> tuple[int, int]:
@@ -109,18 +86,14 @@ def _vocab_file(vocab: str, flag: str) -> epath.Path:
     """The vocabulary file, checked to exist before any weights are read. Its size is checked
     against the weights later (by save_pretrained), once the weights have been checked against
     the config, so a mismatch message blames the right file."""
-    from bertjax import pretrained
-
     try:
         return pretrained.vocab_path(vocab)
     except ConversionError as e:
         raise ConversionError(f"{flag}: {e}") from e
 
 
-def _import(args, config: BertConfig, params, missing, skipped, vocab, source, notes):
-    from bertjax import pretrained
-
-    del missing  # save_pretrained initialises (and reports) the groups the source lacks
+def _import(args, config: BertConfig, params, vocab, source: str, skipped, notes) -> None:
+    # save_pretrained initialises (and reports) the head groups the source lacks.
     provenance = {"source": source, "skipped": skipped, "notes": notes}
     summary = pretrained.save_pretrained(
         args.output, config, params, vocab, do_lower_case=args.do_lower_case,
@@ -135,13 +108,12 @@ def from_tf(args) -> None:
 
     config = tf_checkpoint.read_config(args.config)
     vocab = _vocab_file(args.vocab, "--vocab")
-    params, missing, skipped = tf_checkpoint.read_tf_checkpoint(args.checkpoint, config)
+    params, _, skipped = tf_checkpoint.read_tf_checkpoint(args.checkpoint, config)
     notes = []
     if json.loads(epath.Path(args.config).read_text()).get("hidden_act", "gelu") == "gelu":
         notes.append("bert_config.json hidden_act='gelu' is the tanh approximation in Google's "
                      "code, so model.hidden_act='gelu_tanh'")
-    _import(args, config, params, missing, skipped, vocab, f"TF checkpoint {args.checkpoint}",
-            notes)
+    _import(args, config, params, vocab, f"TF checkpoint {args.checkpoint}", skipped, notes)
 
 
 def from_hf(args) -> None:
@@ -153,42 +125,69 @@ def from_hf(args) -> None:
     config = huggingface.read_config(directory)
     vocab_flag = "--vocab" if args.vocab else "--input"
     vocab = _vocab_file(args.vocab or str(directory), vocab_flag)
-    params, missing, skipped = huggingface.read_hf_checkpoint(directory, config)
-    _import(args, config, params, missing, skipped, vocab, f"Hugging Face {directory}", [])
+    params, _, skipped = huggingface.read_hf_checkpoint(directory, config)
+    _import(args, config, params, vocab, f"Hugging Face {directory}", skipped, [])
 
 
 def to_hf(args) -> None:
-    from bertjax import pretrained
     from bertjax.convert import huggingface
 
     directory = epath.Path(args.input)
     config = pretrained.load_config(directory)
     config = BertConfig.from_dict({**config.to_dict(), "scan_layers": False})
     params = pretrained.load_params(directory, config)
-    vocab = pretrained.vocab_path(directory)
-    tokenizer_config_file = directory / pretrained.TOKENIZER_CONFIG_FILE
-    do_lower_case = True
-    if tokenizer_config_file.exists():
-        do_lower_case = json.loads(tokenizer_config_file.read_text()).get("do_lower_case", True)
     notes = huggingface.write_hf_checkpoint(
-        args.output, config, params, vocab, do_lower_case, args.architecture, args.dtype,
-        args.overwrite,
+        args.output, config, params, pretrained.vocab_path(directory),
+        pretrained.load_do_lower_case(directory), args.architecture, args.dtype, args.overwrite,
     )
     print(f"wrote {args.output}: {args.architecture} ({args.dtype}) from {directory}")
     for note in notes:
         print(f"note: {note}")
 
 
-COMMANDS = {"from_tf": from_tf, "from_hf": from_hf, "to_hf": to_hf}
+# command → (function, required flags, optional flags)
+COMMANDS = {
+    "from_tf": (from_tf, ("checkpoint", "config", "vocab", "output"),
+                ("do_lower_case", "seed", "overwrite")),
+    "from_hf": (from_hf, ("input", "output"), ("vocab", "do_lower_case", "seed", "overwrite")),
+    "to_hf": (to_hf, ("input", "output"), ("architecture", "dtype", "overwrite")),
+}
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+def _command_args(argv: Sequence[str]):
+    """(function, flag values) of the command that argv[1] names; misuse exits with one line."""
+    names = ", ".join(COMMANDS)
+    if len(argv) < 2:
+        sys.exit(f"error: name a command ({names}); see --help")
+    command, *extra = argv[1:]
+    if command not in COMMANDS:
+        sys.exit(f"error: unknown command {command!r}; expected one of {names}")
+    if extra:
+        sys.exit(f"error: {command}: unexpected argument {extra[0]!r}")
+    function, required, optional = COMMANDS[command]
+    for name in required:
+        if flags.FLAGS[name].value is None:
+            sys.exit(f"error: {command}: --{name} is required")
+    ours = {name for _, req, opt in COMMANDS.values() for name in req + opt}
+    for name in sorted(ours - set(required) - set(optional)):
+        if flags.FLAGS[name].present:
+            sys.exit(f"error: {command} does not take --{name}")
+    values = {name: flags.FLAGS[name].value for name in required + optional}
+    return function, types.SimpleNamespace(**values)
+
+
+def main(argv: Sequence[str]) -> None:
+    """app.run's main: argv is [program, command], the flags are parsed."""
+    function, args = _command_args(argv)
+    logging.set_verbosity(logging.WARNING)  # orbax's and JAX's INFO lines would bury the report
     try:
-        COMMANDS[args.command](args)
-    except (ConversionError, ConfigError) as e:
+        function(args)
+    except BertjaxError as e:  # ConversionError, ConfigError, VocabError
         sys.exit(f"error: {e}")
 
 
 if __name__ == "__main__":
-    main()
+    from bertjax.cli import parse_flags
+
+    define_flags()
+    app.run(main, flags_parser=parse_flags)

@@ -113,7 +113,11 @@ def read_config(directory: epath.Path) -> BertConfig:
     path = directory / "config.json"
     if not path.exists():
         raise ConversionError(f"--input {directory}: no config.json")
-    return config_from_reference(json.loads(path.read_text()), str(path), HF_ACTIVATIONS)
+    try:
+        values = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConversionError(f"--input {path} is not valid JSON ({e})") from e
+    return config_from_reference(values, str(path), HF_ACTIVATIONS)
 
 
 def read_hf_checkpoint(

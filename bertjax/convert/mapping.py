@@ -20,15 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from bertjax.errors import CheckpointError
 from bertjax.models.config import BertConfig
+from bertjax.pretrained import OPTIONAL_GROUPS, config_summary
 
-# Parameter groups a source may lack entirely (encoder-only or MLM-only checkpoints). They are
-# then initialised and reported, never silently. The encoder group is always required.
-OPTIONAL_GROUPS = ("bert/pooler", "mlm", "nsp")
-
-
-class ConversionError(ValueError):
-    """A checkpoint does not match what the config implies; the message names the tensor."""
+# The name converters (and code that catches their errors) use: a checkpoint that does not
+# match what the config implies; the message names the tensor.
+ConversionError = CheckpointError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,10 +41,6 @@ class TensorSpec:
     tf_transposed: bool = False  # the TF tensor is flat_shape reversed
     hf_transposed: bool = False  # the HF tensor is flat_shape reversed
     group: str = "encoder"  # "encoder" or one of OPTIONAL_GROUPS
-
-    @property
-    def key(self) -> str:
-        return "/".join(self.path)
 
     def external_shape(self, transposed: bool) -> tuple[int, ...]:
         return tuple(reversed(self.flat_shape)) if transposed else self.flat_shape
@@ -120,14 +114,6 @@ def reference_specs(config: BertConfig) -> list[TensorSpec]:
     add(("nsp", "bias"), "cls/seq_relationship/output_bias", "cls.seq_relationship.bias", (2,),
         group="nsp")
     return specs
-
-
-def config_summary(config: BertConfig) -> str:
-    return (f"vocab_size={config.vocab_size}, hidden_size={config.hidden_size}, "
-            f"num_layers={config.num_layers}, num_heads={config.num_heads}, "
-            f"intermediate_size={config.intermediate_size}, "
-            f"max_position_embeddings={config.max_position_embeddings}, "
-            f"type_vocab_size={config.type_vocab_size}")
 
 
 def import_tensors(

@@ -1,13 +1,13 @@
 """Google's released TF1 BERT checkpoints (bert_model.ckpt + bert_config.json + vocab.txt).
 
-TensorFlow is used only to read the checkpoint (`tf.train.load_checkpoint`), with every
-accelerator hidden from it.
+TensorFlow is used only to read the checkpoint (`tf.train.load_checkpoint`), imported the one
+way the project imports it (`data_pipeline.tf_setup`): every accelerator hidden from it, its
+start-up noise held back unless TF_CPP_MIN_LOG_LEVEL=0.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -31,24 +31,13 @@ _OPTIMIZER_NAMES = ("global_step", "beta1_power", "beta2_power", "good_steps",
                     "current_loss_scale", "loss_scale", "_CHECKPOINTABLE_OBJECT_GRAPH")
 
 
-def _import_tf():
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TF's C++ start-up chatter
-    import tensorflow as tf
-
-    # TF must never claim an accelerator that JAX will use.
-    for kind in ("GPU", "TPU"):
-        try:
-            tf.config.set_visible_devices([], kind)
-        except (RuntimeError, ValueError):
-            pass  # no such device type, or TF already initialised its devices
-    return tf
-
-
 class CheckpointTensors(Mapping):
     """name → tensor of a TF checkpoint, each read only when asked for."""
 
     def __init__(self, path: str):
-        tf = _import_tf()
+        from data_pipeline.tf_setup import import_tensorflow
+
+        tf = import_tensorflow()  # CPU only, its start-up noise held back
         try:
             self._reader = tf.train.load_checkpoint(path)
         except (ValueError, tf.errors.OpError) as e:

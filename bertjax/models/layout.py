@@ -1,10 +1,10 @@
-"""Convert encoder params between the unrolled and the `nn.scan` layout.
+"""Encoder params in the unrolled or the `nn.scan` layout (`BertConfig.scan_layers`).
 
 unrolled (`scan_layers=False`, the stored layout):  .../encoder/layer_{i}/<layer params>
 scanned  (`scan_layers=True`):                      .../encoder/layers/layer/<layer params>
                                                     with a leading [num_layers] axis
 
-Both functions accept BertForPreTraining params ({"bert": {"encoder": ...}, ...}) or BertModel
+These functions accept BertForPreTraining params ({"bert": {"encoder": ...}, ...}) or BertModel
 params ({"encoder": ...}), hold NumPy or JAX arrays, and return a new dict (inputs untouched).
 """
 
@@ -24,11 +24,6 @@ def _with_encoder(params: Mapping[str, Any], fn) -> dict[str, Any]:
     if "encoder" not in params:
         raise ValueError(f"params have no encoder; top-level keys are {sorted(params)}")
     return {**params, "encoder": fn(params["encoder"])}
-
-
-def is_scanned(params: Mapping[str, Any]) -> bool:
-    bert = params.get("bert", params)
-    return "layers" in bert["encoder"]
 
 
 def stack_layers(params: Mapping[str, Any]) -> dict[str, Any]:
