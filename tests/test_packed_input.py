@@ -8,6 +8,7 @@ test_packed_examples_equal_each_example_alone.)
 from __future__ import annotations
 
 import collections
+import functools
 import textwrap
 
 import numpy as np
@@ -224,7 +225,7 @@ def test_padding_fraction_falls(segments):
 
 
 def test_masking_per_row_and_batch_spec(segments):
-    from bertjax.train.step import batch_spec
+    from bertjax.tasks.pretraining import batch_spec
 
     pattern, _, _ = segments
     cfg = packed_input.masking_from_metadata(pattern, max_predictions=40)
@@ -342,13 +343,12 @@ def test_packed_eval_step_equals_each_example_in_its_own_row():
     import jax
 
     from bertjax.models import BertConfig, BertForPreTraining
-    from bertjax.train import step as step_lib
-    from bertjax.train.trainer import _eval_step
+    from bertjax.tasks import pretraining
 
     cfg = BertConfig(vocab_size=120, hidden_size=32, num_layers=1, num_heads=4,
                      intermediate_size=64, max_position_embeddings=64, dtype="float32")
     model = BertForPreTraining(cfg)
-    params = nn.unbox(step_lib.init_params(model, jax.random.key(0)))
+    params = nn.unbox(pretraining.init_params(model, jax.random.key(0)))
     rng = np.random.default_rng(0)
     seq_len, preds = 48, 12
     examples = []
@@ -360,19 +360,20 @@ def test_packed_eval_step_equals_each_example_in_its_own_row():
                          "masked_lm_positions": pos, "masked_lm_ids": ids[pos]})
     rows = list(packing.pack_examples(examples, seq_len, max_predictions=preds))
     assert len(rows) < len(examples)  # several examples share rows
-    packed = {k: np.stack([r[k] for r in rows]) for k in step_lib.batch_spec(
+    packed = {k: np.stack([r[k] for r in rows]) for k in pretraining.batch_spec(
         1, seq_len, preds, packed=True)}
     alone = list(packing.pack_examples(examples, seq_len, max_predictions=preds,
                                        num_open_rows=1, max_examples_per_row=1))
     unpacked = {k: np.stack([r[k] for r in alone]) for k in packed if k != "packing_ids"}
     unpacked["next_sentence_labels"] = np.zeros(len(alone), np.int32)
-    got = _eval_step(model, 0.0, packed=True)(params, packed)
-    want = _eval_step(model, 0.0)(params, unpacked)
+    eval_sums = functools.partial(pretraining.eval_sums, model=model, nsp_weight=0.0)
+    got = eval_sums(params, packed, packed=True)
+    want = eval_sums(params, unpacked, packed=False)
     assert "nsp_count" not in got
     for k in ("mlm_loss_sum", "mlm_correct", "mlm_weight"):
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, err_msg=k)
     # Without packing_ids the examples of a row would see each other: the sums differ.
-    leaky = _eval_step(model, 0.0)(params, {**{k: v for k, v in packed.items()
-                                               if k != "packing_ids"},
-                                            "next_sentence_labels": np.zeros(len(rows), np.int32)})
+    leaky = eval_sums(params, {**{k: v for k, v in packed.items() if k != "packing_ids"},
+                               "next_sentence_labels": np.zeros(len(rows), np.int32)},
+                      packed=False)
     assert abs(float(leaky["mlm_loss_sum"]) - float(want["mlm_loss_sum"])) > 1e-3

@@ -10,7 +10,7 @@ import tarfile
 import pytest
 
 from bertjax.errors import DataError
-from bertjax.finetune import load_task_data
+from bertjax.tasks import get_task
 from data_pipeline import rotten_tomatoes as rt
 from experiments.finetune_rotten_tomatoes import get_config
 
@@ -140,17 +140,18 @@ def test_demo_config_reads_the_converted_files(tmp_path, kind):
     for field in ("train", "validation", "test"):
         config.data[field] = config.data[field].replace("data/rotten_tomatoes",
                                                         str(tmp_path / "rt"))
-    task = load_task_data(config)
+    task = get_task(config)
+    splits = task.read(config)
     train = read_jsonl(tmp_path / "rt" / "train.jsonl")
-    assert [e.text_a for e in task.train] == [r["text"] for r in train]
+    assert [e.text_a for e in splits.train] == [r["text"] for r in train]
     if kind == "binary":
         assert (task.kind, task.label_names, task.primary_metric) == (
             "classification", ("0", "1"), "accuracy")
-        assert [e.label for e in task.train] == [r["label"] for r in train]
+        assert [e.label for e in splits.train] == [r["label"] for r in train]
     else:
         assert (task.kind, task.primary_metric) == ("regression", "pearson")
-        assert [e.label for e in task.train] == [r["score"] for r in train]
-    assert len(task.test["test"]) == len(read_jsonl(tmp_path / "rt" / "test.jsonl"))
+        assert [e.label for e in splits.train] == [r["score"] for r in train]
+    assert len(splits.test["test"]) == len(read_jsonl(tmp_path / "rt" / "test.jsonl"))
     assert config.max_seq_length == 64
 
 
