@@ -205,14 +205,10 @@ def mask_batch(ids: np.ndarray, lengths: np.ndarray, cfg: MaskingConfig,
 
 
 # ---------------------------------------------------------------------------------------------
-# Dynamic masking in tf.data. TensorFlow is imported lazily (through tf_setup: CPU only, quiet)
-# so the NumPy half stays TF-free.
-
-
-def _tf():
-    from data_pipeline.tf_setup import import_tensorflow
-
-    return import_tensorflow()
+# Dynamic masking in tf.data. TensorFlow is imported lazily so the NumPy half stays TF-free; the
+# readers calling these have imported it through `tf_setup` (CPU only, quiet). (Not
+# `tf_setup.import_tensorflow()` here: these functions run inside tf.data maps, whose AutoGraph
+# would try to convert it.)
 
 
 def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
@@ -224,7 +220,7 @@ def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
     masked_lm_weights [batch, max_predictions] float32 (1.0 for real predictions, padded with
     position 0 / id 0 / weight 0).
     """
-    tf = _tf()
+    import tensorflow as tf
 
     ids = tf.cast(input_ids, tf.int32)
     real = tf.cast(input_mask, tf.bool)
@@ -299,7 +295,7 @@ def _whole_word_choice(ids, candidate, keys, budget, cfg: MaskingConfig, never):
     Word w of a row is ranked by the key at its w-th slot; words are visited in key order and
     taken greedily while they fit the budget.
     """
-    tf = _tf()
+    import tensorflow as tf
 
     batch, seq = tf.shape(ids)[0], tf.shape(ids)[1]
     prev_candidate = tf.pad(candidate[:, :-1], [[0, 0], [1, 0]])
@@ -330,7 +326,7 @@ def _greedy_take_tf(lengths, word_keys, budget, max_predictions: int, never):
     each round of the loop takes one such word per row and shrinks the room, so it runs at most
     `room` rounds instead of one round per word.
     """
-    tf = _tf()
+    import tensorflow as tf
 
     num = tf.shape(lengths)[1]
     k = tf.minimum(max_predictions, num)
