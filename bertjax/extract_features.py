@@ -25,8 +25,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 
+from bertjax.errors import BertjaxError
 from bertjax.models import BertConfig, BertModel
 
 # The reference's pattern: with the greedy left group, a line with several " ||| " splits at
@@ -142,8 +143,13 @@ def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2
         source = open(input_file, encoding="utf-8")
     except OSError as e:
         raise ValueError(f"--input_file={input_file}: {e.strerror}") from None
+    try:
+        sink = open(output_file, "w", encoding="utf-8")
+    except OSError as e:
+        source.close()
+        raise ValueError(f"--output_file={output_file}: {e.strerror}") from None
     count = 0
-    with source, open(output_file, "w", encoding="utf-8") as sink:
+    with source, sink:
         # The reference reads until EOF, so a trailing newline adds no example.
         for example in extractor(line.rstrip("\n") for line in source):
             sink.write(json.dumps(example) + "\n")
@@ -170,10 +176,11 @@ def main(argv: Sequence[str]) -> None:
     for name in ("checkpoint", "input_file", "output_file"):
         if f[name].value is None:
             sys.exit(f"error: --{name} is required")
+    logging.set_verbosity(logging.WARNING)  # orbax's and JAX's INFO lines
     try:
         count = run(f.checkpoint, f.input_file, f.output_file, f.layers, f.max_seq_length,
                     f.batch_size, f.do_lower_case)
-    except ValueError as e:  # ConversionError, ConfigError and VocabError are ValueErrors
+    except (BertjaxError, ValueError) as e:  # CheckpointError, ConfigError, DataError; flags
         sys.exit(f"error: {e}")
     print(f"wrote {count} examples to {f.output_file}")
 

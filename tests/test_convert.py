@@ -6,6 +6,7 @@ import flax
 import jax
 import numpy as np
 import pytest
+from convert_cli import convert_main
 
 import bertjax
 from bertjax import pretrained
@@ -141,3 +142,19 @@ def test_sentencepiece_vocabulary_is_stored_and_checked(tmp_path):
         "type": "sentencepiece", "do_lower_case": False}
     _, _, tokenizer = bertjax.load_pretrained(tmp_path / "ckpt")
     assert tokenizer.vocab_size == size and tokenizer.cls_id == 2
+
+
+@pytest.mark.parametrize("args,expected", [
+    ([], "name a command (from_tf, from_hf, to_hf); see --help"),
+    (["from_pt"], "unknown command 'from_pt'; expected one of from_tf, from_hf, to_hf"),
+    (["to_hf", "--input", "a"], "to_hf: --output is required"),
+    (["to_hf", "--input", "a", "--output", "b", "--seed", "1"], "to_hf does not take --seed"),
+    (["from_hf", "--input", "a", "--output", "b", "true"],
+     "from_hf: unexpected argument 'true'"),
+    (["to_hf", "--input", "/nonexistent", "--output", "b"],
+     "/nonexistent is not a bertjax checkpoint (no params/)"),
+])
+def test_cli_misuse_stops_with_one_line(args, expected):
+    with pytest.raises(SystemExit) as exc:
+        convert_main(args)
+    assert str(exc.value) == f"error: {expected}"

@@ -1,6 +1,7 @@
 """Import direction, checked in fresh interpreters: the checkpoint-directory format
 (`bertjax.pretrained`) never imports the converters (`bertjax.convert`), which import it; no
-library module imports TensorFlow or torch when imported."""
+library module imports TensorFlow or torch when imported. Their errors are
+`bertjax.errors` classes."""
 
 import json
 
@@ -33,3 +34,14 @@ def imported_after(module):
 ])
 def test_import_direction(module, expected):
     assert imported_after(module) == expected
+
+
+def test_error_classes_are_the_errors_module_ones():
+    from bertjax import errors
+    from bertjax.convert import ConversionError
+    from bertjax.convert.mapping import ConversionError as mapping_error
+    from bertjax.tokenization import VocabError
+    from bertjax.tokenization.train import TrainError
+
+    assert ConversionError is mapping_error is errors.CheckpointError
+    assert VocabError is TrainError is errors.DataError

@@ -1,8 +1,8 @@
-"""Command line for tokenization.
+r"""Command line for tokenization.
 
   python -m bertjax.tokenization train --input 'corpus/*.txt' --vocab_size 30522 \
       --model_type wordpiece|sentencepiece [--sp_type unigram|bpe] [--lowercase] --output DIR
-  python -m bertjax.tokenization tokenize --vocab PATH [--do_lower_case|--no_do_lower_case] \
+  python -m bertjax.tokenization tokenize --vocab PATH [--do_lower_case|--nodo_lower_case] \
       --input FILE --output FILE          # one JSON line {"tokens": [...], "ids": [...]}
   python -m bertjax.tokenization bench [--input 'files*'] [--vocab vocab.txt] [--mb 10]
 
@@ -11,49 +11,40 @@ Every bad input stops with one line naming the file or flag.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
+import types
+from collections.abc import Sequence
+
+from absl import app, flags
+
+from bertjax.errors import BertjaxError
 
 BATCH = 4096  # lines tokenized per tokenize_batch call
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line instead of usage + message
-        self.exit(2, f"error: {self.prog}: {message}\n")
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m bertjax.tokenization")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    t = sub.add_parser("train", help="train a WordPiece or SentencePiece vocabulary")
-    t.add_argument("--input", action="append", required=True,
-                   help="glob(s) of UTF-8 text files, comma-separated or repeated")
-    t.add_argument("--vocab_size", type=int, required=True)
-    t.add_argument("--model_type", choices=("wordpiece", "sentencepiece"), default="wordpiece")
-    t.add_argument("--sp_type", choices=("unigram", "bpe"), default="unigram",
-                   help="SentencePiece algorithm")
-    t.add_argument("--lowercase", action="store_true", help="uncased vocabulary")
-    t.add_argument("--output", required=True, help="directory to write")
-
-    k = sub.add_parser("tokenize", help="tokenize a text file into JSON lines")
-    k.add_argument("--vocab", required=True, help="vocab.txt, *.model or a directory")
-    case = k.add_mutually_exclusive_group()
-    case.add_argument("--do_lower_case", dest="do_lower_case", action="store_true",
-                      default=None)
-    case.add_argument("--no_do_lower_case", dest="do_lower_case", action="store_false")
-    k.add_argument("--input", required=True)
-    k.add_argument("--output", required=True)
-
-    b = sub.add_parser("bench", help="tokens/s vs HF tokenizers on one core")
-    b.add_argument("--input", action="append", help="text files (default: fetched English)")
-    b.add_argument("--vocab", help="vocab.txt (default: one trained on the text)")
-    b.add_argument("--mb", type=float, default=10.0, help="megabytes of text to use")
-    b.add_argument("--exact_mb", type=float, default=1.0,
-                   help="megabytes for the (slow) exact path")
-    return parser
+def define_flags() -> None:
+    # Defined only when run as a program: modules imported together (e.g. by pytest) must not
+    # compete for absl's global flag names.
+    flags.DEFINE_multi_string("input", None, "train: glob(s) of UTF-8 text files, "
+                              "comma-separated or repeated; tokenize: the text file; bench: "
+                              "text files (default: fetched English).")
+    flags.DEFINE_string("output", None, "train: directory to write; tokenize: JSON lines file.")
+    flags.DEFINE_integer("vocab_size", None, "train: entries in the vocabulary.")
+    flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "sentencepiece"],
+                      "train: the vocabulary type.")
+    flags.DEFINE_enum("sp_type", "unigram", ["unigram", "bpe"],
+                      "train: SentencePiece algorithm.")
+    flags.DEFINE_bool("lowercase", False, "train: an uncased vocabulary.")
+    flags.DEFINE_string("vocab", None, "tokenize: vocab.txt, *.model or a directory; bench: "
+                        "vocab.txt (default: one trained on the text).")
+    flags.DEFINE_bool("do_lower_case", None, "tokenize: default: the vocabulary's "
+                      "tokenizer_config.json.")
+    flags.DEFINE_bool("no_do_lower_case", False,
+                      "tokenize: --nodo_lower_case, as earlier versions spelt it.")
+    flags.DEFINE_float("mb", 10.0, "bench: megabytes of text to use.")
+    flags.DEFINE_float("exact_mb", 1.0, "bench: megabytes for the (slow) exact path.")
 
 
 def _train(args) -> str:
@@ -81,11 +72,18 @@ def _train(args) -> str:
 def _tokenize(args) -> str:
     from bertjax.tokenization.loading import load_tokenizer
 
+    if len(args.input) != 1:
+        raise ValueError(f"--input: tokenize reads one file, got {len(args.input)}")
+    if args.no_do_lower_case:
+        if args.do_lower_case:
+            raise ValueError("--no_do_lower_case: not allowed with --do_lower_case")
+        args.do_lower_case = False
     tok = load_tokenizer(args.vocab, args.do_lower_case)
+    input_file = args.input[0]
     try:
-        src = open(args.input, "rb")
+        src = open(input_file, "rb")
     except OSError as e:
-        raise ValueError(f"--input {args.input}: {e.strerror}") from None
+        raise ValueError(f"--input {input_file}: {e.strerror}") from None
     n = 0
     with src, open(args.output, "w", encoding="utf-8") as dst:
         batch: list[str] = []
@@ -101,7 +99,7 @@ def _tokenize(args) -> str:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(
-                    f"{args.input}:{n}: invalid UTF-8 at byte {e.start} of the line") from None
+                    f"{input_file}:{n}: invalid UTF-8 at byte {e.start} of the line") from None
             batch.append(line.rstrip("\r\n"))
             if len(batch) >= BATCH:
                 flush()
@@ -109,28 +107,57 @@ def _tokenize(args) -> str:
     return f"wrote {n} lines to {args.output}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    from bertjax.tokenization.train import TrainError
-    from bertjax.tokenization.wordpiece import VocabError
+def _bench(args) -> None:
+    from bertjax.tokenization import bench
 
+    bench.run(args.input, args.vocab, args.mb, args.exact_mb)
+
+
+# command → (function, required flags, optional flags)
+COMMANDS = {
+    "train": (_train, ("input", "vocab_size", "output"), ("model_type", "sp_type", "lowercase")),
+    "tokenize": (_tokenize, ("vocab", "input", "output"), ("do_lower_case", "no_do_lower_case")),
+    "bench": (_bench, (), ("input", "vocab", "mb", "exact_mb")),
+}
+
+
+def _command_args(argv: Sequence[str]):
+    """(function, flag values) of the command that argv[1] names; misuse exits with one line."""
+    names = ", ".join(COMMANDS)
+    if len(argv) < 2:
+        sys.exit(f"error: name a command ({names}); see --help")
+    command, *extra = argv[1:]
+    if command not in COMMANDS:
+        sys.exit(f"error: unknown command {command!r}; expected one of {names}")
+    if extra:
+        sys.exit(f"error: {command}: unexpected argument {extra[0]!r}")
+    function, required, optional = COMMANDS[command]
+    for name in required:
+        if flags.FLAGS[name].value is None:
+            sys.exit(f"error: {command}: --{name} is required")
+    ours = {name for _, req, opt in COMMANDS.values() for name in req + opt}
+    for name in sorted(ours - set(required) - set(optional)):
+        if flags.FLAGS[name].present:
+            sys.exit(f"error: {command} does not take --{name}")
+    values = {name: flags.FLAGS[name].value for name in required + optional}
+    return function, types.SimpleNamespace(**values)
+
+
+def main(argv: Sequence[str]) -> None:
+    """app.run's main: argv is [program, command], the flags are parsed."""
+    function, args = _command_args(argv)
     try:
-        if args.command == "train":
-            print(_train(args))
-        elif args.command == "tokenize":
-            print(_tokenize(args))
-        else:
-            from bertjax.tokenization import bench
-
-            bench.run(args.input, args.vocab, args.mb, args.exact_mb)
-    except (VocabError, TrainError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        message = function(args)
+    except (BertjaxError, ValueError) as e:  # VocabError and TrainError are DataErrors
+        sys.exit(f"error: {e}")
     except OSError as e:
-        print(f"error: {e.filename or ''}: {e.strerror}", file=sys.stderr)
-        return 1
-    return 0
+        sys.exit(f"error: {e.filename or ''}: {e.strerror}")
+    if message:
+        print(message)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from bertjax.cli import parse_flags
+
+    define_flags()
+    app.run(main, flags_parser=parse_flags)

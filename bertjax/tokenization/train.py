@@ -20,13 +20,13 @@ import os
 import re
 from collections.abc import Iterable, Iterator
 
+from bertjax.errors import DataError
 from bertjax.tokenization import normalization as norm
 from bertjax.tokenization.base import SPECIAL_TOKENS
 from bertjax.tokenization.wordpiece import MAX_INPUT_CHARS_PER_WORD as MAX_WORD_CHARS
 
-
-class TrainError(ValueError):
-    """Bad training input; the message names the file or option."""
+# Bad training input; the message names the file or option.
+TrainError = DataError
 
 
 def expand_inputs(patterns: Iterable[str]) -> list[str]:

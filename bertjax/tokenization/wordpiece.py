@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from bertjax.errors import DataError
 from bertjax.tokenization import normalization as norm
 from bertjax.tokenization import tf_text_backend
 from bertjax.tokenization.base import SPECIAL_TOKENS, Span, TextPieces, Tokenizer
@@ -50,8 +51,8 @@ _ASCII_WORD = re.compile(r"[^ \t\n\r]+")
 _ASCII_BASIC = re.compile(r"[A-Za-z0-9]+|[^A-Za-z0-9]")
 
 
-class VocabError(ValueError):
-    """A vocabulary file that cannot be used; the message names the file."""
+# A vocabulary file that cannot be used; the message names the file.
+VocabError = DataError
 
 
 def load_vocab(path: str) -> list[str]:
