@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags, logging
+from absl import flags
 
 from bertjax.errors import BertjaxError
 from bertjax.models import BertConfig, BertModel
@@ -176,7 +176,6 @@ def main(argv: Sequence[str]) -> None:
     for name in ("checkpoint", "input_file", "output_file"):
         if f[name].value is None:
             sys.exit(f"error: --{name} is required")
-    logging.set_verbosity(logging.WARNING)  # orbax's and JAX's INFO lines
     try:
         count = run(f.checkpoint, f.input_file, f.output_file, f.layers, f.max_seq_length,
                     f.batch_size, f.do_lower_case)
@@ -186,7 +185,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from bertjax.cli import parse_flags
+    from bertjax import cli
 
     define_flags()
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)

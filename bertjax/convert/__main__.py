@@ -22,7 +22,7 @@ import types
 from collections.abc import Sequence
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags
 from etils import epath
 
 from bertjax import pretrained
@@ -108,7 +108,7 @@ def from_tf(args) -> None:
 
     config = tf_checkpoint.read_config(args.config)
     vocab = _vocab_file(args.vocab, "--vocab")
-    params, _, skipped = tf_checkpoint.read_tf_checkpoint(args.checkpoint, config)
+    params, skipped = tf_checkpoint.read_tf_checkpoint(args.checkpoint, config)
     notes = []
     if json.loads(epath.Path(args.config).read_text()).get("hidden_act", "gelu") == "gelu":
         notes.append("bert_config.json hidden_act='gelu' is the tanh approximation in Google's "
@@ -125,7 +125,7 @@ def from_hf(args) -> None:
     config = huggingface.read_config(directory)
     vocab_flag = "--vocab" if args.vocab else "--input"
     vocab = _vocab_file(args.vocab or str(directory), vocab_flag)
-    params, _, skipped = huggingface.read_hf_checkpoint(directory, config)
+    params, skipped = huggingface.read_hf_checkpoint(directory, config)
     _import(args, config, params, vocab, f"Hugging Face {directory}", skipped, [])
 
 
@@ -179,7 +179,6 @@ def _command_args(argv: Sequence[str]):
 def main(argv: Sequence[str]) -> None:
     """app.run's main: argv is [program, command], the flags are parsed."""
     function, args = _command_args(argv)
-    logging.set_verbosity(logging.WARNING)  # orbax's and JAX's INFO lines would bury the report
     try:
         function(args)
     except BertjaxError as e:  # ConversionError, ConfigError, VocabError
@@ -187,7 +186,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from bertjax.cli import parse_flags
+    from bertjax import cli
 
     define_flags()
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)

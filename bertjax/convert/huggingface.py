@@ -122,8 +122,8 @@ def read_config(directory: epath.Path) -> BertConfig:
 
 def read_hf_checkpoint(
     directory: str | epath.Path, config: BertConfig
-) -> tuple[dict[str, Any], list[str], dict[str, str]]:
-    """(params, missing optional groups, {skipped tensor: why}) from an HF directory."""
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """(params, {skipped tensor: why}) from an HF directory."""
     directory = epath.Path(directory)
     files = weights_files(directory)
     tensors: dict[str, Any] = {}
@@ -146,12 +146,12 @@ def read_hf_checkpoint(
     for name in map(rename, _BUFFERS):
         if tensors.pop(name, None) is not None:
             skipped[name] = "buffer, not a parameter"
-    params, missing, unused = import_tensors(
+    params, unused = import_tensors(
         reference_specs(config), tensors, lambda s: rename(s.hf_name),
         lambda s: s.hf_transposed, source, config,
     )
     skipped.update({name: "not a BertForPreTraining parameter" for name in unused})
-    return params, missing, skipped
+    return params, skipped
 
 
 # ---------------------------------------------------------------------------------------------

@@ -123,23 +123,22 @@ def import_tensors(
     transposed_of: Callable[[TensorSpec], bool],
     source: str,
     config: BertConfig,
-) -> tuple[dict[str, Any], list[str], list[str]]:
+) -> tuple[dict[str, Any], list[str]]:
     """Builds the nested bertjax params from named external tensors.
 
     tensors: name → array-like (read lazily: `tensors[name]` is called once per used name).
-    Returns (params, missing optional groups, unused tensor names). A required tensor that is
-    missing, a partly present optional group, or any unexpected shape raises ConversionError.
+    Returns (params, unused tensor names); an optional group the source lacks entirely is left
+    out (save_pretrained initialises and reports it). A required tensor that is missing, a
+    partly present optional group, or any unexpected shape raises ConversionError.
     """
     by_group: dict[str, list[TensorSpec]] = {}
     for spec in specs:
         by_group.setdefault(spec.group, []).append(spec)
     params: dict[str, Any] = {}
-    missing_groups = []
     used = set()
     for group, group_specs in by_group.items():
         present = [s for s in group_specs if name_of(s) in tensors]
         if not present and group in OPTIONAL_GROUPS:
-            missing_groups.append(group)
             continue
         for spec in group_specs:
             name = name_of(spec)
@@ -161,7 +160,7 @@ def import_tensors(
             _set(params, spec.path, spec.to_bertjax(array, transposed_of(spec)))
             used.add(name)
     unused = sorted(set(tensors) - used)
-    return params, missing_groups, unused
+    return params, unused
 
 
 def export_tensors(

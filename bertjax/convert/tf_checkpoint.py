@@ -78,8 +78,8 @@ def skip_reason(name: str) -> str:
 
 def read_tf_checkpoint(
     checkpoint: str, config: BertConfig
-) -> tuple[dict[str, Any], list[str], dict[str, str]]:
-    """(params, missing optional groups, {skipped variable: why}) from a TF1 checkpoint."""
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """(params, {skipped variable: why}) from a TF1 checkpoint."""
     tensors = CheckpointTensors(checkpoint)
     if "bert/embeddings/word_embeddings" not in tensors and any(
         ".ATTRIBUTES" in name for name in tensors
@@ -88,8 +88,8 @@ def read_tf_checkpoint(
             f"--checkpoint {checkpoint} is a TF2 object-based checkpoint; only TF1 "
             "name-based BERT checkpoints (bert/embeddings/word_embeddings, ...) are supported"
         )
-    params, missing, unused = import_tensors(
+    params, unused = import_tensors(
         reference_specs(config), tensors, lambda s: s.tf_name, lambda s: s.tf_transposed,
         f"--checkpoint {checkpoint}", config,
     )
-    return params, missing, {name: skip_reason(name) for name in unused}
+    return params, {name: skip_reason(name) for name in unused}

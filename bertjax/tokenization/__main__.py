@@ -17,7 +17,7 @@ import sys
 import types
 from collections.abc import Sequence
 
-from absl import app, flags
+from absl import flags
 
 from bertjax.errors import BertjaxError
 
@@ -157,7 +157,7 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from bertjax.cli import parse_flags
+    from bertjax import cli
 
     define_flags()
-    app.run(main, flags_parser=parse_flags)
+    cli.run(main)
