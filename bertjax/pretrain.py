@@ -8,7 +8,7 @@ r"""Pre-train BERT.
 Runs resume automatically from the latest checkpoint in --workdir. On a TPU pod slice, start
 the same command on every host with --distributed (one process per host).
 
-No-NSP pre-training on packed rows (data from `python -m data_pipeline.packed_input`):
+No-NSP pre-training on packed rows (data from `python -m data_pipeline.create_segments`):
 
   python -m bertjax.pretrain --config=experiments/pretrain.py:base --workdir=runs/no_nsp \
       --config.packing.enabled=true --config.train.nsp_weight=0.0 \
@@ -89,7 +89,8 @@ def make_input_fn(config):
         if pattern == "synthetic" and packed:
             raise ConfigError(
                 f"config.phases.{phase.name}.{field}=synthetic cannot be packed; give unmasked "
-                "TFRecords (python -m data_pipeline.packed_input) or config.packing.enabled=False"
+                "TFRecords (python -m data_pipeline.create_segments) or "
+                "config.packing.enabled=False"
             )
         if pattern == "synthetic":
             from bertjax.train.synthetic import SyntheticInput

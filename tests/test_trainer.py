@@ -290,7 +290,7 @@ def test_init_checkpoint_of_another_size_fails_with_one_line(tmp_path):
 
 
 def test_packed_no_nsp_run_learns(tmp_path):
-    """corpus → segments (python -m data_pipeline.packed_input) → packed no-NSP training."""
+    """corpus → segments (python -m data_pipeline.create_segments) → packed no-NSP training."""
     import re
 
     from test_pretrain_end_to_end import write_corpus
@@ -301,7 +301,7 @@ def test_packed_no_nsp_run_learns(tmp_path):
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     (tmp_path / "vocab.txt").write_text("\n".join(specials + words) + "\n")
     data = tmp_path / "segments"
-    proc = run_python(["-m", "data_pipeline.packed_input", f"--input={tmp_path / 'corpus.txt'}",
+    proc = run_python(["-m", "data_pipeline.create_segments", f"--input={tmp_path / 'corpus.txt'}",
                        f"--vocab={tmp_path / 'vocab.txt'}", f"--output_dir={data}",
                        "--max_seq_length=32", "--num_shards=2", "--report_seq_len=64"])
     assert proc.returncode == 0, proc.stderr[-3000:]

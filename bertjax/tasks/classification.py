@@ -16,6 +16,7 @@ import functools
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from etils import epath
 
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertModel
@@ -128,6 +129,9 @@ class SequenceTask(Task):
         for field in ("train", "validation", "text_a"):
             if not data[field]:
                 raise ConfigError(f"config.data.{field} is empty")
+        for field in ("train", "validation", "test"):
+            if data[field] and not epath.Path(data[field]).exists():
+                raise ConfigError(f"config.data.{field}: {data[field]} does not exist")
         choices = tuple(c for c in data.choices.split(",") if c)
         if kind == "multiple_choice" and len(choices) < 2:
             raise ConfigError("config.data.choices must name at least two columns, e.g. a,b,c,d")
