@@ -78,3 +78,29 @@ def run(main: Callable[[list[str]], None]) -> None:
         return main(argv)
 
     app.run(quiet_main, flags_parser=parse_flags)
+
+
+def command_args(argv: Sequence[str], commands: dict) -> tuple[Callable, object]:
+    """For commands with sub-commands (`python -m bertjax.convert from_tf ...`):
+    `commands` maps a name to (function, required flag names, optional flag names). Returns
+    (function, namespace of its flag values); misuse exits with one line."""
+    import types
+
+    names = ", ".join(commands)
+    if len(argv) < 2:
+        sys.exit(f"error: name a command ({names}); see --help")
+    command, *extra = argv[1:]
+    if command not in commands:
+        sys.exit(f"error: unknown command {command!r}; expected one of {names}")
+    if extra:
+        sys.exit(f"error: {command}: unexpected argument {extra[0]!r}")
+    function, required, optional = commands[command]
+    for name in required:
+        if flags.FLAGS[name].value is None:
+            sys.exit(f"error: {command}: --{name} is required")
+    ours = {name for _, req, opt in commands.values() for name in req + opt}
+    for name in sorted(ours - set(required) - set(optional)):
+        if flags.FLAGS[name].present:
+            sys.exit(f"error: {command} does not take --{name}")
+    values = {name: flags.FLAGS[name].value for name in required + optional}
+    return function, types.SimpleNamespace(**values)

@@ -14,11 +14,11 @@ from __future__ import annotations
 import json
 import os
 import sys
-import types
 from collections.abc import Sequence
 
 from absl import flags
 
+from bertjax import cli
 from bertjax.errors import BertjaxError
 
 BATCH = 4096  # lines tokenized per tokenize_batch call
@@ -121,31 +121,9 @@ COMMANDS = {
 }
 
 
-def _command_args(argv: Sequence[str]):
-    """(function, flag values) of the command that argv[1] names; misuse exits with one line."""
-    names = ", ".join(COMMANDS)
-    if len(argv) < 2:
-        sys.exit(f"error: name a command ({names}); see --help")
-    command, *extra = argv[1:]
-    if command not in COMMANDS:
-        sys.exit(f"error: unknown command {command!r}; expected one of {names}")
-    if extra:
-        sys.exit(f"error: {command}: unexpected argument {extra[0]!r}")
-    function, required, optional = COMMANDS[command]
-    for name in required:
-        if flags.FLAGS[name].value is None:
-            sys.exit(f"error: {command}: --{name} is required")
-    ours = {name for _, req, opt in COMMANDS.values() for name in req + opt}
-    for name in sorted(ours - set(required) - set(optional)):
-        if flags.FLAGS[name].present:
-            sys.exit(f"error: {command} does not take --{name}")
-    values = {name: flags.FLAGS[name].value for name in required + optional}
-    return function, types.SimpleNamespace(**values)
-
-
 def main(argv: Sequence[str]) -> None:
     """app.run's main: argv is [program, command], the flags are parsed."""
-    function, args = _command_args(argv)
+    function, args = cli.command_args(argv, COMMANDS)
     try:
         message = function(args)
     except (BertjaxError, ValueError) as e:  # VocabError and TrainError are DataErrors
@@ -157,7 +135,5 @@ def main(argv: Sequence[str]) -> None:
 
 
 if __name__ == "__main__":
-    from bertjax import cli
-
     define_flags()
     cli.run(main)

@@ -62,17 +62,8 @@ def as_rules(rules: Any) -> tuple[tuple[str, Any], ...]:
     return tuple((str(name), axis(value)) for name, value in rules)
 
 
-def logical_shardings(boxed_tree: Any, mesh: Mesh, rules: Rules) -> Any:
-    """NamedShardings for a tree of `nn.LogicallyPartitioned` leaves (e.g. from eval_shape)."""
-    specs = nn.get_partition_spec(boxed_tree)
-    return nn.logical_to_mesh_sharding(specs, mesh, as_rules(rules))
-
-
 def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
     """Sharding of batch arrays: leading `batch` axis split, everything else replicated."""
     spec = nn.logical_to_mesh_axes(("batch",), as_rules(rules))
     return NamedSharding(mesh, PartitionSpec(*spec))
 
-
-def replicated(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, PartitionSpec())
