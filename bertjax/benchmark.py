@@ -99,12 +99,12 @@ def bench_attention(cfg, batch_size, repeats):
 
 
 def bench_compile(batch_size):
+    from bertjax.cli import load_config
     from bertjax.train.optimizer import make_optimizer
-    from experiments import pretrain as pretrain_experiment
 
     rows = []
     for name, scan in (("base unrolled (baseline)", False), ("base nn.scan", True)):
-        config = pretrain_experiment.get_config("base")
+        config = load_config("experiments/pretrain.py:base")
         config.model.scan_layers = scan
         config.model.dtype = "bfloat16"
         cfg = BertConfig.from_dict(config.model)
@@ -148,11 +148,11 @@ def interleaved_median_seconds(steps: dict, repeats: int) -> dict:
 
 def bertjax_train_step(cfg, batch_size, seq_len, max_predictions):
     """A callable running one jitted train step (bert_adamw, compute in cfg.dtype), one device."""
+    from bertjax.cli import load_config
     from bertjax.train import sharding as sharding_lib
     from bertjax.train.optimizer import make_optimizer
-    from experiments import pretrain as pretrain_experiment
 
-    config = pretrain_experiment.get_config("tiny")
+    config = load_config("experiments/pretrain.py:tiny")
     model = BertForPreTraining(cfg)
     tx, schedule = make_optimizer(config.optimizer, 1000)
     mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])

@@ -104,3 +104,11 @@ def command_args(argv: Sequence[str], commands: dict) -> tuple[Callable, object]
             sys.exit(f"error: {command} does not take --{name}")
     values = {name: flags.FLAGS[name].value for name in required + optional}
     return function, types.SimpleNamespace(**values)
+
+
+def load_config(spec: str):
+    """The config of `FILE:ARG`, loaded from the file as `--config=FILE:ARG` loads it (bertjax
+    never imports experiments/ as a package; commands take configs as files)."""
+    from ml_collections import config_flags
+
+    return config_flags.config_flags.ConfigFileFlagParser(name="config").parse(spec)

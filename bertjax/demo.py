@@ -123,9 +123,9 @@ def main(argv):
                  f"--output_dir={out}", f"--vocab={vocab_dir}", f"--max_seq_length={seq_len}",
                  f"--max_predictions_per_seq={max_predictions}", f"--dupe_factor={dupe}",
                  "--num_shards=2", "--num_workers=2"])
-    from experiments import pretrain_demo
+    from bertjax.cli import load_config
 
-    config = pretrain_demo.get_config()
+    config = load_config(_CONFIG)
     overrides = {"model.vocab_size": vocab_size, "vocab": f"{vocab_dir}/vocab.txt"}
     if _STEPS.value:
         overrides["train.num_train_steps"] = _STEPS.value

@@ -180,3 +180,17 @@ def test_test_split_matching_nothing_fails_before_step_zero(checkpoint, tmp_path
     line = _one_line_error(run_python(args))
     assert "config.data.test" in line and "missing.jsonl" in line
     assert not (workdir / "metrics.jsonl").exists()
+
+
+def test_nothing_under_bertjax_imports_experiments():
+    """Configs are files that commands load (--config=FILE:ARG); bertjax never imports them."""
+    import ast
+    import pathlib
+
+    offenders = []
+    for path in pathlib.Path(ROOT, "bertjax").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            offenders += [f"{path}: {n}" for n in names if n.split(".")[0] == "experiments"]
+    assert offenders == []
