@@ -48,13 +48,35 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
 
 
 def define_job_flags(example: str):
-    """--config and --workdir, the flags every job command shares."""
+    """The flags every job command shares: --config, --workdir, and the multi-process ones
+    (`initialize_distributed`). Returns the config and workdir flag holders."""
     from ml_collections import config_flags
 
     config = config_flags.DEFINE_config_file("config", None, f"Config file, e.g. {example}.")
     workdir = flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, "
                                   "metrics and outputs; a rerun resumes from it.")
+    flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (one process "
+                      "per host; auto-detected on TPU pod slices).")
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (without a "
+                        "cluster to detect it, e.g. on CPUs).")
+    flags.DEFINE_integer("num_processes", None, "Number of processes.")
+    flags.DEFINE_integer("process_id", None, "This process's index.")
     return config, workdir
+
+
+def initialize_distributed() -> None:
+    """jax.distributed.initialize() as the flags ask; call it before any other JAX call."""
+    import jax
+
+    FLAGS = flags.FLAGS
+    if FLAGS.coordinator_address:
+        # Cross-process collectives on CPU (tests, laptops) go through gloo; no effect elsewhere.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.distributed.initialize(FLAGS.coordinator_address,
+                                   num_processes=FLAGS.num_processes,
+                                   process_id=FLAGS.process_id)
+    elif FLAGS.distributed:
+        jax.distributed.initialize()
 
 
 def require(value, flag: str, example: str):

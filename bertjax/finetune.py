@@ -40,6 +40,7 @@ def main(argv):
     del argv
     config = cli.require(_CONFIG.value, "--config", "experiments/glue.py:mrpc")
     workdir = cli.require(_WORKDIR.value, "--workdir", "runs/mrpc")
+    cli.initialize_distributed()
     summary = cli.report_errors(
         lambda: train_and_evaluate(config, workdir, log=functools.partial(print, flush=True)))
     print(f"Fine-tuning {summary['status']}.", flush=True)

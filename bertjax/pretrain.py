@@ -29,26 +29,6 @@ _CONFIG, _WORKDIR = cli.define_job_flags("experiments/pretrain.py:base")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
 )
-_DISTRIBUTED = flags.DEFINE_bool(
-    "distributed", False, "Call jax.distributed.initialize() (auto-detected on TPU pod slices)."
-)
-_COORDINATOR = flags.DEFINE_string("coordinator_address", None, "host:port of process 0.")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Number of processes.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index.")
-
-
-def initialize_distributed() -> None:
-    import jax
-
-    if _COORDINATOR.value:
-        # Cross-process collectives on CPU (tests, laptops) go through gloo; no effect elsewhere.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(
-            _COORDINATOR.value, num_processes=_NUM_PROCESSES.value, process_id=_PROCESS_ID.value
-        )
-    elif _DISTRIBUTED.value:
-        jax.distributed.initialize()
-
 
 def check_data(config) -> None:
     """Every phase's data and eval_data pattern must match files, checked before step 0 (a bad
@@ -167,13 +147,13 @@ def main(argv):
         from bertjax.tasks.pretraining import PretrainingJob
         from bertjax.train import dry_run, loop
 
-        job = PretrainingJob(config, make_input_fn(config))
         if _DRY_RUN.value:
-            dry_run.run(job, config)
+            dry_run.run(PretrainingJob(config, make_input_fn(config)), config)
             return
         cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
         check_data(config)
-        initialize_distributed()
+        cli.initialize_distributed()  # before anything touches a JAX backend
+        job = PretrainingJob(config, make_input_fn(config))
         summary = loop.train(job, config, _WORKDIR.value, log=functools.partial(print, flush=True))
         print(f"Training {summary['status']}.", flush=True)
 
