@@ -194,3 +194,25 @@ def test_nothing_under_bertjax_imports_experiments():
                      [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             offenders += [f"{path}: {n}" for n in names if n.split(".")[0] == "experiments"]
     assert offenders == []
+
+
+TENSORBOARD_SCRIPT = r"""
+import sys
+from bertjax.train.metrics import MetricsWriter
+writer = MetricsWriter(sys.argv[1])
+for step, loss in ((1, 2.5), (2, 2.0)):
+    writer.write(step, {"loss": loss})
+writer.close()
+assert "tensorflow" not in sys.modules
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+events = EventAccumulator(sys.argv[1] + "/tensorboard/train")
+events.Reload()
+print([(e.step, e.value) for e in events.Scalars("loss")])
+"""
+
+
+def test_tensorboard_events_are_written_without_tensorflow(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", TENSORBOARD_SCRIPT, str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[(1, 2.5), (2, 2.0)]"

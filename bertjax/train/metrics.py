@@ -1,13 +1,18 @@
 """Training metrics: TensorBoard event files + `metrics.jsonl`, throughput/MFU, progress line.
 
-TensorBoard events are written with the `tensorboard` package's own writer, so that
-bertjax.train never imports TensorFlow.
+TensorBoard events are written with the `tensorboard` package's own writer. That writer does
+its file I/O through TensorFlow when TensorFlow is installed (seconds of import and its
+start-up noise, in every fine-tuning run); for a local workdir, unless TensorFlow is already
+loaded, it is pointed at TensorBoard's own TensorFlow-free file layer instead (remote workdirs,
+e.g. gs://, keep TensorFlow's file systems).
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+import types
 from typing import Any
 
 import jax
@@ -27,6 +32,10 @@ class MetricsWriter:
 
     def _event_writer(self, split: str):
         if split not in self._writers:
+            if "://" not in str(self.workdir) and "tensorflow" not in sys.modules:
+                # tensorboard.compat uses its stub when this module exists.
+                sys.modules.setdefault("tensorboard.compat.notf",
+                                       types.ModuleType("tensorboard.compat.notf"))
             from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
             logdir = self.workdir / "tensorboard" / split
