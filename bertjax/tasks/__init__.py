@@ -3,7 +3,8 @@ the fine-tuning task families, each a plug-in of tasks/base.py — data, feature
 predictions, metrics and output files. Never imports TensorFlow (data_pipeline is imported
 lazily, when a task reads its files).
 
-A new family subclasses `Task` and registers its `config.task.family` names in FAMILIES.
+A new family subclasses `Task` in its own module and registers its `config.task.family`
+names in FAMILIES.
 """
 
 from bertjax.errors import ConfigError
@@ -16,16 +17,25 @@ from bertjax.tasks.classification import (
 )
 from bertjax.tasks.multiple_choice import BertForMultipleChoice, multiple_choice_loss
 
-# config.task.family → the Task class that handles it.
-FAMILIES: dict[str, type[Task]] = {"glue": SequenceTask, "swag": SequenceTask,
-                                   "files": SequenceTask}
+# config.task.family → "module:Task class" (imported when used).
+FAMILIES: dict[str, str] = {
+    "glue": "bertjax.tasks.classification:SequenceTask",
+    "swag": "bertjax.tasks.classification:SequenceTask",
+    "files": "bertjax.tasks.classification:SequenceTask",
+    "squad": "bertjax.tasks.squad:SquadTask",
+    "token_classification": "bertjax.tasks.token_classification:TokenClassificationTask",
+}
 
 
 def get_task(config) -> Task:
+    """The task plug-in for config.task.family, built from the config."""
+    import importlib
+
     family = config.task.family
     if family not in FAMILIES:
         raise ConfigError(f"config.task.family={family!r} is not one of {' | '.join(FAMILIES)}")
-    return FAMILIES[family](config)
+    module, name = FAMILIES[family].split(":")
+    return getattr(importlib.import_module(module), name)(config)
 
 
 __all__ = [

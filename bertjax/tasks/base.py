@@ -198,18 +198,20 @@ class FineTuningJob:
         encoder, self._encoder = self._encoder, None  # host memory back once placed
         return {"bert": encoder}
 
-    def predictions(self, params, features, runner) -> dict[str, np.ndarray]:
-        """Every example's predictions, in example order."""
-        out: dict[str, np.ndarray] = {}
+    def predictions(self, params, features, runner) -> dict[str, Any]:
+        """Every row's predictions, in `example_index` order: an array [len(features)] for
+        per-row scalars, a list of len(features) arrays otherwise (batches of different
+        lengths give rows of different shapes, e.g. start logits [seq])."""
+        rows: dict[str, list] = {}
         batches = self.task.batches(features, self.eval_batch_size, shuffle=False)
         for batch, predicted in runner.run(self._predict, params, batches):
-            keep = batch["example_index"] >= 0
-            index = batch["example_index"][keep]
-            for name, values in predicted.items():
-                if name not in out:
-                    out[name] = np.zeros((len(features),) + values.shape[1:], values.dtype)
-                out[name][index] = values[keep]
-        return out
+            for row, index in enumerate(batch["example_index"]):
+                if index < 0:  # filler row
+                    continue
+                for name, values in predicted.items():
+                    rows.setdefault(name, [None] * len(features))[index] = values[row]
+        return {name: np.stack(values) if np.ndim(values[0]) == 0 else values
+                for name, values in rows.items()}
 
     def evaluate(self, params, stage: Stage, step: int, runner) -> dict[str, float]:
         results = {}
