@@ -37,8 +37,9 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
     """absl flags parser for app.run: any bad flag or config override exits with one line."""
     try:
         return flags.FLAGS(argv)
-    except flags.Error as e:
-        sys.exit(f"error: {e}")
+    except flags.Error as e:  # several missing flags: one message line each
+        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        sys.exit(f"error: {message} (--help lists the flags)")
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         # ml_collections reports unknown fields and bad values as plain exceptions.
         message = " ".join(str(e).replace("\\n", " ").strip("'\"").split())
@@ -93,13 +94,36 @@ def report_errors(fn: Callable[[], object]) -> object:
         sys.exit(f"error: {e}")
 
 
-def run(main: Callable[[list[str]], None]) -> None:
-    """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet."""
+def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | None = None
+        ) -> None:
+    """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet.
+
+    define_flags: defines the command's flags first (commands that define them in a function,
+    so that modules imported together, e.g. by pytest, do not compete for flag names).
+    """
+    if define_flags is not None:
+        define_flags()
+
     def quiet_main(argv):
         logging.set_verbosity(logging.WARNING)  # they would drown the progress line
         return main(argv)
 
     app.run(quiet_main, flags_parser=parse_flags)
+
+
+def run_flags_command(main: Callable[[flags.FlagValues], None],
+                      define_flags: Callable[[], None]) -> None:
+    """`run` for a command that takes flags only: main(flags.FLAGS); a positional argument, a
+    BertjaxError or a ValueError (a flag value out of range) is one `error:` line."""
+    def flags_main(argv: list[str]) -> None:
+        if len(argv) > 1:
+            sys.exit(f"error: unexpected arguments {argv[1:]}; flags are --name=value")
+        try:
+            main(flags.FLAGS)
+        except (BertjaxError, ValueError) as e:
+            sys.exit(f"error: {e}")
+
+    run(flags_main, define_flags)
 
 
 def command_args(argv: Sequence[str], commands: dict) -> tuple[Callable, object]:

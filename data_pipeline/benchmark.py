@@ -26,8 +26,8 @@ import sys
 import tempfile
 import time
 
+from bertjax import cli
 from bertjax.errors import DataError
-from data_pipeline import cli
 
 
 def _tokenizer(vocab):
@@ -152,4 +152,4 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, define_flags)
+    cli.run_flags_command(main, define_flags)

@@ -35,8 +35,9 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
+from bertjax import cli
 from bertjax.errors import ConfigError, DataError
-from data_pipeline import cli, corpus, instances, masking, metadata, tfrecords
+from data_pipeline import corpus, instances, masking, metadata, tfrecords
 
 FORMAT = "bertjax-pretraining-v1"
 # Instances masked and encoded together (vectorised); part of the output's definition, since
@@ -326,4 +327,4 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, define_flags)
+    cli.run_flags_command(main, define_flags)

@@ -30,8 +30,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from bertjax import cli
 from bertjax.errors import ConfigError, DataError
-from data_pipeline import cli, corpus, instances, metadata, packing, tfrecords
+from data_pipeline import corpus, instances, metadata, packing, tfrecords
 from data_pipeline import create_pretraining_data as cpd
 
 FORMAT = "bertjax-segments-v1"
@@ -186,4 +187,4 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, define_flags)
+    cli.run_flags_command(main, define_flags)

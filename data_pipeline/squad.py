@@ -1,0 +1,387 @@
+"""SQuAD v1.1 / v2.0: readers (official JSON, TFDS) and window features, as the reference
+`run_squad.py` builds them, from the tokenizer's character offsets.
+
+Examples are questions (`SquadExample`); features are windows (`SquadFeatures`): each window
+is `[CLS] question [SEP] context piece [SEP]`, the question truncated to `max_query_length`
+tokens, and successive context pieces start `doc_stride` tokens apart until one reaches the
+context's end. A context token seen by several windows has its "max context" in the window
+where min(tokens left of it, tokens right of it) + 0.01 · window length is largest (the
+reference's rule); only there may an answer start.
+
+Answers are mapped through character offsets, never through re-tokenised answer text: the
+first context token whose span ends after `answer_start` and the last one that starts before
+`answer_start + len(text)`. Training windows that do not hold the whole answer (and v2.0's
+unanswerable questions) point at [CLS] (position 0).
+
+Conversion is vectorised: every distinct context is tokenized once (questions share them;
+SQuAD train has 88k questions over 19k paragraphs), in one batch call (the tokenizer's
+compiled tensorflow-text path for plain-ASCII batches), and windows, token ids and max-context
+flags are NumPy arrays. `num_workers > 1` splits the examples over processes.
+
+TensorFlow is imported only by `read_squad_tfds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from bertjax.errors import ConfigError, DataError
+
+
+@dataclasses.dataclass
+class SquadExample:
+    """One question. answers: (text, answer_start) pairs (several on dev; none when
+    unanswerable). For v2.0 training files the first answer is the one trained on."""
+
+    qas_id: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]]
+    is_impossible: bool = False
+    title: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers
+
+
+def _field(record: dict, key: str, kind, where: str):
+    if not isinstance(record, dict) or key not in record:
+        raise DataError(f"{where}: missing field {key!r}")
+    value = record[key]
+    if not isinstance(value, kind):
+        raise DataError(f"{where}: field {key!r} is {type(value).__name__}, "
+                        f"expected {kind.__name__ if isinstance(kind, type) else kind}")
+    return value
+
+
+def check_answer(context: str, text: str, start: int, where: str) -> None:
+    """The answer's characters must be the context's at answer_start."""
+    found = context[start:start + len(text)] if 0 <= start <= len(context) else None
+    if found != text:
+        raise DataError(f"{where}: answer {text!r} does not match the context at "
+                        f"answer_start={start} (the context has {found!r} there)")
+
+
+def parse_squad(data: dict, source: str) -> list[SquadExample]:
+    """Examples of a parsed SQuAD-format dict (`data → paragraphs → qas`)."""
+    examples = []
+    articles = _field(data, "data", list, source)
+    for a, article in enumerate(articles):
+        title = article.get("title", "") if isinstance(article, dict) else ""
+        for p, paragraph in enumerate(_field(article, "paragraphs", list,
+                                             f"{source}: data[{a}]")):
+            where_p = f"{source}: data[{a}].paragraphs[{p}]"
+            context = _field(paragraph, "context", str, where_p)
+            for q, qa in enumerate(_field(paragraph, "qas", list, where_p)):
+                qid = qa.get("id") if isinstance(qa, dict) else None
+                where = f"{source}: question {qid}" if qid else f"{where_p}.qas[{q}]"
+                qid = str(_field(qa, "id", (str, int), where))
+                question = _field(qa, "question", str, where)
+                impossible = bool(qa.get("is_impossible", False))
+                answers = []
+                for ans in _field(qa, "answers", list, where) if not impossible else []:
+                    text = _field(ans, "text", str, where)
+                    start = _field(ans, "answer_start", int, where)
+                    check_answer(context, text, start, where)
+                    answers.append((text, start))
+                if not impossible and not answers:
+                    raise DataError(f"{where}: no answers and is_impossible is not true")
+                examples.append(SquadExample(qid, question, context, answers, impossible,
+                                             title))
+    if not examples:
+        raise DataError(f"{source}: no questions")
+    ids = [e.qas_id for e in examples]
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))
+        raise DataError(f"{source}: question {dup}: id used more than once")
+    return examples
+
+
+def read_squad_json(path: str) -> list[SquadExample]:
+    """Examples of an official-layout SQuAD JSON file (v1.1 or v2.0, or users' own)."""
+    from etils import epath
+
+    file = epath.Path(path)
+    if not file.exists():
+        raise DataError(f"{path}: no such file")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 ({e})") from e
+    return parse_squad(data, path)
+
+
+TFDS_NAMES = ("squad/v1.1", "squad/v2.0")
+
+
+def read_squad_tfds(name: str, split: str, data_dir: str | None = None) -> list[SquadExample]:
+    """Examples of a TFDS SQuAD split (`squad/v1.1` or `squad/v2.0`; split train/validation)."""
+    from data_pipeline.tf_setup import import_tensorflow
+
+    import_tensorflow()
+    import tensorflow_datasets as tfds
+
+    if name not in TFDS_NAMES:
+        raise ConfigError(f"tfds:{name} is not one of {' | '.join(TFDS_NAMES)}")
+    source = f"tfds:{name}[{split}]"
+    try:
+        dataset = tfds.load(name, split=split, data_dir=data_dir or None, download=False)
+    except Exception as e:  # noqa: BLE001 - TFDS raises many kinds; one line names the cause
+        raise DataError(f"{source}: cannot load ({type(e).__name__}: {e}); prepare it with "
+                        "tfds build squad first") from e
+
+    def text(x) -> str:
+        return x.decode("utf-8") if isinstance(x, bytes) else str(x)
+
+    examples = []
+    for record in tfds.as_numpy(dataset):
+        qid = text(record["id"])
+        where = f"{source}: question {qid}"
+        context = text(record["context"])
+        answers = [(text(t), int(s)) for t, s in zip(record["answers"]["text"],
+                                                      record["answers"]["answer_start"])]
+        impossible = bool(record.get("is_impossible", False)) or not answers
+        for answer_text, start in answers:
+            check_answer(context, answer_text, start, where)
+        examples.append(SquadExample(qid, text(record["question"]), context,
+                                     [] if impossible else answers, impossible,
+                                     text(record.get("title", b""))))
+    if not examples:
+        raise DataError(f"{source}: no questions")
+    return examples
+
+
+def read_squad(spec: str, split: str, data_dir: str | None = None) -> list[SquadExample]:
+    """A local JSON file, or `tfds:squad/v2.0` (split: `train` or `validation`)."""
+    if spec.startswith("tfds:"):
+        return read_squad_tfds(spec[len("tfds:"):], split, data_dir)
+    return read_squad_json(spec)
+
+
+# ---------------------------------------------------------------------------------------------
+# Features
+
+
+@dataclasses.dataclass
+class SquadFeatures:
+    """Windows of a split. n = number of windows, seq = max_seq_length. All int32 unless said.
+
+    input_ids, segment_ids, input_mask: [n, seq]
+    start_positions, end_positions: [n] answer token positions in the window (0 = [CLS])
+    example_index: [n] the question (index into `examples`) each window belongs to
+    doc_start: [n] the window's first context token (index into its context's tokens)
+    doc_offset: [n] the position of that token in the window (question length + 2)
+    doc_length: [n] context tokens in the window
+    max_context: [n, seq] bool, the token has its max context in this window
+    contexts: per distinct context, its token character spans [tokens, 2] (end exclusive)
+    context_index: [len(examples)] which context each question reads
+    """
+
+    examples: list[SquadExample]
+    input_ids: np.ndarray
+    segment_ids: np.ndarray
+    input_mask: np.ndarray
+    start_positions: np.ndarray
+    end_positions: np.ndarray
+    example_index: np.ndarray
+    doc_start: np.ndarray
+    doc_offset: np.ndarray
+    doc_length: np.ndarray
+    max_context: np.ndarray
+    contexts: list[np.ndarray]
+    context_index: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.example_index)
+
+    def token_spans(self, i: int) -> np.ndarray:
+        """[seq, 2] character span in the context of each token of window i; -1 outside the
+        context (special tokens, question, padding)."""
+        seq = self.input_ids.shape[1]
+        spans = np.full((seq, 2), -1, np.int64)
+        offset, start, length = self.doc_offset[i], self.doc_start[i], self.doc_length[i]
+        spans[offset:offset + length] = self.contexts[self.context_index[
+            self.example_index[i]]][start:start + length]
+        return spans
+
+
+def window_starts(num_tokens: int, window: int, stride: int) -> np.ndarray:
+    """First context token of each window (the reference's loop): a window every `stride`
+    tokens until one reaches the end; the last one may be shorter. [num_windows]."""
+    if num_tokens <= window:
+        return np.zeros(1, np.int64)
+    last = -(-(num_tokens - window) // stride)  # ceil: windows after the first
+    return np.arange(last + 1, dtype=np.int64) * stride
+
+
+def max_context_window(num_tokens: int, starts: np.ndarray, window: int) -> np.ndarray:
+    """[num_tokens] index of the window in which each context token has its max context:
+    score = min(left, right) + 0.01 · length; the first window wins ties (as the reference)."""
+    lengths = np.minimum(window, num_tokens - starts)  # [W]
+    pos = np.arange(num_tokens)[None, :]  # [1, T]
+    left = pos - starts[:, None]
+    right = starts[:, None] + lengths[:, None] - 1 - pos
+    inside = (left >= 0) & (right >= 0)
+    score = np.where(inside, np.minimum(left, right) + 0.01 * lengths[:, None], -np.inf)
+    return np.argmax(score, axis=0)
+
+
+def answer_token_span(spans: np.ndarray, start_char: int, end_char: int) -> tuple[int, int]:
+    """(first, last) context token covering characters [start_char, end_char).
+
+    spans: [tokens, 2] character spans (end exclusive), sorted. (-1, -1) when no token
+    overlaps the answer (e.g. an answer of whitespace only)."""
+    first = int(np.searchsorted(spans[:, 1], start_char, side="right"))
+    last = int(np.searchsorted(spans[:, 0], end_char, side="left")) - 1
+    if first >= len(spans) or last < first:
+        return -1, -1
+    return first, last
+
+
+def check_limits(max_seq_length: int, doc_stride: int, max_query_length: int) -> int:
+    """Context tokens per window; a ConfigError names a combination that cannot work."""
+    window = max_seq_length - max_query_length - 3
+    if window < 1:
+        raise ConfigError(f"config.max_seq_length={max_seq_length} leaves no room for the "
+                          f"context after a {max_query_length}-token question "
+                          "(config.task.max_query_length) and 3 special tokens")
+    if not 0 < doc_stride <= window:
+        raise ConfigError(f"config.task.doc_stride={doc_stride} must be in [1, {window}] "
+                          f"(the context tokens of a window) or windows would skip tokens")
+    return window
+
+
+def _pieces(tokenizer, texts: list[str]):
+    return tokenizer._pieces_batch(texts)  # noqa: SLF001 - the batch path with offsets
+
+
+def convert(tokenizer, examples: Sequence[SquadExample], max_seq_length: int = 384,
+            doc_stride: int = 128, max_query_length: int = 64, training: bool = False,
+            num_workers: int = 1) -> SquadFeatures:
+    """Window features of `examples` (see SquadFeatures). training: answer positions of the
+    first answer (else positions are 0)."""
+    check_limits(max_seq_length, doc_stride, max_query_length)
+    examples = list(examples)
+    if not examples:
+        raise DataError("no SQuAD questions to convert")
+    if num_workers > 1 and len(examples) >= 2000:
+        return _convert_parallel(tokenizer, examples, max_seq_length, doc_stride,
+                                 max_query_length, training, num_workers)
+    context_ids: dict[str, int] = {}
+    for e in examples:
+        context_ids.setdefault(e.context, len(context_ids))
+    context_texts = list(context_ids)
+    context_pieces = _pieces(tokenizer, context_texts)
+    question_pieces = _pieces(tokenizer, [e.question for e in examples])
+    contexts = [np.asarray(p.offsets, np.int64).reshape(-1, 2) for p in context_pieces]
+    context_tokens = [np.asarray(p.ids, np.int32) for p in context_pieces]
+    context_index = np.array([context_ids[e.context] for e in examples], np.int32)
+    cls, sep, pad = tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id
+
+    rows: dict[str, list] = {k: [] for k in ("ids", "len_q", "example", "start", "length",
+                                             "max_ctx", "pos")}
+    for i, (example, q) in enumerate(zip(examples, question_pieces)):
+        q_ids = q.ids[:max_query_length]
+        c = context_index[i]
+        ids, spans = context_tokens[c], contexts[c]
+        window = max_seq_length - len(q_ids) - 3
+        starts = window_starts(len(ids), window, doc_stride)
+        best = max_context_window(len(ids), starts, window)
+        answer = (-1, -1)
+        if training and not example.is_impossible and example.answers:
+            text, start_char = example.answers[0]
+            answer = answer_token_span(spans, start_char, start_char + len(text))
+        head = np.array([cls, *q_ids, sep], np.int32)
+        for w, start in enumerate(starts):
+            length = int(min(window, len(ids) - start))
+            rows["ids"].append(np.concatenate([head, ids[start:start + length], [sep]]))
+            rows["len_q"].append(len(q_ids))
+            rows["example"].append(i)
+            rows["start"].append(start)
+            rows["length"].append(length)
+            rows["max_ctx"].append(best[start:start + length] == w)
+            inside = answer[0] >= start and answer[1] < start + length and answer[0] >= 0
+            offset = len(q_ids) + 2
+            rows["pos"].append((answer[0] - start + offset, answer[1] - start + offset)
+                               if inside else (0, 0))
+    n = len(rows["ids"])
+    input_ids = np.full((n, max_seq_length), pad, np.int32)
+    segment_ids = np.zeros((n, max_seq_length), np.int32)
+    input_mask = np.zeros((n, max_seq_length), np.int32)
+    max_context = np.zeros((n, max_seq_length), bool)
+    doc_offset = np.array(rows["len_q"], np.int32) + 2
+    for r, ids in enumerate(rows["ids"]):
+        input_ids[r, :len(ids)] = ids
+        input_mask[r, :len(ids)] = 1
+        segment_ids[r, doc_offset[r]:len(ids)] = 1
+        max_context[r, doc_offset[r]:doc_offset[r] + rows["length"][r]] = rows["max_ctx"][r]
+    positions = np.array(rows["pos"], np.int32).reshape(n, 2)
+    return SquadFeatures(examples, input_ids, segment_ids, input_mask, positions[:, 0],
+                         positions[:, 1], np.array(rows["example"], np.int32),
+                         np.array(rows["start"], np.int32), doc_offset,
+                         np.array(rows["length"], np.int32), max_context, contexts,
+                         context_index)
+
+
+def concatenate(parts: list[SquadFeatures]) -> SquadFeatures:
+    """Features of consecutive example chunks as one (indices shifted)."""
+    n_examples = np.cumsum([0] + [len(p.examples) for p in parts])
+    n_contexts = np.cumsum([0] + [len(p.contexts) for p in parts])
+    cat = np.concatenate
+    return SquadFeatures(
+        [e for p in parts for e in p.examples],
+        *(cat([getattr(p, k) for p in parts]) for k in (
+            "input_ids", "segment_ids", "input_mask", "start_positions", "end_positions")),
+        cat([p.example_index + n_examples[j] for j, p in enumerate(parts)]),
+        *(cat([getattr(p, k) for p in parts]) for k in (
+            "doc_start", "doc_offset", "doc_length", "max_context")),
+        [c for p in parts for c in p.contexts],
+        cat([p.context_index + n_contexts[j] for j, p in enumerate(parts)]))
+
+
+_SHARED: tuple = ()  # (tokenizer, examples, kwargs) inherited by forked workers
+
+
+def _worker(bounds: tuple[int, int]) -> SquadFeatures:
+    tokenizer, examples, kwargs = _SHARED
+    return convert(tokenizer, examples[bounds[0]:bounds[1]], num_workers=1, **kwargs)
+
+
+def _convert_parallel(tokenizer, examples, max_seq_length, doc_stride, max_query_length,
+                      training, num_workers) -> SquadFeatures:
+    """convert() over `num_workers` forked processes, on chunks cut at context boundaries
+    (SQuAD files list a paragraph's questions together, so contexts stay tokenized once)."""
+    import multiprocessing
+
+    bounds = [0]
+    for k in range(1, num_workers):
+        cut = len(examples) * k // num_workers
+        while 0 < cut < len(examples) and examples[cut].context == examples[cut - 1].context:
+            cut += 1
+        bounds.append(max(cut, bounds[-1]))
+    bounds.append(len(examples))
+    chunks = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+    global _SHARED
+    # fork: the tokenizer, its word cache and the examples are shared copy-on-write; only the
+    # chunk bounds go in and the NumPy features come back.
+    _SHARED = (tokenizer, examples, dict(max_seq_length=max_seq_length, doc_stride=doc_stride,
+                                         max_query_length=max_query_length, training=training))
+    try:
+        with multiprocessing.get_context("fork").Pool(len(chunks)) as pool:
+            parts = pool.map(_worker, chunks)
+    finally:
+        _SHARED = ()
+    return concatenate(parts)
+
+
+def default_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0))))
