@@ -36,7 +36,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from bertjax.errors import ConfigError
+from bertjax.errors import CheckpointError, ConfigError
 from bertjax.train import configs
 from bertjax.train.loop import Stage
 from bertjax.train.optimizer import make_optimizer
@@ -137,7 +137,10 @@ def load_pretrained_model(config):
 
     overrides = dict(config.model)
     overrides["dtype"] = configs.compute_dtype(overrides.get("dtype", "auto"))
-    return load_pretrained(config.init_checkpoint, **overrides)
+    try:
+        return load_pretrained(config.init_checkpoint, **overrides)
+    except CheckpointError as e:
+        raise CheckpointError(f"config.init_checkpoint: {e}") from None
 
 
 class FineTuningJob:
