@@ -1,0 +1,281 @@
+"""Token classification (CoNLL-2003 NER, POS tagging, chunking, users' tagged files) as a task
+family of the fine-tuning plug-in (tasks/base.py).
+
+The paper's setting (Sec. 5.3): each word's label sits on its first WordPiece; a dense layer
+over the final hidden vectors scores every position, and only first sub-tokens enter the
+float32 cross-entropy and the metric (no CRF). Sentences are encoded with their document's
+neighbouring sentences as context (config.data.document_context); long sentences are split into
+windows and each word is predicted once (data_pipeline/token_features.py).
+
+Metrics: conlleval's entity-level precision / recall / F1 (micro, and F1 per type as
+"<TYPE>_f1") and token accuracy; with plain tags (scheme "none", e.g. POS) token accuracy only.
+Outputs from the best checkpoint, for the dev and test splits: `workdir/predictions/<split>.conll`
+(word, gold, predicted; IOB2, readable by conlleval) and a per-type table in the log.
+
+config.feature_based.enabled selects the feature-based variant (frozen encoder, cached
+features, BiLSTM; tasks/feature_based.py) through the same family name.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from etils import epath
+
+from bertjax.errors import ConfigError
+from bertjax.models import BertConfig, BertModel
+from bertjax.models.bert import dense
+from bertjax.tasks import tagging_metrics
+from bertjax.tasks.base import Splits, Task
+
+Array = jax.Array
+
+# CoNLL-2003 file names in a data directory: the original release, then the common renaming.
+CONLL2003_FILES = {"train": ("eng.train", "train.txt"), "dev": ("eng.testa", "valid.txt"),
+                   "test": ("eng.testb", "test.txt")}
+
+
+class BertForTokenClassification(nn.Module):
+    """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}}
+    (transformers' BertForTokenClassification: dropout, then one dense layer per position)."""
+
+    config: BertConfig
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids: Array, segment_ids: Array | None = None,
+                 input_mask: Array | None = None, *, deterministic: bool = True) -> Array:
+        """input_ids, segment_ids, input_mask: [batch, seq] → logits [batch, seq, num_labels]."""
+        outputs = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask,
+                                                      deterministic=deterministic)
+        hidden = nn.Dropout(self.config.hidden_dropout_prob)(outputs["sequence_output"],
+                                                             deterministic=deterministic)
+        return tagging_head(self.config, self.num_labels, hidden)
+
+
+def tagging_head(config: BertConfig, num_labels: int, hidden: Array) -> Array:
+    """The dense classifier: hidden [batch, seq, width] → logits [batch, seq, num_labels]."""
+    logits = dense(config, num_labels, ("embed", "classes"), "classifier")(hidden)
+    return nn.with_logical_constraint(logits, ("batch", "length", "classes"))
+
+
+def token_loss(logits: Array, labels: Array, weights: Array) -> tuple[Array, dict[str, Array]]:
+    """Masked softmax cross-entropy in float32, averaged over the scored positions.
+
+    logits [batch, seq, K]; labels [batch, seq] int; weights [batch, seq] (1 = a word's first
+    sub-token, 0 = anything else: other sub-tokens, context, specials, padding).
+    """
+    logits = logits.astype(jnp.float32)
+    log_probs = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+    weights = weights.astype(jnp.float32)
+    count = jnp.maximum(jnp.sum(weights), 1.0)
+    loss = jnp.sum(nll * weights) / count
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
+    return loss, {"loss": loss, "accuracy": jnp.sum(correct * weights) / count}
+
+
+# ---------------------------------------------------------------------------------------------
+# The task family
+
+
+class TokenClassificationTask(Task):
+    """config.task.family = token_classification; config.task.name: conll2003 | files."""
+
+    def __new__(cls, config=None):
+        # One family name for both approaches (tasks/__init__.py registers this class): the
+        # feature-based variant is chosen by config.feature_based.enabled.
+        if cls is TokenClassificationTask and config is not None and config.get(
+                "feature_based", {}).get("enabled", False):
+            from bertjax.tasks.feature_based import FeatureBasedTask
+
+            return super().__new__(FeatureBasedTask)
+        return super().__new__(cls)
+
+    def __init__(self, config):
+        self.config = config
+        self.min_bucket_length = config.min_bucket_length
+        self.train_batch_size = config.train.batch_size
+        self.scheme = config.task.label_scheme
+        self._features: dict[int, object] = {}  # id(examples) → features (write_outputs)
+
+    # ---- data
+
+    def read(self, config) -> Splits:
+        from data_pipeline import conll
+
+        data = config.data
+        if self.scheme not in conll.SCHEMES:
+            raise ConfigError(f"config.task.label_scheme={self.scheme!r} is not one of "
+                              f"{' | '.join(conll.SCHEMES)}")
+        if config.task.name == "conll2003" and data.tfds:
+            read = lambda split: conll.read_tfds(  # noqa: E731
+                split, data_dir=data.tfds_data_dir or None, scheme=data.scheme,
+                target=self.scheme)
+            splits = {name: read(name) for name in ("train", "dev", "test")}
+        else:
+            paths = self._paths(config)
+            splits = {}
+            first_document = 0
+            for name, path in paths.items():
+                splits[name] = conll.read_file(
+                    path, fmt=data.format, token_column=data.token_column,
+                    tag_column=data.tag_column, tokens_key=data.tokens_key,
+                    tags_key=data.tags_key, scheme=data.scheme, target=self.scheme,
+                    labelled=name != "test" or data.test_labelled,
+                    first_document=first_document)
+                first_document = splits[name][-1].document + 1
+        labels = (tuple(x for x in data.labels.split(",") if x) if data.labels
+                  else conll.infer_labels(splits["train"]))
+        if not labels:
+            raise ConfigError("no labels: config.data.labels is empty and the training data "
+                              "has no tags")
+        for split in splits.values():
+            conll.check_labels(split, labels)
+        self.labels = labels
+        self.label_ids = {t: i for i, t in enumerate(labels)}
+        self.types = sorted({tagging_metrics.split_tag(t)[1] for t in labels} - {""}) \
+            if self.scheme != "none" else []
+        if self.scheme == "none":
+            self.metric_names, self.primary_metric = ("accuracy",), "accuracy"
+        else:
+            self.metric_names = ("f1", "precision", "recall", "accuracy",
+                                 *(f"{t}_f1" for t in self.types))
+            self.primary_metric = "f1"
+        outputs = {"dev": splits["dev"]}
+        if "test" in splits:
+            outputs["test"] = splits["test"]
+        return Splits(splits["train"], {"dev": splits["dev"]}, outputs)
+
+    @staticmethod
+    def _paths(config) -> dict[str, str]:
+        data = config.data
+        if config.task.name == "conll2003" and data.dir:
+            paths = {}
+            for split, names in CONLL2003_FILES.items():
+                found = [epath.Path(data.dir) / n for n in names
+                         if (epath.Path(data.dir) / n).exists()]
+                if not found:
+                    raise ConfigError(f"config.data.dir={data.dir} holds neither "
+                                      f"{' nor '.join(names)}")
+                paths[split] = str(found[0])
+            return paths
+        if config.task.name == "conll2003" and not (data.train or data.tfds):
+            raise ConfigError("config.data.dir is empty; give the CoNLL-2003 directory "
+                              "(eng.train, eng.testa, eng.testb) or set config.data.tfds=true")
+        paths = {}
+        for field, split in (("train", "train"), ("validation", "dev"), ("test", "test")):
+            if not data[field]:
+                if field == "test":
+                    continue
+                raise ConfigError(f"config.data.{field} is empty")
+            if not epath.Path(data[field]).exists():
+                raise ConfigError(f"config.data.{field}: {data[field]} does not exist")
+            paths[split] = data[field]
+        return paths
+
+    def encode(self, tokenizer, examples, max_seq_length: int):
+        from data_pipeline import finetune_data, token_features
+
+        self.buckets = finetune_data.bucket_lengths(
+            max_seq_length, min(self.min_bucket_length, max_seq_length))
+        features = token_features.encode(
+            tokenizer, examples, self.label_ids, max_seq_length, self.config.data.stride,
+            self.config.data.document_context)
+        # write_outputs receives the examples, not the features: remember which is which.
+        self._features[id(examples)] = features
+        return features
+
+    def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
+        from data_pipeline import token_features
+
+        return token_features.batches(features, batch_size, self.buckets, shuffle=shuffle,
+                                      seed=seed, process_index=jax.process_index(),
+                                      process_count=jax.process_count())
+
+    def batch_spec(self, batch_size: int, max_seq_length: int):
+        shape, i32 = (batch_size, max_seq_length), jnp.int32
+        spec = {k: jax.ShapeDtypeStruct(shape, i32)
+                for k in ("input_ids", "segment_ids", "input_mask", "label_ids")}
+        spec["label_weights"] = jax.ShapeDtypeStruct(shape, jnp.float32)
+        spec["example_index"] = jax.ShapeDtypeStruct((batch_size,), i32)
+        return spec
+
+    def describe(self, features) -> str:
+        from data_pipeline import finetune_data
+
+        plan = finetune_data.plan_batches(features, self.train_batch_size, self.buckets,
+                                          shuffle=False)
+        computed = sum(length * self.train_batch_size for length, _ in plan)
+        padding = 1.0 - float(features.lengths.sum()) / max(computed, 1)
+        return (f"; {len(self.labels)} labels; {len(features)} train rows, padding "
+                f"{100 * padding:.1f}% of the tokens computed")
+
+    # ---- model
+
+    def model(self, model_config):
+        return BertForTokenClassification(model_config, len(self.labels))
+
+    def init_inputs(self) -> tuple:
+        ids = jnp.zeros((1, 8), jnp.int32)
+        return ids, ids, ids
+
+    def loss(self, logits, batch):
+        return token_loss(logits, batch["label_ids"], batch["label_weights"])
+
+    def predict(self, logits, batch) -> dict[str, Array]:
+        return {"tags": jnp.argmax(logits, axis=-1).astype(jnp.int32)}
+
+    # ---- metrics and outputs
+
+    def sentence_tags(self, predictions, features) -> tuple[list[list[str]], list[list[str]]]:
+        """(gold, predicted) tag strings of every sentence, each word read once."""
+        from data_pipeline import token_features
+
+        predicted = token_features.sentence_predictions(features, predictions["tags"])
+        gold = token_features.sentence_predictions(features, features.label_ids)
+        names = self.labels
+        return ([[names[i] if i >= 0 else "O" for i in s] for s in gold],
+                [[names[i] for i in s] for s in predicted])
+
+    def metrics(self, predictions, features, split: str) -> dict[str, float]:
+        gold, predicted = self.sentence_tags(predictions, features)
+        out = {"accuracy": tagging_metrics.token_accuracy(gold, predicted)}
+        if self.scheme != "none":
+            scores = tagging_metrics.entity_scores(gold, predicted)
+            out.update({k: scores["overall"][k] for k in ("f1", "precision", "recall")})
+            out.update({f"{t}_f1": scores[t]["f1"] if t in scores else 0.0
+                        for t in self.types})
+        return out
+
+    def write_outputs(self, predictions, examples, split: str, workdir, log) -> None:
+        """`workdir/predictions/<split>.conll`: `word gold predicted` lines (IOB2 tags, so
+        conlleval reads them; `word predicted` for unlabelled data), a blank line after each
+        sentence; the per-type table in the log."""
+        from data_pipeline import conll
+
+        features = self._features[id(examples)]
+        gold, predicted = self.sentence_tags(predictions, features)
+        labelled = all(s.tags is not None for s in examples)
+        if self.scheme not in ("none", "iob2"):
+            gold = [conll.convert(g, self.scheme, "iob2") for g in gold]
+            predicted = [conll.convert(p, self.scheme, "iob2") for p in predicted]
+        directory = epath.Path(workdir) / "predictions"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{split}.conll"
+        lines = []
+        for sentence, g, p in zip(examples, gold, predicted):
+            for word, gold_tag, tag in zip(sentence.words, g, p):
+                lines.append(f"{word} {gold_tag} {tag}" if labelled else f"{word} {tag}")
+            lines.append("")
+        path.write_text("\n".join(lines) + "\n")
+        log(f"wrote {len(examples)} {split} sentences to {path}")
+        if labelled:
+            accuracy = tagging_metrics.token_accuracy(gold, predicted)
+            if self.scheme == "none":
+                log(f"{split}: token accuracy {100 * accuracy:.2f}%")
+            else:
+                log(f"{split} (token accuracy {100 * accuracy:.2f}%):\n"
+                    + tagging_metrics.table(tagging_metrics.entity_scores(gold, predicted)))
+

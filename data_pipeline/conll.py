@@ -1,0 +1,308 @@
+"""Tagged sentences for token classification: CoNLL-2003 and other CoNLL column files, JSONL
+`{"tokens": [...], "tags": [...]}` and TFDS `conll2003`; tag schemes and their conversions.
+
+Schemes (`scheme` arguments): "iob1" (CoNLL-2003 as distributed: a chunk starts with I-, B- only
+separates two adjacent chunks of one type), "iob2" (= BIO: every chunk starts with B-), "bioes"
+(B- I-* E- or a single S-), and "none" (plain tags such as POS tags: no chunks, no conversion).
+Files are read in their own scheme, checked against it, and converted to the scheme the model
+predicts. Chunks follow conlleval's rules (`chunks`), so a well-formed sequence converts
+losslessly between the chunk schemes.
+
+Bad input stops with one line naming file and line (`DataError`): ragged columns, a tag that
+is not in the label set, a tag that breaks the declared scheme (e.g. an I- tag starting a chunk
+in an iob2 file), an empty sentence.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from bertjax.errors import DataError
+from bertjax.tasks.tagging_metrics import Chunk, chunks, split_tag, strict_chunks
+
+SCHEMES = ("iob1", "iob2", "bioes", "none")
+__all__ = ["Chunk", "chunks", "split_tag", "strict_chunks"]  # re-exported: the chunk rules
+
+
+@dataclasses.dataclass(frozen=True)
+class Sentence:
+    words: tuple[str, ...]
+    tags: tuple[str, ...] | None  # None: unlabelled (nothing to score)
+    source: str  # "file:line" of the first word (or "tfds name/split:index")
+    document: int  # sentences of one document share it (document context stays inside it)
+    lines: tuple[int, ...] = dataclasses.field(default=(), compare=False)  # each word's line
+
+    def where(self, word: int = 0) -> str:
+        """"file:line" of word `word` (for error messages)."""
+        path = self.source.rpartition(":")[0]
+        return f"{path}:{self.lines[word]}" if self.lines else self.source
+
+
+# ---------------------------------------------------------------------------------------------
+# Tags, chunks and schemes
+
+
+def encode_chunks(length: int, spans: Sequence[Chunk], scheme: str) -> list[str]:
+    """Tags of `length` words holding the non-overlapping `spans` in `scheme`."""
+    tags = ["O"] * length
+    previous: Chunk | None = None
+    for type_, start, end in sorted(spans, key=lambda c: c[1]):
+        for i in range(start, end):
+            tags[i] = f"I-{type_}"
+        if scheme == "iob2":
+            tags[start] = f"B-{type_}"
+        elif scheme == "iob1":
+            # B- only where the chunk touches a previous chunk of the same type.
+            if previous is not None and previous[2] == start and previous[0] == type_:
+                tags[start] = f"B-{type_}"
+        elif scheme == "bioes":
+            if end - start == 1:
+                tags[start] = f"S-{type_}"
+            else:
+                tags[start], tags[end - 1] = f"B-{type_}", f"E-{type_}"
+        else:
+            raise ValueError(f"unknown chunk scheme {scheme!r}")
+        previous = (type_, start, end)
+    return tags
+
+
+def convert(tags: Sequence[str], source: str, target: str) -> list[str]:
+    """Tags of one sentence from scheme `source` to `target` (through their chunks)."""
+    if source == target or "none" in (source, target):
+        if source != target:
+            raise ValueError(f"cannot convert between {source!r} and {target!r}")
+        return list(tags)
+    return encode_chunks(len(tags), chunks(tags), target)
+
+
+def scheme_error(tags: Sequence[str], scheme: str) -> tuple[int, str] | None:
+    """(index, why) of the first tag that breaks `scheme`, or None if the sequence is
+    well-formed: its chunks written back in `scheme` reproduce it exactly."""
+    if scheme == "none":
+        return None
+    allowed = {"iob1": "BIO", "iob2": "BIO", "bioes": "BIOES"}[scheme]
+    for i, tag in enumerate(tags):
+        prefix = split_tag(tag)[0]
+        if prefix not in allowed or (tag != "O" and tag[1:2] != "-"):
+            return i, f"tag {tag!r} is not a {scheme} tag ({'/'.join(allowed)}- prefixes or O)"
+    rewritten = encode_chunks(len(tags), chunks(tags), scheme)
+    for i, (tag, want) in enumerate(zip(tags, rewritten)):
+        if tag != want:
+            before = tags[i - 1] if i else "the sentence start"
+            return i, (f"tag {tag!r} after {before} breaks the {scheme} scheme "
+                       f"(expected {want!r}); set the scheme the file uses")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Readers
+
+
+@dataclasses.dataclass
+class _Builder:
+    """Collects one file's sentences, checking each against the scheme as it closes."""
+
+    path: str
+    scheme: str
+    target: str
+    labelled: bool
+    sentences: list[Sentence] = dataclasses.field(default_factory=list)
+    document: int = 0
+
+    def add(self, words: list[str], tags: list[str] | None, lines: list[int]) -> None:
+        if not words:
+            raise DataError(f"{self.path}:{lines[0] if lines else '?'}: empty sentence")
+        for word, line in zip(words, lines):
+            if not word:
+                raise DataError(f"{self.path}:{line}: empty token")
+        if tags is not None:
+            bad = scheme_error(tags, self.scheme)
+            if bad is not None:
+                raise DataError(f"{self.path}:{lines[bad[0]]}: {bad[1]}")
+            tags = convert(tags, self.scheme, self.target)
+        source = f"{self.path}:{lines[0]}"
+        self.sentences.append(Sentence(tuple(words), None if tags is None else tuple(tags),
+                                       source, self.document, tuple(lines)))
+
+
+def _check_scheme(scheme: str, target: str) -> None:
+    for name, value in (("scheme", scheme), ("target scheme", target)):
+        if value not in SCHEMES:
+            raise DataError(f"{name} {value!r} is not one of {' | '.join(SCHEMES)}")
+    if (scheme == "none") != (target == "none"):
+        raise DataError(f"cannot convert tags from {scheme!r} to {target!r}: plain tags "
+                        "(scheme none) have no chunks")
+
+
+def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
+                 scheme: str = "iob1", target: str = "iob2", labelled: bool = True,
+                 first_document: int = 0) -> list[Sentence]:
+    """A CoNLL column file: one token a line (columns split by tabs if the line has any,
+    otherwise by whitespace), a blank line after each sentence, `-DOCSTART-` lines between
+    documents (CoNLL-2003: `token POS chunk NER`, token_column 0, tag_column -1 = 3).
+
+    Every line must have as many columns as the file's first token line. Without -DOCSTART-
+    lines the file is one document. labelled=False: the tag column may be absent.
+    """
+    _check_scheme(scheme, target)
+    builder = _Builder(path, scheme, target, labelled, document=first_document)
+    words: list[str] = []
+    tags: list[str] = []
+    lines: list[int] = []
+    width = None
+    started = False
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror}") from None
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            line = raw.rstrip("\r\n")
+            columns = line.split("\t") if "\t" in line else line.split()
+            if not line.strip():
+                if words:
+                    builder.add(words, tags if labelled else None, lines)
+                    words, tags, lines = [], [], []
+                continue
+            if columns[0] == "-DOCSTART-":
+                if words:
+                    builder.add(words, tags if labelled else None, lines)
+                    words, tags, lines = [], [], []
+                if started:
+                    builder.document += 1
+                continue
+            started = True
+            if width is None:
+                width = len(columns)
+                for name, column in (("token", token_column),
+                                     ("tag", tag_column if labelled else token_column)):
+                    if not -width <= column < width:
+                        raise DataError(f"{path}:{number}: the {name} column {column} does not "
+                                        f"exist in a line of {width} columns")
+            elif len(columns) != width:
+                raise DataError(f"{path}:{number}: {len(columns)} columns, but the file's first "
+                                f"token line has {width}")
+            words.append(columns[token_column])
+            if labelled:
+                tags.append(columns[tag_column])
+            lines.append(number)
+    if words:
+        builder.add(words, tags if labelled else None, lines)
+    if not builder.sentences:
+        raise DataError(f"{path}: no sentences")
+    return builder.sentences
+
+
+def read_jsonl(path: str, *, tokens_key: str = "tokens", tags_key: str = "tags",
+               scheme: str = "iob2", target: str = "iob2", labelled: bool = True,
+               first_document: int = 0) -> list[Sentence]:
+    """One JSON object a line: {"tokens": [...], "tags": [...]} (and optionally "document":
+    any value; consecutive lines with the same value form a document, otherwise the file is
+    one document)."""
+    _check_scheme(scheme, target)
+    builder = _Builder(path, scheme, target, labelled, document=first_document)
+    previous_document = None
+    try:
+        handle = open(path, encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror}") from None
+    with handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{number}: not JSON ({e.msg})") from None
+            if not isinstance(record, dict) or not isinstance(record.get(tokens_key), list):
+                raise DataError(f"{path}:{number}: no list field {tokens_key!r}")
+            words = [str(w) for w in record[tokens_key]]
+            tags = None
+            if labelled:
+                tags = record.get(tags_key)
+                if not isinstance(tags, list):
+                    raise DataError(f"{path}:{number}: no list field {tags_key!r}")
+                if len(tags) != len(words):
+                    raise DataError(f"{path}:{number}: {len(words)} tokens but {len(tags)} "
+                                    "tags")
+                tags = [str(t) for t in tags]
+            document = record.get("document")
+            if builder.sentences and document != previous_document:
+                builder.document += 1
+            previous_document = document
+            builder.add(words, tags, [number] * max(len(words), 1))
+    if not builder.sentences:
+        raise DataError(f"{path}: no sentences")
+    return builder.sentences
+
+
+def read_file(path: str, *, fmt: str = "auto", **kwargs) -> list[Sentence]:
+    """`fmt`: conll | jsonl | auto (jsonl for *.jsonl / *.json, otherwise columns)."""
+    if fmt == "auto":
+        fmt = "jsonl" if path.endswith((".jsonl", ".json")) else "conll"
+    if fmt == "jsonl":
+        kwargs.pop("token_column", None)
+        kwargs.pop("tag_column", None)
+        return read_jsonl(path, **kwargs)
+    if fmt == "conll":
+        kwargs.pop("tokens_key", None)
+        kwargs.pop("tags_key", None)
+        return read_columns(path, **kwargs)
+    raise DataError(f"{path}: format {fmt!r} is not one of conll | jsonl | auto")
+
+
+# TFDS `conll2003` split names for bertjax's split names.
+TFDS_SPLITS = {"train": "train", "dev": "dev", "test": "test"}
+
+
+def read_tfds(split: str, *, data_dir: str | None = None, tag_feature: str = "ner",
+              scheme: str = "iob2", target: str = "iob2", name: str = "conll2003"
+              ) -> list[Sentence]:
+    """TFDS `conll2003` (features `tokens`, and class-label sequences `ner`, `pos`, `chunks`).
+
+    TFDS keeps no document boundaries, so a split is one document (document context then reads
+    across the neighbouring sentences of the split, which in CoNLL-2003 are mostly of the same
+    article). Tags are mapped through the feature's class names.
+    """
+    from data_pipeline.tf_setup import import_tensorflow
+
+    import_tensorflow()
+    import tensorflow_datasets as tfds
+
+    _check_scheme(scheme, target)
+    builder = tfds.builder(name, data_dir=data_dir)
+    names = builder.info.features[tag_feature].feature.names
+    dataset = builder.as_dataset(split=TFDS_SPLITS.get(split, split))
+    where = f"tfds {name}/{split}"
+    out = _Builder(where, scheme, target, True)
+    for index, record in enumerate(tfds.as_numpy(dataset)):
+        words = [w.decode("utf-8") if isinstance(w, bytes) else str(w)
+                 for w in record["tokens"]]
+        ids = [int(i) for i in record[tag_feature]]
+        if any(not 0 <= i < len(names) for i in ids):
+            raise DataError(f"{where}:{index}: a tag id outside the {len(names)} class names")
+        out.add(words, [names[i] for i in ids], [index] * max(len(words), 1))
+    if not out.sentences:
+        raise DataError(f"{where}: no sentences")
+    return out.sentences
+
+
+def infer_labels(sentences: Sequence[Sentence]) -> tuple[str, ...]:
+    """Tags seen in `sentences`: "O" first (if present), then by type and prefix order, so
+    label ids do not depend on the order of the data."""
+    order = {p: i for i, p in enumerate("BIES")}
+    seen = {t for s in sentences if s.tags for t in s.tags}
+    rest = sorted(seen - {"O"}, key=lambda t: (split_tag(t)[1], order.get(t[0], 9), t))
+    return (("O",) if "O" in seen else ()) + tuple(rest)
+
+
+def check_labels(sentences: Sequence[Sentence], labels: Sequence[str]) -> None:
+    """Every tag must be in `labels` (tags converted to the target scheme)."""
+    known = set(labels)
+    for sentence in sentences:
+        for offset, tag in enumerate(sentence.tags or ()):
+            if tag not in known:
+                raise DataError(f"{sentence.where(offset)}: unknown tag {tag!r} (in the model's "
+                                f"scheme); labels are {', '.join(labels)}")

@@ -1,0 +1,187 @@
+"""Tagged sentences → WordPiece rows → length-bucketed NumPy batches (token classification).
+
+Labels sit on each word's FIRST sub-token (paper Sec. 5.3); the other sub-tokens, [CLS] /
+[SEP] and context tokens carry label -1 and weight 0, so loss and metric never see them.
+
+A sentence longer than max_seq_length - 2 pieces is split into windows of that many pieces,
+starting every `stride` pieces; each word is scored in exactly one window, the one where its
+first sub-token has the most context on its poorer side (as SQuAD's "max context" rule).
+With `document_context`, a sentence that fits is encoded with its neighbours from the same
+document around it (about as much on each side, up to max_seq_length), and only its own words
+are scored: the paper's NER setting.
+
+Rows of a split (`TokenFeatures`, one or more per sentence):
+  input_ids[r]: [len_r] int32 ([CLS] context sentence context [SEP])
+  word_index[r]: [len_r] int32 — the sentence's word scored at that position, -1 elsewhere
+  label_ids[r]: [len_r] int32 — that word's label id, -1 elsewhere (and for unlabelled data)
+Batches (`[batch]` = this host's share; seq = the bucket length):
+  input_ids, segment_ids, input_mask: [batch, seq] int32
+  label_ids: [batch, seq] int32 (0 where not scored); label_weights: [batch, seq] float32
+  example_index: [batch] int32 — the row (-1 for filler rows)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from bertjax.errors import ConfigError
+from data_pipeline import finetune_data
+from data_pipeline.conll import Sentence
+
+
+@dataclasses.dataclass
+class TokenFeatures:
+    input_ids: list[np.ndarray]
+    word_index: list[np.ndarray]
+    label_ids: list[np.ndarray]
+    sentence: np.ndarray  # [rows] int: the sentence each row scores
+    num_words: np.ndarray  # [sentences] int
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(r) for r in self.input_ids], np.int64)
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+def word_pieces(tokenizer, sentences: Sequence[Sentence]) -> dict[str, list[int]]:
+    """WordPiece ids of every distinct word; a word with no pieces (only characters the
+    tokenizer drops) becomes [UNK], so every word keeps a position to be scored at."""
+    words = sorted({w for s in sentences for w in s.words})
+    ids = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w)) for w in words]
+    return {w: (p or [tokenizer.unk_id]) for w, p in zip(words, ids)}
+
+
+def windows(num_pieces: int, budget: int, stride: int) -> list[tuple[int, int]]:
+    """[(start, end)] piece ranges of at most `budget` pieces, every `stride` pieces, the last
+    ending at num_pieces."""
+    if not 0 < stride <= budget:
+        raise ConfigError(f"config.data.stride={stride} must be in 1..max_seq_length - 2 "
+                          f"({budget})")
+    out, start = [], 0
+    while True:
+        end = min(start + budget, num_pieces)
+        out.append((start, end))
+        if end == num_pieces:
+            return out
+        start += stride
+
+
+def best_window(position: int, spans: Sequence[tuple[int, int]]) -> int:
+    """Index of the window in which `position` has the most context on its poorer side (the
+    first such window on ties)."""
+    best, best_score = -1, -1
+    for k, (start, end) in enumerate(spans):
+        if start <= position < end:
+            score = min(position - start, end - 1 - position)
+            if score > best_score:
+                best, best_score = k, score
+    return best
+
+
+def _context(sentences, pieces_of, index: int, direction: int, limit: int) -> list[int]:
+    """Up to `limit` pieces of the neighbouring sentences of the same document, the ones
+    nearest sentence `index` (direction -1: before it, +1: after it)."""
+    out: list[int] = []
+    document = sentences[index].document
+    j = index + direction
+    while len(out) < limit and 0 <= j < len(sentences) and sentences[j].document == document:
+        pieces = pieces_of(j)
+        out = (pieces + out)[-limit:] if direction < 0 else (out + pieces)[:limit]
+        j += direction
+    return out
+
+
+def encode(tokenizer, sentences: Sequence[Sentence], label_ids: dict[str, int] | None,
+           max_seq_length: int, stride: int, document_context: bool) -> TokenFeatures:
+    """Rows of every sentence (see the module docstring). label_ids: tag → id (None: no
+    labels)."""
+    budget = max_seq_length - 2
+    vocab = word_pieces(tokenizer, sentences)
+    cache: dict[int, list[int]] = {}
+
+    def pieces_of(i: int) -> list[int]:
+        if i not in cache:
+            cache[i] = [p for w in sentences[i].words for p in vocab[w]]
+        return cache[i]
+
+    rows_ids, rows_words, rows_labels, row_sentence = [], [], [], []
+    for s, sentence in enumerate(sentences):
+        own = pieces_of(s)
+        firsts = np.cumsum([0] + [len(vocab[w]) for w in sentence.words[:-1]])
+        gold = (np.array([label_ids[t] for t in sentence.tags], np.int32)
+                if label_ids is not None and sentence.tags is not None else None)
+        left: list[int] = []
+        right: list[int] = []
+        if len(own) <= budget and document_context:
+            extra = budget - len(own)
+            # Centre the sentence: half the room to each side, the unused rest to the other.
+            right_avail = _context(sentences, pieces_of, s, +1, extra)
+            left = _context(sentences, pieces_of, s, -1, extra - min(len(right_avail),
+                                                                       extra // 2))
+            right = right_avail[:extra - len(left)]
+        spans = windows(len(own), budget, stride)
+        owner = [best_window(int(p), spans) for p in firsts]
+        for k, (start, end) in enumerate(spans):
+            ids = [tokenizer.cls_id, *left, *own[start:end], *right, tokenizer.sep_id]
+            words = np.full(len(ids), -1, np.int32)
+            labels = np.full(len(ids), -1, np.int32)
+            offset = 1 + len(left) - start
+            for w, (first, window) in enumerate(zip(firsts, owner)):
+                if window == k:
+                    words[offset + first] = w
+                    if gold is not None:
+                        labels[offset + first] = gold[w]
+            rows_ids.append(np.array(ids, np.int32))
+            rows_words.append(words)
+            rows_labels.append(labels)
+            row_sentence.append(s)
+    return TokenFeatures(rows_ids, rows_words, rows_labels, np.array(row_sentence, np.int64),
+                         np.array([len(s.words) for s in sentences], np.int64))
+
+
+def sentence_predictions(features: TokenFeatures, predicted_rows: Sequence[np.ndarray]
+                         ) -> list[np.ndarray]:
+    """Per-sentence predicted label ids [num_words] from per-row predictions [len_r] (each
+    word read at its first sub-token, in the one row that scores it)."""
+    out = [np.full(n, -1, np.int64) for n in features.num_words]
+    for row, predicted in enumerate(predicted_rows):
+        words = features.word_index[row]
+        scored = words >= 0
+        out[features.sentence[row]][words[scored]] = np.asarray(predicted)[:len(words)][scored]
+    return out
+
+
+def make_batch(features: TokenFeatures, length: int, indices: np.ndarray, batch_size: int,
+               process_index: int = 0, process_count: int = 1) -> dict[str, np.ndarray]:
+    """Rows `indices` padded to [batch_size, length]; this host's share of the rows."""
+    ids = np.zeros((batch_size, length), np.int32)
+    mask = np.zeros_like(ids)
+    labels = np.zeros_like(ids)
+    weights = np.zeros((batch_size, length), np.float32)
+    example_index = np.full((batch_size,), -1, np.int32)
+    for row, i in enumerate(indices):
+        n = len(features.input_ids[i])
+        ids[row, :n], mask[row, :n] = features.input_ids[i], 1
+        gold = features.label_ids[i]
+        labels[row, :n] = np.maximum(gold, 0)
+        weights[row, :n] = gold >= 0
+        example_index[row] = i
+    batch = {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
+             "label_ids": labels, "label_weights": weights, "example_index": example_index}
+    per_host = batch_size // process_count
+    rows = slice(process_index * per_host, (process_index + 1) * per_host)
+    return {k: v[rows] for k, v in batch.items()}
+
+
+def batches(features: TokenFeatures, batch_size: int, buckets: Sequence[int], *, shuffle: bool,
+            seed: int = 0, process_index: int = 0,
+            process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+    """One epoch of this host's batches, rows grouped by length (finetune_data's plan)."""
+    for length, indices in finetune_data.plan_batches(features, batch_size, buckets,
+                                                      shuffle=shuffle, seed=seed):
+        yield make_batch(features, length, indices, batch_size, process_index, process_count)
