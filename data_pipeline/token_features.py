@@ -57,11 +57,11 @@ def word_pieces(tokenizer, sentences: Sequence[Sentence]) -> dict[str, list[int]
 
 
 def windows(num_pieces: int, budget: int, stride: int) -> list[tuple[int, int]]:
-    """[(start, end)] piece ranges of at most `budget` pieces, every `stride` pieces, the last
-    ending at num_pieces."""
-    if not 0 < stride <= budget:
-        raise ConfigError(f"config.data.stride={stride} must be in 1..max_seq_length - 2 "
-                          f"({budget})")
+    """[(start, end)] piece ranges of at most `budget` pieces, every `stride` pieces (at most
+    `budget`, so no piece is skipped), the last ending at num_pieces."""
+    if stride < 1:
+        raise ConfigError(f"config.data.stride={stride} must be positive")
+    stride = min(stride, budget)
     out, start = [], 0
     while True:
         end = min(start + budget, num_pieces)
