@@ -147,6 +147,11 @@ def best_distinct(scores: np.ndarray, text_of, n_best: int) -> list[int]:
         k = min(len(scores), 2 * k)
 
 
+def _slicer(context: str, char_starts: np.ndarray, char_ends: np.ndarray):
+    """k → the context's characters of candidate k (the original text, not word pieces)."""
+    return lambda k: context[char_starts[k]:char_ends[k]]
+
+
 def postprocess(features, start_logits: np.ndarray, end_logits: np.ndarray, *,
                 n_best_size: int = 20, max_answer_length: int = 30, version_2: bool = False
                 ) -> dict[str, Answer]:
@@ -178,14 +183,9 @@ def postprocess(features, start_logits: np.ndarray, end_logits: np.ndarray, *,
         ends = np.concatenate(all_end) if all_end else np.zeros(0, int)
         spans = features.contexts[features.context_index[e]]
 
-        def char_span(k: int) -> tuple[int, int]:
-            first = features.doc_start[win[k]] + starts[k] - features.doc_offset[win[k]]
-            last = features.doc_start[win[k]] + ends[k] - features.doc_offset[win[k]]
-            return int(spans[first, 0]), int(spans[last, 1])
-
-        def text_of(k: int) -> str:
-            a, b = char_span(k)
-            return context[a:b]
+        # Token positions in the window → context tokens → characters of the context.
+        shift = features.doc_start[win] - features.doc_offset[win]
+        text_of = _slicer(context, spans[starts + shift, 0], spans[ends + shift, 1])
 
         chosen = best_distinct(scores, text_of, n_best_size) if len(scores) else []
         entries = [(float(scores[k]), text_of(k), float(start_logits[win[k]][starts[k]]),

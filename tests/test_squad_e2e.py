@@ -1,0 +1,134 @@
+"""SQuAD end to end on CPU: a tiny random checkpoint learns a generated extractive QA set (the
+answer is the context's one run of name words, in contexts longer than a window) through
+`python -m bertjax.finetune --config=experiments/squad.py:v1`, and a v2.0-style set whose
+unanswerable questions have no name run learns to abstain; the prediction files are in the
+official layouts."""
+
+import json
+import random
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from conftest import run_python
+
+from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.pretrained import save_pretrained
+
+FILLERS = [f"filler{i}" for i in range(30)]
+# An answer is "first<i> [middle<j>]* last<k>": its ends are learnable from the tokens alone.
+FIRST, MIDDLE, LAST = ([f"{kind}{i}" for i in range(6)] for kind in ("first", "middle", "last"))
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, *FIRST, *MIDDLE, *LAST, "who",
+         "is", "it", "?"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny_qa")
+    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=2, num_heads=4,
+                     intermediate_size=64, max_position_embeddings=64)
+    ids = np.zeros((1, 4), np.int32)
+    params = jax.jit(BertForPreTraining(cfg).init)(jax.random.key(0), ids, ids, ids,
+                                                    np.zeros((1, 1), np.int32))
+    save_pretrained(root / "ckpt", cfg, nn.unbox(params["params"]), str(root / "vocab.txt"))
+    return str(root / "ckpt")
+
+
+def generate(path, n, seed, impossible_rate=0.0):
+    """SQuAD-format file: two questions per context; the answer is the name run (2-4
+    words), which unanswerable contexts lack."""
+    rng = random.Random(seed)
+    paragraphs = []
+    for p in range(n // 2):
+        words = [rng.choice(FILLERS) for _ in range(rng.randint(10, 70))]
+        impossible = rng.random() < impossible_rate
+        answer = [] if impossible else [rng.choice(FIRST), *rng.sample(MIDDLE, rng.randint(
+            0, 2)), rng.choice(LAST)]
+        at = rng.randint(0, len(words))
+        words[at:at] = answer
+        context = " ".join(words)
+        start = len(" ".join(words[:at])) + (1 if at else 0)
+        text = " ".join(answer)
+        qas = []
+        for q in range(2):
+            question = " ".join(["who", "is", "it", *rng.sample(FILLERS, rng.randint(0, 3)),
+                                 "?"])
+            qa = {"id": f"{seed}-{p}-{q}", "question": question,
+                  "answers": [] if impossible else [{"text": text, "answer_start": start}]}
+            if impossible_rate:
+                qa["is_impossible"] = impossible
+            qas.append(qa)
+        paragraphs.append({"context": context, "qas": qas})
+    path.write_text(json.dumps({"version": "test", "data": [{"title": "gen",
+                                                             "paragraphs": paragraphs}]}))
+    return str(path)
+
+
+def test_squad_v1_cli_learns_and_writes_files(checkpoint, tmp_path):
+    train = generate(tmp_path / "train.json", 500, seed=1)
+    dev = generate(tmp_path / "dev.json", 120, seed=2)
+    workdir = tmp_path / "run"
+    result = run_python([
+        "-m", "bertjax.finetune", "--config=experiments/squad.py:v1",
+        f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
+        f"--config.data.train={train}", f"--config.data.validation={dev}",
+        f"--config.data.test={dev}", "--config.max_seq_length=64",
+        "--config.task.doc_stride=16", "--config.task.max_query_length=10",
+        "--config.train.batch_size=32", "--config.train.num_epochs=3",
+        "--config.optimizer.learning_rate=1e-3", "--config.log_every_steps=1000",
+        "--config.model.hidden_dropout_prob=0.0", "--config.model.attention_dropout_prob=0.0",
+    ], timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((workdir / "results.json").read_text())
+    print("squad v1 dev", results["best"])
+    assert results["primary_metric"] == "f1"
+    assert results["best"]["f1"] >= 90.0 and results["best"]["exact_match"] >= 80.0
+    predictions = json.loads((workdir / "predictions.json").read_text())
+    nbest = json.loads((workdir / "nbest_predictions.json").read_text())
+    dev_data = json.loads(open(dev).read())
+    ids = [qa["id"] for p in dev_data["data"][0]["paragraphs"] for qa in p["qas"]]
+    assert sorted(predictions) == sorted(ids) == sorted(nbest)
+    assert all(isinstance(v, str) for v in predictions.values())
+    for qid in ids[:10]:
+        entries = nbest[qid]
+        assert 1 <= len(entries) <= 20 and entries[0]["text"] == predictions[qid]
+        assert set(entries[0]) == {"text", "probability", "start_logit", "end_logit"}
+        assert abs(sum(e["probability"] for e in entries) - 1.0) < 1e-6
+    # Predictions are recomputed from the best checkpoint: they score its dev F1.
+    from bertjax.tasks import squad_metrics
+    golds = {qa["id"]: [a["text"] for a in qa["answers"]]
+             for p in dev_data["data"][0]["paragraphs"] for qa in p["qas"]}
+    assert squad_metrics.evaluate(predictions, golds)["f1"] == pytest.approx(
+        results["best"]["f1"])
+    assert (workdir / "test_predictions.json").exists()
+    assert not (workdir / "null_odds.json").exists()
+
+
+def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
+    from bertjax.finetune import train_and_evaluate
+    from experiments.squad import get_config
+
+    config = get_config("v2")
+    config.init_checkpoint = checkpoint
+    config.data.train = generate(tmp_path / "train.json", 500, seed=3, impossible_rate=0.4)
+    config.data.validation = generate(tmp_path / "dev.json", 120, seed=4, impossible_rate=0.4)
+    config.max_seq_length = 64
+    config.task.doc_stride, config.task.max_query_length = 16, 10
+    config.train.batch_size, config.train.num_epochs = 32, 3
+    config.optimizer.learning_rate = 1e-3
+    config.model.hidden_dropout_prob = config.model.attention_dropout_prob = 0.0
+    config.log_every_steps = 1000
+    logs = []
+    summary = train_and_evaluate(config, str(tmp_path / "run"), log=logs.append)
+    best = summary["best"]
+    print("squad v2 dev", best)
+    assert summary["primary_metric"] == "best_f1"
+    assert best["best_f1"] >= 90.0
+    assert best["NoAns_f1"] >= 80.0 and best["HasAns_f1"] >= 80.0
+    null_odds = json.loads((tmp_path / "run" / "null_odds.json").read_text())
+    predictions = json.loads((tmp_path / "run" / "predictions.json").read_text())
+    assert sorted(null_odds) == sorted(predictions)
+    assert any(v == "" for v in predictions.values())
+    assert any("null threshold" in str(line) for line in logs)
