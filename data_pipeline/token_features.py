@@ -39,6 +39,7 @@ class TokenFeatures:
     label_ids: list[np.ndarray]
     sentence: np.ndarray  # [rows] int: the sentence each row scores
     num_words: np.ndarray  # [sentences] int
+    own: np.ndarray  # [rows, 2] int: [start, end) of the row's own-sentence pieces
 
     @property
     def lengths(self) -> np.ndarray:
@@ -109,7 +110,7 @@ def encode(tokenizer, sentences: Sequence[Sentence], label_ids: dict[str, int] |
             cache[i] = [p for w in sentences[i].words for p in vocab[w]]
         return cache[i]
 
-    rows_ids, rows_words, rows_labels, row_sentence = [], [], [], []
+    rows_ids, rows_words, rows_labels, row_sentence, row_own = [], [], [], [], []
     for s, sentence in enumerate(sentences):
         own = pieces_of(s)
         firsts = np.cumsum([0] + [len(vocab[w]) for w in sentence.words[:-1]])
@@ -140,8 +141,10 @@ def encode(tokenizer, sentences: Sequence[Sentence], label_ids: dict[str, int] |
             rows_words.append(words)
             rows_labels.append(labels)
             row_sentence.append(s)
+            row_own.append((1 + len(left), 1 + len(left) + end - start))
     return TokenFeatures(rows_ids, rows_words, rows_labels, np.array(row_sentence, np.int64),
-                         np.array([len(s.words) for s in sentences], np.int64))
+                         np.array([len(s.words) for s in sentences], np.int64),
+                         np.array(row_own, np.int64).reshape(-1, 2))
 
 
 def sentence_predictions(features: TokenFeatures, predicted_rows: Sequence[np.ndarray]

@@ -23,10 +23,10 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS,
          *(w for t in TYPES for w in STARTS[t] + INSIDES[t]), *SUFFIXES]
 
 
-def write_checkpoint(root, max_positions=64) -> str:
-    """A tiny random BERT (hidden 32, 2 layers) with VOCAB; returns its directory."""
+def write_checkpoint(root, max_positions=64, num_layers=2) -> str:
+    """A tiny random BERT (hidden 32) with VOCAB; returns its directory."""
     (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=2, num_heads=4,
+    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=num_layers, num_heads=4,
                      intermediate_size=64, max_position_embeddings=max_positions)
     ids = np.zeros((1, 4), np.int32)
     params = jax.jit(BertForPreTraining(cfg).init)(jax.random.key(0), ids, ids, ids,

@@ -97,6 +97,12 @@ class Task:
     def describe(self, features) -> str:
         return ""
 
+    def initial_params(self, model_config, encoder) -> dict[str, Any]:
+        """Param groups loaded from the pre-trained checkpoint (called before `encode`): the
+        encoder as "bert". A task whose model has no encoder (the feature-based tagger) keeps
+        `encoder` to compute its inputs and returns {}."""
+        return {"bert": encoder}
+
 
 class EpochInput:
     """Batches of epoch after epoch (`make_epoch(epoch)` builds one epoch), with a saveable
@@ -153,7 +159,7 @@ class FineTuningJob:
                               "directory")
         self.splits = task.read(config)
         self.model_config, pretrained, tokenizer = load_pretrained_model(config)
-        self._encoder = pretrained["bert"]
+        self._pretrained = task.initial_params(self.model_config, pretrained["bert"])
         max_len = config.max_seq_length
         if max_len > self.model_config.max_position_embeddings:
             raise ConfigError(f"config.max_seq_length={max_len} exceeds the model's "
@@ -198,8 +204,8 @@ class FineTuningJob:
         return make_optimizer(opt, self.total_steps)
 
     def pretrained_params(self) -> dict[str, Any]:
-        encoder, self._encoder = self._encoder, None  # host memory back once placed
-        return {"bert": encoder}
+        loaded, self._pretrained = self._pretrained, None  # host memory back once placed
+        return loaded
 
     def predictions(self, params, features, runner) -> dict[str, Any]:
         """Every row's predictions, in `example_index` order: an array [len(features)] for
