@@ -160,11 +160,6 @@ def test_meshes_and_processes_give_the_single_device_losses_and_params(tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     expected_losses = [read_metrics(reference)[s]["loss"] for s in range(1, 11)]
     expected_params = final_params(reference, 10)
-    for data, fsdp, tensor in MESHES:
-        workdir = str(tmp_path / f"mesh_{data}_{fsdp}_{tensor}")
-        mesh = [f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
-                f"--config.mesh.tensor={tensor}"]
-        runs[workdir] = start(pretrain_args(workdir, 10, every=10, extra=mesh), devices_env(8))
     # Two processes x 4 devices, through jax.distributed on localhost.
     with socket.socket() as s:
         s.bind(("localhost", 0))
@@ -176,6 +171,15 @@ def test_meshes_and_processes_give_the_single_device_losses_and_params(tmp_path)
                 f"--coordinator_address=localhost:{port}", "--num_processes=2",
                 f"--process_id={i}"]),
             devices_env(4))
+    # The pair's first step sets up its cross-process (gloo) context, which gives up after 30 s:
+    # start the other runs only once it is up, so that 2 CPU cores are not shared six ways then.
+    wait_for(lambda: os.path.exists(os.path.join(multi, "metrics.jsonl"))
+             or any(p.poll() is not None for p in runs.values()), timeout=300)
+    for data, fsdp, tensor in MESHES:
+        workdir = str(tmp_path / f"mesh_{data}_{fsdp}_{tensor}")
+        mesh = [f"--config.mesh.data={data}", f"--config.mesh.fsdp={fsdp}",
+                f"--config.mesh.tensor={tensor}"]
+        runs[workdir] = start(pretrain_args(workdir, 10, every=10, extra=mesh), devices_env(8))
     for name, proc in runs.items():
         out, _ = proc.communicate(timeout=600)
         assert proc.returncode == 0, name + out[-3000:]
