@@ -22,8 +22,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-from absl import app, flags
+from absl import flags
 
+from bertjax import cli
 from bertjax.models import BertConfig, BertForPreTraining, pretraining_loss
 from bertjax.tasks import pretraining
 from bertjax.train import step as step_lib
@@ -99,12 +100,11 @@ def bench_attention(cfg, batch_size, repeats):
 
 
 def bench_compile(batch_size):
-    from bertjax.cli import load_config
     from bertjax.train.optimizer import make_optimizer
 
     rows = []
     for name, scan in (("base unrolled (baseline)", False), ("base nn.scan", True)):
-        config = load_config("experiments/pretrain.py:base")
+        config = cli.load_config("experiments/pretrain.py:base")
         config.model.scan_layers = scan
         config.model.dtype = "bfloat16"
         cfg = BertConfig.from_dict(config.model)
@@ -148,11 +148,10 @@ def interleaved_median_seconds(steps: dict, repeats: int) -> dict:
 
 def bertjax_train_step(cfg, batch_size, seq_len, max_predictions):
     """A callable running one jitted train step (bert_adamw, compute in cfg.dtype), one device."""
-    from bertjax.cli import load_config
     from bertjax.train import sharding as sharding_lib
     from bertjax.train.optimizer import make_optimizer
 
-    config = load_config("experiments/pretrain.py:tiny")
+    config = cli.load_config("experiments/pretrain.py:tiny")
     model = BertForPreTraining(cfg)
     tx, schedule = make_optimizer(config.optimizer, 1000)
     mesh = sharding_lib.make_mesh({"data": 1}, jax.devices()[:1])
@@ -265,4 +264,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -25,7 +25,9 @@ import shlex
 import subprocess
 import sys
 
-from absl import app, flags
+from absl import flags
+
+from bertjax import cli
 
 _CORPUS = flags.DEFINE_string("corpus", "data/demo_corpus.txt", "Reference-format corpus.")
 _DATA = flags.DEFINE_string("data_dir", "data/demo", "Where the demo's data is written.")
@@ -123,9 +125,8 @@ def main(argv):
                  f"--output_dir={out}", f"--vocab={vocab_dir}", f"--max_seq_length={seq_len}",
                  f"--max_predictions_per_seq={max_predictions}", f"--dupe_factor={dupe}",
                  "--num_shards=2", "--num_workers=2"])
-    from bertjax.cli import load_config
 
-    config = load_config(_CONFIG)
+    config = cli.load_config(_CONFIG)
     overrides = {"model.vocab_size": vocab_size, "vocab": f"{vocab_dir}/vocab.txt"}
     if _STEPS.value:
         overrides["train.num_train_steps"] = _STEPS.value
@@ -192,4 +193,4 @@ def finetune_demo(checkpoint: str) -> None:
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)
