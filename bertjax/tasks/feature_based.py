@@ -8,8 +8,9 @@ once per dataset, a two-layer bidirectional LSTM and a classifier trained on the
 
 How it sits on the core: the task family is token_classification with
 config.feature_based.enabled; `initial_params` keeps the pre-trained encoder for the task and
-loads nothing into the trained model, whose params are only {"layer_mix"?, "bilstm_*",
-"classifier"}: the optimizer cannot touch the encoder, and the training loop never runs it.
+loads nothing into the trained model, whose params are only {"lstm_<layer>_forward" /
+"_backward", "classifier", and for weighted sums "layer_weights", "layer_scale"}: the
+optimizer cannot touch the encoder, and the training loop never runs it.
 `encode` builds the same rows as fine-tuning (first sub-token labels, windows, document
 context), runs the encoder over them ONCE and writes each needed layer's vectors of the rows'
 own-sentence pieces to a memory-mapped cache (`<cache_dir>/<fingerprint>/layer<i>.npy`,
