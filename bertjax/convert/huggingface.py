@@ -20,6 +20,7 @@ from bertjax.convert.mapping import (
     HF_ACTIVATIONS,
     ConversionError,
     TensorSpec,
+    classifier_specs,
     config_from_reference,
     config_to_hf,
     export_tensors,
@@ -35,6 +36,8 @@ ARCHITECTURES = {
     "BertForPreTraining": ("encoder", "bert/pooler", "mlm", "nsp"),
     "BertForMaskedLM": ("encoder", "mlm"),
     "BertModel": ("encoder", "bert/pooler"),
+    # transformers' BertForTokenClassification has no pooler (add_pooling_layer=False).
+    "BertForTokenClassification": ("encoder", "classifier"),
 }
 # The tied MLM decoder as transformers names it: copy name → the name it must equal.
 TIED = {
@@ -121,7 +124,7 @@ def read_config(directory: epath.Path) -> BertConfig:
 
 
 def read_hf_checkpoint(
-    directory: str | epath.Path, config: BertConfig
+    directory: str | epath.Path, config: BertConfig, heads: tuple[str, ...] = ()
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """(params, {skipped tensor: why}) from an HF directory."""
     directory = epath.Path(directory)
@@ -147,7 +150,8 @@ def read_hf_checkpoint(
         if tensors.pop(name, None) is not None:
             skipped[name] = "buffer, not a parameter"
     params, unused = import_tensors(
-        reference_specs(config), tensors, lambda s: rename(s.hf_name),
+        reference_specs(config) + _head_specs(heads, tensors, rename, config),
+        tensors, lambda s: rename(s.hf_name),
         lambda s: s.hf_transposed, source, config,
     )
     skipped.update({name: "not a BertForPreTraining parameter" for name in unused})
@@ -156,6 +160,23 @@ def read_hf_checkpoint(
 
 # ---------------------------------------------------------------------------------------------
 # Writing
+
+
+def _head_specs(heads, source, rename, config: BertConfig) -> list[TensorSpec]:
+    """Specs of the fine-tuning heads among `heads` that `source` holds (HF tensors by name
+    when `rename` is given, otherwise bertjax params); their sizes come from the source."""
+    if "classifier" not in heads:
+        return []
+    if rename is not None:
+        name = rename("classifier.bias")
+        if name not in source:
+            return []
+        num_labels = np.shape(source[name])[0]
+    elif "classifier" in source:
+        num_labels = np.shape(source["classifier"]["bias"])[0]
+    else:
+        return []
+    return classifier_specs(config.hidden_size, int(num_labels))
 
 
 def _hf_name(architecture: str):
@@ -175,7 +196,8 @@ def export_hf_tensors(
         raise ConversionError(f"--architecture={architecture!r} is not one of "
                               f"{sorted(ARCHITECTURES)}")
     groups = ARCHITECTURES[architecture]
-    tensors = export_tensors(reference_specs(config), params, _hf_name(architecture),
+    tensors = export_tensors(reference_specs(config) + _head_specs(groups, params, None, config),
+                             params, _hf_name(architecture),
                              lambda s: s.hf_transposed, keep=lambda s: s.group in groups)
     return {name: array.astype(dtype) for name, array in tensors.items()}
 
@@ -211,6 +233,10 @@ def write_hf_checkpoint(
     tensors = export_hf_tensors(config, params, architecture, dtype)
     hf_config = config_to_hf(config, architecture, _pad_token_id(vocab))
     hf_config["dtype"] = dtype
+    if "classifier" in ARCHITECTURES.get(architecture, ()):
+        num_labels = np.shape(params["classifier"]["bias"])[0]
+        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
     output.mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     # transformers refuses safetensors files without a "format" entry in the metadata.

@@ -116,6 +116,17 @@ def reference_specs(config: BertConfig) -> list[TensorSpec]:
     return specs
 
 
+def classifier_specs(hidden: int, num_labels: int) -> list[TensorSpec]:
+    """The fine-tuning `classifier` head (token classification: a dense layer per position):
+    bertjax `classifier/kernel` [hidden, num_labels] and `bias`; transformers'
+    `classifier.weight` [num_labels, hidden] and `classifier.bias`. Group "classifier"."""
+    return [TensorSpec(("classifier", "kernel"), "output_weights", "classifier.weight",
+                       (hidden, num_labels), (hidden, num_labels), tf_transposed=True,
+                       hf_transposed=True, group="classifier"),
+            TensorSpec(("classifier", "bias"), "output_bias", "classifier.bias", (num_labels,),
+                       (num_labels,), group="classifier")]
+
+
 def import_tensors(
     specs: list[TensorSpec],
     tensors: Mapping[str, Any],
