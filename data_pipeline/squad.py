@@ -16,7 +16,7 @@ unanswerable questions) point at [CLS] (position 0).
 Conversion is vectorised: every distinct context is tokenized once (questions share them;
 SQuAD train has 88k questions over 19k paragraphs), in one batch call (the tokenizer's
 compiled tensorflow-text path for plain-ASCII batches), and windows, token ids and max-context
-flags are NumPy arrays. `num_workers > 1` splits the examples over processes.
+flags are NumPy arrays. `num_workers > 1` splits the examples over spawned processes.
 
 TensorFlow is imported only by `read_squad_tfds`.
 """
@@ -260,6 +260,10 @@ def check_limits(max_seq_length: int, doc_stride: int, max_query_length: int) ->
     return window
 
 
+# Below this many questions, starting worker processes costs more than it saves.
+PARALLEL_MIN_EXAMPLES = 2000
+
+
 def _pieces(tokenizer, texts: list[str]):
     return tokenizer._pieces_batch(texts)  # noqa: SLF001 - the batch path with offsets
 
@@ -273,7 +277,7 @@ def convert(tokenizer, examples: Sequence[SquadExample], max_seq_length: int = 3
     examples = list(examples)
     if not examples:
         raise DataError("no SQuAD questions to convert")
-    if num_workers > 1 and len(examples) >= 2000:
+    if num_workers > 1 and len(examples) >= PARALLEL_MIN_EXAMPLES:
         return _convert_parallel(tokenizer, examples, max_seq_length, doc_stride,
                                  max_query_length, training, num_workers)
     context_ids: dict[str, int] = {}
@@ -348,20 +352,37 @@ def concatenate(parts: list[SquadFeatures]) -> SquadFeatures:
         cat([p.context_index + n_contexts[j] for j, p in enumerate(parts)]))
 
 
-_SHARED: tuple = ()  # (tokenizer, examples, kwargs) inherited by forked workers
+_WORKER: tuple = ()  # (tokenizer, convert kwargs) of a worker process
 
 
-def _worker(bounds: tuple[int, int]) -> SquadFeatures:
-    tokenizer, examples, kwargs = _SHARED
-    return convert(tokenizer, examples[bounds[0]:bounds[1]], num_workers=1, **kwargs)
+def _init_worker(vocab: list[str], do_lower_case: bool, kwargs: dict) -> None:
+    from bertjax.tokenization import WordPieceTokenizer
+
+    global _WORKER
+    tokenizer = WordPieceTokenizer(vocab, do_lower_case)
+    tokenizer.tf_text_min_batch = None  # pure Python: no TensorFlow start-up per worker
+    _WORKER = (tokenizer, kwargs)
+
+
+def _worker(chunk: list[SquadExample]) -> SquadFeatures:
+    tokenizer, kwargs = _WORKER
+    return convert(tokenizer, chunk, num_workers=1, **kwargs)
 
 
 def _convert_parallel(tokenizer, examples, max_seq_length, doc_stride, max_query_length,
                       training, num_workers) -> SquadFeatures:
-    """convert() over `num_workers` forked processes, on chunks cut at context boundaries
-    (SQuAD files list a paragraph's questions together, so contexts stay tokenized once)."""
+    """convert() over `num_workers` spawned processes, on chunks cut at context boundaries
+    (SQuAD files list a paragraph's questions together, so contexts stay tokenized once).
+    Spawned, not forked: the parent may hold JAX's or TensorFlow's threads, and a fork of
+    them can deadlock. WordPiece only (the worker rebuilds it from the vocabulary)."""
     import multiprocessing
 
+    from bertjax.tokenization import WordPieceTokenizer
+
+    kwargs = dict(max_seq_length=max_seq_length, doc_stride=doc_stride,
+                  max_query_length=max_query_length, training=training)
+    if not isinstance(tokenizer, WordPieceTokenizer):
+        return convert(tokenizer, examples, num_workers=1, **kwargs)
     bounds = [0]
     for k in range(1, num_workers):
         cut = len(examples) * k // num_workers
@@ -369,17 +390,11 @@ def _convert_parallel(tokenizer, examples, max_seq_length, doc_stride, max_query
             cut += 1
         bounds.append(max(cut, bounds[-1]))
     bounds.append(len(examples))
-    chunks = [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
-    global _SHARED
-    # fork: the tokenizer, its word cache and the examples are shared copy-on-write; only the
-    # chunk bounds go in and the NumPy features come back.
-    _SHARED = (tokenizer, examples, dict(max_seq_length=max_seq_length, doc_stride=doc_stride,
-                                         max_query_length=max_query_length, training=training))
-    try:
-        with multiprocessing.get_context("fork").Pool(len(chunks)) as pool:
-            parts = pool.map(_worker, chunks)
-    finally:
-        _SHARED = ()
+    chunks = [examples[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
+    vocab = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
+    with multiprocessing.get_context("spawn").Pool(
+            len(chunks), _init_worker, (vocab, tokenizer.do_lower_case, kwargs)) as pool:
+        parts = pool.map(_worker, chunks)
     return concatenate(parts)
 
 

@@ -322,8 +322,9 @@ def test_window_limits_are_config_errors(tokenizer):
                       max_query_length=64)
 
 
-def test_parallel_conversion_equals_serial(tokenizer):
-    examples = [e for e in generated_examples(700, seed=5) for _ in range(3)]
+def test_parallel_conversion_equals_serial(tokenizer, monkeypatch):
+    monkeypatch.setattr(squad, "PARALLEL_MIN_EXAMPLES", 0)
+    examples = [e for e in generated_examples(100, seed=5) for _ in range(3)]
     kwargs = dict(max_seq_length=40, doc_stride=9, max_query_length=8, training=True)
     serial = squad.convert(tokenizer, examples, **kwargs)
     parallel = squad.convert(tokenizer, examples, num_workers=2, **kwargs)
