@@ -51,5 +51,5 @@ def get_config(arg: str = "conll2003") -> ml_collections.ConfigDict:
     config.optimizer.learning_rate = 5e-5
     config.eval.batch_size = 64
     if arg == "conll2003":
-        config.data.scheme = "iob1"  # the files as distributed (TFDS: set iob2)
+        config.data.scheme = "iob1"  # the files as distributed (TFDS is read as IOB2)
     return config

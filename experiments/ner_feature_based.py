@@ -4,9 +4,12 @@ two-layer BiLSTM (768 units per direction) and a classifier trained on them.
   python -m bertjax.finetune --config=experiments/ner_feature_based.py:concat_last_four \
       --workdir=runs/fb_concat --config.init_checkpoint=checkpoints/bert-base-cased \
       --config.data.dir=conll2003
-  # all six rows, then the table (add --fine_tune for the fine-tuning row):
-  python -m bertjax.tasks.feature_based --config=experiments/ner_feature_based.py \
-      --workdir=runs/table --config.init_checkpoint=... --config.data.dir=conll2003
+  # all six rows of Table 7 and their table (workdir/summary.md), the encoder run once:
+  V=embeddings,second_to_last,last,weighted_sum_last_four,concat_last_four,weighted_sum_all
+  python -m bertjax.finetune_grid --config=experiments/ner_feature_based.py \
+      --workdir=runs/table --seeds=1 --config.feature_based.cache_layers=all \
+      --grid="feature_based.variant=$V" \
+      --config.init_checkpoint=checkpoints/bert-base-cased --config.data.dir=conll2003
 
 `arg`: embeddings | second_to_last | last | weighted_sum_last_four | concat_last_four |
 weighted_sum_all, optionally followed by `,files` for users' data (experiments/ner.py:files

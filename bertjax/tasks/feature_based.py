@@ -3,8 +3,9 @@ once per dataset, a two-layer bidirectional LSTM and a classifier trained on the
 
   python -m bertjax.finetune --config=experiments/ner_feature_based.py:concat_last_four \
       --config.init_checkpoint=checkpoints/bert-base-cased --config.data.dir=conll2003 ...
-  python -m bertjax.tasks.feature_based --config=experiments/ner_feature_based.py \
-      --workdir=runs/table ...        # all six variants, then the table (and fine-tuning)
+  python -m bertjax.finetune_grid --config=experiments/ner_feature_based.py --seeds=1 \
+      --grid='feature_based.variant=embeddings,last,...' --config.feature_based.cache_layers=all
+      # all six variants, the encoder run once for all, then the table (workdir/summary.md)
 
 How it sits on the core: the task family is token_classification with
 config.feature_based.enabled; `initial_params` keeps the pre-trained encoder for the task and

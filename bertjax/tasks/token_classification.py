@@ -110,9 +110,10 @@ class TokenClassificationTask(Task):
             raise ConfigError(f"config.task.label_scheme={self.scheme!r} is not one of "
                               f"{' | '.join(conll.SCHEMES)}")
         if config.task.name == "conll2003" and data.tfds:
+            # TFDS conll2003's class names are IOB2 (B-PER, I-PER, ...), whatever data.scheme
+            # says about the original files.
             read = lambda split: conll.read_tfds(  # noqa: E731
-                split, data_dir=data.tfds_data_dir or None, scheme=data.scheme,
-                target=self.scheme)
+                split, data_dir=data.tfds_data_dir or None, scheme="iob2", target=self.scheme)
             splits = {name: read(name) for name in ("train", "dev", "test")}
         else:
             paths = self._paths(config)
