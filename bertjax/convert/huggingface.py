@@ -25,6 +25,7 @@ from bertjax.convert.mapping import (
     config_to_hf,
     export_tensors,
     import_tensors,
+    qa_outputs_specs,
     reference_specs,
 )
 from bertjax.models.config import BertConfig
@@ -38,6 +39,8 @@ ARCHITECTURES = {
     "BertModel": ("encoder", "bert/pooler"),
     # transformers' BertForTokenClassification has no pooler (add_pooling_layer=False).
     "BertForTokenClassification": ("encoder", "classifier"),
+    # transformers' BertForQuestionAnswering has no pooler either.
+    "BertForQuestionAnswering": ("encoder", "qa_outputs"),
 }
 # The tied MLM decoder as transformers names it: copy name → the name it must equal.
 TIED = {
@@ -165,18 +168,22 @@ def read_hf_checkpoint(
 def _head_specs(heads, source, rename, config: BertConfig) -> list[TensorSpec]:
     """Specs of the fine-tuning heads among `heads` that `source` holds (HF tensors by name
     when `rename` is given, otherwise bertjax params); their sizes come from the source."""
+    specs = []
+    if "qa_outputs" in heads and (rename("qa_outputs.bias") in source if rename is not None
+                                  else "qa_outputs" in source):
+        specs = qa_outputs_specs(config.hidden_size)
     if "classifier" not in heads:
-        return []
+        return specs
     if rename is not None:
         name = rename("classifier.bias")
         if name not in source:
-            return []
+            return specs
         num_labels = np.shape(source[name])[0]
     elif "classifier" in source:
         num_labels = np.shape(source["classifier"]["bias"])[0]
     else:
-        return []
-    return classifier_specs(config.hidden_size, int(num_labels))
+        return specs
+    return specs + classifier_specs(config.hidden_size, int(num_labels))
 
 
 def _hf_name(architecture: str):

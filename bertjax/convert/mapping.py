@@ -127,6 +127,18 @@ def classifier_specs(hidden: int, num_labels: int) -> list[TensorSpec]:
                        (num_labels,), group="classifier")]
 
 
+def qa_outputs_specs(hidden: int) -> list[TensorSpec]:
+    """The SQuAD head `qa_outputs` (start and end logits per position): bertjax
+    `qa_outputs/kernel` [hidden, 2] and `bias` [2]; transformers' `qa_outputs.weight` [2, hidden]
+    and `qa_outputs.bias`; the reference run_squad.py's `cls/squad/output_weights` [2, hidden]
+    and `cls/squad/output_bias`. Group "qa_outputs"."""
+    return [TensorSpec(("qa_outputs", "kernel"), "cls/squad/output_weights", "qa_outputs.weight",
+                       (hidden, 2), (hidden, 2), tf_transposed=True, hf_transposed=True,
+                       group="qa_outputs"),
+            TensorSpec(("qa_outputs", "bias"), "cls/squad/output_bias", "qa_outputs.bias", (2,),
+                       (2,), group="qa_outputs")]
+
+
 def import_tensors(
     specs: list[TensorSpec],
     tensors: Mapping[str, Any],
