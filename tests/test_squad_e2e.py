@@ -132,3 +132,23 @@ def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
     assert sorted(null_odds) == sorted(predictions)
     assert any(v == "" for v in predictions.values())
     assert any("null threshold" in str(line) for line in logs)
+
+
+def test_bad_file_is_one_line_and_nothing_written(checkpoint, tmp_path):
+    train = generate(tmp_path / "train.json", 20, seed=5)
+    data = json.loads(open(train).read())
+    qa = data["data"][0]["paragraphs"][3]["qas"][1]
+    qa["answers"][0]["answer_start"] += 1
+    (tmp_path / "bad.json").write_text(json.dumps(data))
+    workdir = tmp_path / "run"
+    result = run_python([
+        "-m", "bertjax.finetune", "--config=experiments/squad.py:v1",
+        f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
+        f"--config.data.train={tmp_path / 'bad.json'}", f"--config.data.validation={train}",
+    ], timeout=120)
+    assert result.returncode == 1
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    assert errors[0].startswith(f"error: {tmp_path / 'bad.json'}: question {qa['id']}: answer ")
+    assert "does not match the context at answer_start=" in errors[0]
+    assert not workdir.exists()
