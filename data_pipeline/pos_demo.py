@@ -11,7 +11,8 @@ are fetched at setup time (`make tagging_demo`) and never committed. `--source` 
 Each non-empty source line is one sentence of space-separated `word/TAG` tokens, split at the
 LAST slash (words such as `1/2/CD` keep theirs). Writes `wsj.conll` and `oanc.conll`
 (`word<TAB>tag`, a blank line after each sentence), and the demo's splits: train.conll and
-dev.conll (OANC, 90 / 10 by a SHA-256 hash of the line, stable across machines); WSJ is kept
+dev.conll (OANC, 90 / 10 by a SHA-256 hash of the line, stable across machines), labels.txt
+(every OANC tag, one a line, for --config.data.labels); WSJ is kept
 aside (wsj.conll: it uses the tag '' that OANC never does, so a tagger trained on OANC cannot
 be scored on it as is). Prints sentence, token and tag counts (expected: wsj 1,001 / 25,026 /
 44; oanc 20,000 / 360,524 / 48).
@@ -92,6 +93,10 @@ def convert(source: str, output_dir: str) -> dict[str, tuple[int, int, int]]:
     oanc = corpora["oanc"]
     outputs = {**corpora, "train": [s for s in oanc if not in_dev(s)],
                "dev": [s for s in oanc if in_dev(s)]}
+    # Every tag of the sample, one a line (`--config.data.labels=<this file>`: a small train
+    # subset may lack rare tags, and "," is a tag, so no comma-separated list).
+    with open(os.path.join(output_dir, "labels.txt"), "w", encoding="utf-8") as f:
+        f.write("".join(t + "\n" for t in sorted({t for s in oanc for _, t in s})))
     counts = {}
     for name, sentences in outputs.items():
         with open(os.path.join(output_dir, f"{name}.conll"), "w", encoding="utf-8") as f:

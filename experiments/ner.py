@@ -33,7 +33,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
         token_column=0, tag_column=-1,  # CoNLL columns (-1 = last)
         tokens_key="tokens", tags_key="tags",  # JSONL fields
         scheme="iob2",  # the files' tag scheme: iob1 | iob2 | bioes | none (plain tags)
-        labels="",  # comma-separated; empty = the training file's tags
+        labels="",  # comma-separated, or a file of one label a line; "" = the train tags
         document_context=True,  # encode each sentence with its document's neighbours
         stride=64,  # long sentences: windows of max_seq_length - 2 pieces every `stride`
     )

@@ -127,8 +127,11 @@ class TokenClassificationTask(Task):
                     labelled=name != "test" or data.test_labelled,
                     first_document=first_document)
                 first_document = splits[name][-1].document + 1
-        labels = (tuple(x for x in data.labels.split(",") if x) if data.labels
-                  else conll.infer_labels(splits["train"]))
+        labels = conll.infer_labels(splits["train"], self.scheme)
+        if data.labels and epath.Path(data.labels).is_file():  # one label a line (POS: ",")
+            labels = tuple(x for x in epath.Path(data.labels).read_text().split("\n") if x)
+        elif data.labels:
+            labels = tuple(x for x in data.labels.split(",") if x)
         if not labels:
             raise ConfigError("no labels: config.data.labels is empty and the training data "
                               "has no tags")
