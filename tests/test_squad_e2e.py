@@ -114,6 +114,7 @@ def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
     config.init_checkpoint = checkpoint
     config.data.train = generate(tmp_path / "train.json", 500, seed=3, impossible_rate=0.4)
     config.data.validation = generate(tmp_path / "dev.json", 120, seed=4, impossible_rate=0.4)
+    config.data.test = config.data.validation  # the dev-chosen threshold applies to test
     config.max_seq_length = 64
     config.task.doc_stride, config.task.max_query_length = 16, 10
     config.train.batch_size, config.train.num_epochs = 32, 3
@@ -132,6 +133,9 @@ def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
     assert sorted(null_odds) == sorted(predictions)
     assert any(v == "" for v in predictions.values())
     assert any("null threshold" in str(line) for line in logs)
+    test = json.loads((tmp_path / "run" / "test_predictions.json").read_text())
+    assert test == predictions
+    assert json.loads((tmp_path / "run" / "test_null_odds.json").read_text()) == null_odds
 
 
 def test_bad_file_is_one_line_and_nothing_written(checkpoint, tmp_path):
