@@ -298,7 +298,7 @@ class SquadTask(Task):
                 if bad is not None:
                     raise DataError(f"{data[field]}: question {bad.qas_id}: is_impossible but "
                                     "config.task.version_2 is false (use "
-                                    "experiments/squad.py:v2)")
+                                    "experiments/squad.py:v2 or --config.task.version_2=true)")
             return examples
 
         train, dev = read("train", "train"), read("validation", "validation")
