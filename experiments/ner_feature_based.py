@@ -33,8 +33,9 @@ def get_config(arg: str = "concat_last_four") -> ml_collections.ConfigDict:
         raise ValueError(f"experiments/ner_feature_based.py: unknown variant {variant!r}; choose "
                          f"one of {VARIANTS}")
     config = ner.get_config(data or "conll2003")
+    config.task.family = "feature_based"  # bertjax/tasks/feature_based.py
     config.feature_based = ml_collections.ConfigDict(dict(
-        enabled=True, variant=variant,
+        variant=variant,
         cache_dir="",  # "" = ~/.cache/bertjax/features
         cache_dtype="float16",  # halves the cache; the LSTM computes in float32
         cache_layers="",  # extra layers to cache in the same pass ("all": every layer)

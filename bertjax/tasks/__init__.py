@@ -24,6 +24,7 @@ FAMILIES: dict[str, str] = {
     "files": "bertjax.tasks.classification:SequenceTask",
     "squad": "bertjax.tasks.squad:SquadTask",
     "token_classification": "bertjax.tasks.token_classification:TokenClassificationTask",
+    "feature_based": "bertjax.tasks.feature_based:FeatureBasedTask",
 }
 
 

@@ -7,8 +7,8 @@ once per dataset, a two-layer bidirectional LSTM and a classifier trained on the
       --grid='feature_based.variant=embeddings,last,...' --config.feature_based.cache_layers=all
       # all six variants, the encoder run once for all, then the table (workdir/summary.md)
 
-How it sits on the core: the task family is token_classification with
-config.feature_based.enabled; `initial_params` keeps the pre-trained encoder for the task and
+How it sits on the core: config.task.family = feature_based (token classification's data and
+features, another model); `initial_params` keeps the pre-trained encoder for the task and
 loads nothing into the trained model, whose params are only {"lstm_<layer>_forward" /
 "_backward", "classifier", and for weighted sums "layer_weights", "layer_scale"}: the
 optimizer cannot touch the encoder, and the training loop never runs it.

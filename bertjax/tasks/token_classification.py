@@ -12,8 +12,8 @@ Metrics: conlleval's entity-level precision / recall / F1 (micro, and F1 per typ
 Outputs from the best checkpoint, for the dev and test splits: `workdir/predictions/<split>.conll`
 (word, gold, predicted; IOB2, readable by conlleval) and a per-type table in the log.
 
-config.feature_based.enabled selects the feature-based variant (frozen encoder, cached
-features, BiLSTM; tasks/feature_based.py) through the same family name.
+The feature-based variant (frozen encoder, cached features, BiLSTM) is its own family,
+`feature_based` (tasks/feature_based.py), reusing this module's data and features.
 """
 
 from __future__ import annotations
@@ -82,16 +82,6 @@ def token_loss(logits: Array, labels: Array, weights: Array) -> tuple[Array, dic
 
 class TokenClassificationTask(Task):
     """config.task.family = token_classification; config.task.name: conll2003 | files."""
-
-    def __new__(cls, config=None):
-        # One family name for both approaches (tasks/__init__.py registers this class): the
-        # feature-based variant is chosen by config.feature_based.enabled.
-        if cls is TokenClassificationTask and config is not None and config.get(
-                "feature_based", {}).get("enabled", False):
-            from bertjax.tasks.feature_based import FeatureBasedTask
-
-            return super().__new__(FeatureBasedTask)
-        return super().__new__(cls)
 
     def __init__(self, config):
         self.config = config
