@@ -26,7 +26,7 @@ import os
 import re
 import tarfile
 
-from absl import app, flags
+from absl import flags
 
 from bertjax.errors import DataError
 
@@ -120,4 +120,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from bertjax import cli
+
+    cli.run(main)

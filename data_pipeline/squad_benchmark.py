@@ -12,7 +12,7 @@ import itertools
 import random
 import time
 
-from absl import app, flags
+from absl import flags
 
 _QUESTIONS = flags.DEFINE_integer("questions", 88000, "questions (≈4.6 per paragraph)")
 _WORKERS = flags.DEFINE_integer("num_workers", 2, "processes for the parallel run")
@@ -74,4 +74,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    from bertjax import cli
+
+    cli.run(main)
