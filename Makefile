@@ -75,18 +75,20 @@ tagging_demo: demo data/pos/train.conll
 
 # Extractive QA demo: ROPES (CC BY 4.0 per its authors) as SQuAD v1.1 (4,866 train / 804 dev
 # questions), from one file of the bigbench 1.0.0 sdist (358 MB). pip cannot download that
-# sdist (its metadata declares a direct-URL dependency), so it comes from PyPI's file URL,
-# checked by its sha256. The tiny BERT of `make demo` is fine-tuned on it and its dev EM/F1
-# printed next to the most-frequent-capitalised-phrase baseline.
+# sdist (its metadata declares a direct-URL dependency), so it is fetched from the package
+# index's file store (whose address pip knows) by its path there, and checked by its sha256.
+# The tiny BERT of `make demo` is fine-tuned on it and its dev EM/F1 printed next to the
+# most-frequent-capitalised-phrase baseline.
 .PHONY: ropes squad_demo
 ropes: data/ropes/train.json
 BIGBENCH := data/bigbench-1.0.0.tar.gz
-BIGBENCH_URL := https://files.pythonhosted.org/packages/95/f8/c019b3579df548a04cac12342cfcb878e50ddf6cfcd7fddba8cfc721c157/bigbench-1.0.0.tar.gz
+BIGBENCH_PATH := packages/95/f8/c019b3579df548a04cac12342cfcb878e50ddf6cfcd7fddba8cfc721c157/bigbench-1.0.0.tar.gz
+FILE_STORE = $(shell $(PY) -c "from pip._internal.models.index import PyPI; print(PyPI.file_storage_domain)")
 BIGBENCH_SHA256 := 1bb398a5512c6d798cdebe0dfa0ac03f67f6033fa6b39c6ef71df978c7cbc5c2
 
 data/ropes/train.json: | install
 	mkdir -p data
-	test -f $(BIGBENCH) || { curl -fsSL -o $(BIGBENCH).part $(BIGBENCH_URL) \
+	test -f $(BIGBENCH) || { curl -fsSL -o $(BIGBENCH).part https://$(FILE_STORE)/$(BIGBENCH_PATH) \
 		&& mv $(BIGBENCH).part $(BIGBENCH); }
 	echo "$(BIGBENCH_SHA256)  $(BIGBENCH)" | sha256sum -c --quiet
 	$(PY) -m data_pipeline.ropes --source=$(BIGBENCH) --output_dir=data/ropes
