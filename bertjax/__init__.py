@@ -3,7 +3,7 @@
 import os
 
 # Before JAX (which sets 1) or TensorFlow is imported: TensorFlow's C++ start-up warnings and
-# CUDA probe errors stay out of every bertjax command's output (data_pipeline.tf_setup filters
+# CUDA probe errors stay out of every bertjax command's output (bertjax.tf_setup filters
 # the lines this level does not reach). TF_CPP_MIN_LOG_LEVEL=0 shows them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 

@@ -20,7 +20,7 @@ Fine-tuning data:
   finetune_data.py           tokenised, length-bucketed fine-tuning batches
   rotten_tomatoes.py         the demo task       python -m data_pipeline.rotten_tomatoes
 
-Shared: tf_setup.py (TensorFlow imported CPU-only and quiet); the commands run through
+Shared: TensorFlow is imported CPU-only and quiet (bertjax/tf_setup.py); the commands run through
 bertjax.cli (absl flags, one-line `error: ...`, as every bertjax command). demo_corpus.py,
 benchmark.py: the BBC demo corpus and throughput figures (python -m
 data_pipeline.demo_corpus | benchmark).

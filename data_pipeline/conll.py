@@ -266,7 +266,7 @@ def read_tfds(split: str, *, data_dir: str | None = None, tag_feature: str = "ne
     across the neighbouring sentences of the split, which in CoNLL-2003 are mostly of the same
     article). Tags are mapped through the feature's class names.
     """
-    from data_pipeline.tf_setup import import_tensorflow
+    from bertjax.tf_setup import import_tensorflow
 
     import_tensorflow()
     import tensorflow_datasets as tfds

@@ -249,7 +249,7 @@ def read_glue(data_dir: str, task: GlueTask) -> dict[str, list[Example]]:
 
 def read_tfds_split(task: GlueTask, split: str, labelled: bool,
                     data_dir: str | None = None) -> list[Example]:
-    from data_pipeline.tf_setup import import_tensorflow
+    from bertjax.tf_setup import import_tensorflow
 
     import_tensorflow()  # before TFDS imports it: CPU only, quiet
     import tensorflow_datasets as tfds

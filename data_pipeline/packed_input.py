@@ -69,6 +69,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from bertjax.tf_setup import import_tensorflow
 from data_pipeline import masking as masking_lib
 from data_pipeline import metadata, packing
 from data_pipeline.masking import MaskingConfig
@@ -79,7 +80,6 @@ from data_pipeline.pretraining_input import (
     masking_from_metadata,
     record_stream,
 )
-from data_pipeline.tf_setup import import_tensorflow
 
 tf = import_tensorflow()
 

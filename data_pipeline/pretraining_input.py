@@ -26,11 +26,11 @@ import glob
 import numpy as np
 
 from bertjax.errors import DataError
+from bertjax.tf_setup import import_tensorflow
 from data_pipeline import masking as masking_lib
 from data_pipeline import metadata
 from data_pipeline.masking import MaskingConfig
 from data_pipeline.metadata import masking_from_metadata
-from data_pipeline.tf_setup import import_tensorflow
 
 tf = import_tensorflow()
 

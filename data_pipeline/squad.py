@@ -125,7 +125,7 @@ TFDS_NAMES = ("squad/v1.1", "squad/v2.0")
 
 def read_squad_tfds(name: str, split: str, data_dir: str | None = None) -> list[SquadExample]:
     """Examples of a TFDS SQuAD split (`squad/v1.1` or `squad/v2.0`; split train/validation)."""
-    from data_pipeline.tf_setup import import_tensorflow
+    from bertjax.tf_setup import import_tensorflow
 
     import_tensorflow()
     import tensorflow_datasets as tfds

@@ -8,7 +8,7 @@ import textwrap
 import pytest
 from conftest import run_python
 
-from data_pipeline import tf_setup
+from bertjax import tf_setup
 
 COMMANDS = {  # module → a flag its --help lists
     "create_pretraining_data": "--max_predictions_per_seq",
@@ -58,7 +58,7 @@ def test_tensorflow_is_imported_quiet_and_without_accelerators():
     script = textwrap.dedent("""
         import os
         os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)  # as a user who never set it
-        from data_pipeline.tf_setup import import_tensorflow
+        from bertjax.tf_setup import import_tensorflow
         tf = import_tensorflow()
         assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
         assert not tf.config.get_visible_devices("GPU")

@@ -1,7 +1,7 @@
 """Google's released TF1 BERT checkpoints (bert_model.ckpt + bert_config.json + vocab.txt).
 
 TensorFlow is used only to read the checkpoint (`tf.train.load_checkpoint`), imported the one
-way the project imports it (`data_pipeline.tf_setup`): every accelerator hidden from it, its
+way the project imports it (`bertjax.tf_setup`): every accelerator hidden from it, its
 start-up noise held back unless TF_CPP_MIN_LOG_LEVEL=0.
 """
 
@@ -35,7 +35,7 @@ class CheckpointTensors(Mapping):
     """name → tensor of a TF checkpoint, each read only when asked for."""
 
     def __init__(self, path: str):
-        from data_pipeline.tf_setup import import_tensorflow
+        from bertjax.tf_setup import import_tensorflow
 
         tf = import_tensorflow()  # CPU only, its start-up noise held back
         try:

@@ -57,13 +57,10 @@ class FastWordpieceBackend:
 
     def __init__(self, vocab: list[str], do_lower_case: bool):
         import numpy as np
-        import tensorflow as tf
 
-        try:  # keep TensorFlow off the accelerators JAX uses
-            tf.config.set_visible_devices([], "GPU")
-            tf.config.set_visible_devices([], "TPU")
-        except (RuntimeError, ValueError):
-            pass  # already initialised by the importer, who chose the devices
+        from bertjax.tf_setup import import_tensorflow
+
+        tf = import_tensorflow()  # off the accelerators JAX uses, and quiet
         import tensorflow_text as tf_text
 
         self._tf, self._np = tf, np

@@ -1,6 +1,7 @@
-"""TensorFlow for the data pipeline: CPU only, and quiet.
+"""TensorFlow for bertjax: CPU only, and quiet.
 
-`import_tensorflow()` is the one way data_pipeline imports TensorFlow:
+`import_tensorflow()` is the one way the project imports TensorFlow (data_pipeline, tokenization's
+tensorflow-text path, TF1 checkpoint reading):
 
 - Accelerators belong to JAX; TensorFlow only reads data. Every GPU and TPU is hidden from it
   (`tf.config.set_visible_devices([], ...)`), so it never reserves accelerator memory.
