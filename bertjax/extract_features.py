@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
+from bertjax import paths
 from bertjax.errors import BertjaxError
 from bertjax.models import BertConfig, BertModel
 
@@ -140,11 +141,11 @@ def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2
     extractor = FeatureExtractor(config, params, tokenizer, parse_layers(layers, config.num_layers),
                                  max_seq_length, batch_size)
     try:
-        source = open(input_file, encoding="utf-8")
+        source = paths.open(input_file, encoding="utf-8")
     except OSError as e:
         raise ValueError(f"--input_file={input_file}: {e.strerror}") from None
     try:
-        sink = open(output_file, "w", encoding="utf-8")
+        sink = paths.open(output_file, "w", encoding="utf-8")
     except OSError as e:
         source.close()
         raise ValueError(f"--output_file={output_file}: {e.strerror}") from None

@@ -19,6 +19,7 @@ import dataclasses
 import json
 from collections.abc import Sequence
 
+from bertjax import paths
 from bertjax.errors import DataError
 from bertjax.tasks.tagging_metrics import Chunk, chunks, split_tag, strict_chunks
 
@@ -154,7 +155,7 @@ def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
     width = None
     started = False
     try:
-        handle = open(path, encoding="utf-8")
+        handle = paths.open(path, encoding="utf-8")
     except OSError as e:
         raise DataError(f"{path}: {e.strerror}") from None
     with handle:
@@ -205,7 +206,7 @@ def read_jsonl(path: str, *, tokens_key: str = "tokens", tags_key: str = "tags",
     builder = _Builder(path, scheme, target, labelled, document=first_document)
     previous_document = None
     try:
-        handle = open(path, encoding="utf-8")
+        handle = paths.open(path, encoding="utf-8")
     except OSError as e:
         raise DataError(f"{path}: {e.strerror}") from None
     with handle:

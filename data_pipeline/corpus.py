@@ -19,12 +19,12 @@ Invalid UTF-8 raises `CorpusError` naming the file and line; empty files give no
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import re
 from collections.abc import Iterator
 
+from bertjax import paths
 from bertjax.errors import DataError
 
 MAX_LINE_CHARS = 100_000
@@ -84,7 +84,7 @@ def _split_long(line: str) -> list[str]:
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, decoded line without newline); bad UTF-8 → CorpusError."""
-    with open(path, "rb") as f:
+    with paths.open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
                 yield number, raw.decode("utf-8").rstrip("\r\n")
@@ -158,7 +158,7 @@ def expand_inputs(inputs: str) -> list[str]:
             matches = [os.path.join(root, name) for root, _, names in os.walk(part)
                        for name in names]
         else:
-            matches = glob.glob(part)
+            matches = paths.glob(part)
         if not matches:
             raise CorpusError(f"{part}: no such input file")
         files.extend(matches)

@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from bertjax import cli
+from bertjax import cli, paths
 from bertjax.errors import ConfigError, DataError
 from data_pipeline import corpus, instances, masking, metadata, tfrecords
 
@@ -278,7 +278,7 @@ def load_tokenizer(vocab: str, do_lower_case: bool | None):
 
 
 def main(f) -> None:
-    if not os.path.exists(f.vocab):
+    if not paths.exists(f.vocab):
         raise ConfigError(f"--vocab: no such file or directory: {f.vocab}")
     cfg = CreateConfig(
         input=f.input, output_dir=f.output_dir, input_format=f.input_format,

@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from bertjax import cli
+from bertjax import cli, paths
 from bertjax.errors import ConfigError, DataError
 from data_pipeline import corpus, instances, metadata, packing, tfrecords
 from data_pipeline import create_pretraining_data as cpd
@@ -140,7 +140,7 @@ def create_segments(cfg: SegmentsConfig, tokenizer_factory: Callable[[], object]
 
 
 def main(f) -> None:
-    if not os.path.exists(f.vocab):
+    if not paths.exists(f.vocab):
         raise ConfigError(f"--vocab: no such file or directory: {f.vocab}")
     cfg = SegmentsConfig(
         input=f.input, output_dir=f.output_dir, input_format=f.input_format,

@@ -14,13 +14,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from absl import logging
 
+from bertjax import paths
 from bertjax.errors import DataError  # also imported from here, as data_pipeline.glue.DataError
 
 # Some GLUE / SWAG fields are longer than csv's default field limit.
@@ -137,7 +137,7 @@ def get_task(name: str) -> GlueTask:
 
 def _open_rows(path: str, delimiter: str, quoting: int) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) for every non-blank record of a CSV/TSV file."""
-    with open(path, encoding="utf-8-sig", newline="") as f:
+    with paths.open(path, encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         for fields in reader:
             if fields and any(x.strip() for x in fields):
@@ -185,13 +185,13 @@ def regression_target(value: str, where: str) -> float:
 
 def task_directory(data_dir: str, task: GlueTask) -> str:
     """`data_dir` itself, or its official subdirectory (glue_data/SST-2) when present."""
-    sub = os.path.join(data_dir, task.directory)
-    return sub if os.path.isdir(sub) else data_dir
+    sub = paths.join(data_dir, task.directory)
+    return sub if paths.isdir(sub) else data_dir
 
 
 def read_glue_file(path: str, task: GlueTask, labelled: bool) -> list[Example]:
     """One official GLUE TSV file: train/dev (`labelled`) or test (no labels, an index)."""
-    if not os.path.exists(path):
+    if not paths.exists(path):
         raise DataError(f"{path}: no such file (expected the official GLUE {task.directory} "
                         "layout)")
     rows = _open_rows(path, "\t", csv.QUOTE_NONE)
@@ -233,12 +233,12 @@ def read_glue_file(path: str, task: GlueTask, labelled: bool) -> list[Example]:
 def read_glue(data_dir: str, task: GlueTask) -> dict[str, list[Example]]:
     """{"train": ..., <dev split names>: ..., <test submission names>: ...} from a directory."""
     directory = task_directory(data_dir, task)
-    splits = {"train": read_glue_file(os.path.join(directory, "train.tsv"), task, True)}
+    splits = {"train": read_glue_file(paths.join(directory, "train.tsv"), task, True)}
     for split in task.dev:
-        splits[split.name] = read_glue_file(os.path.join(directory, split.file), task, True)
+        splits[split.name] = read_glue_file(paths.join(directory, split.file), task, True)
     for split in task.test:
-        path = os.path.join(directory, split.file)
-        if os.path.exists(path):  # test sets are optional (no submission without them)
+        path = paths.join(directory, split.file)
+        if paths.exists(path):  # test sets are optional (no submission without them)
             splits[split.name] = read_glue_file(path, task, False)
     return splits
 
@@ -295,7 +295,7 @@ SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
 def read_swag_file(path: str, labelled: bool) -> list[ChoiceExample]:
     """Context = sent1; each choice's second segment = sent2 + " " + ending_i (the paper's
     `[CLS] context [SEP] ending [SEP]`, where sent2 starts every ending)."""
-    if not os.path.exists(path):
+    if not paths.exists(path):
         raise DataError(f"{path}: no such file (expected the official SWAG CSV)")
     rows = _open_rows(path, ",", csv.QUOTE_MINIMAL)
     header = [h.strip() for h in next(rows)[1]]
@@ -316,10 +316,10 @@ def read_swag_file(path: str, labelled: bool) -> list[ChoiceExample]:
 
 
 def read_swag(data_dir: str) -> dict[str, list[ChoiceExample]]:
-    splits = {"train": read_swag_file(os.path.join(data_dir, "train.csv"), True),
-              "dev": read_swag_file(os.path.join(data_dir, "val.csv"), True)}
-    test = os.path.join(data_dir, "test.csv")
-    if os.path.exists(test):
+    splits = {"train": read_swag_file(paths.join(data_dir, "train.csv"), True),
+              "dev": read_swag_file(paths.join(data_dir, "val.csv"), True)}
+    test = paths.join(data_dir, "test.csv")
+    if paths.exists(test):
         splits["test"] = read_swag_file(test, False)
     return splits
 
@@ -330,11 +330,11 @@ def read_swag(data_dir: str) -> dict[str, list[ChoiceExample]]:
 
 def _records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line, {column: value}) for a .csv, .tsv or .jsonl file (type from the extension)."""
-    if not os.path.exists(path):
+    if not paths.exists(path):
         raise DataError(f"{path}: no such file")
     lower = path.lower()
     if lower.endswith((".jsonl", ".json")):
-        with open(path, encoding="utf-8") as f:
+        with paths.open(path, encoding="utf-8") as f:
             for line, text in enumerate(f, 1):
                 if not text.strip():
                     continue

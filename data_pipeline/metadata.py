@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 
+from bertjax import paths
 from bertjax.errors import DataError
 from data_pipeline import masking as masking_lib
 from data_pipeline.masking import MaskingConfig
@@ -79,8 +80,8 @@ def write(output_dir: str, meta: dict, task_index: int = 0, num_tasks: int = 1) 
 
 def metadata_files(file_pattern: str) -> list[str]:
     """The metadata*.json files in the directory of a shard pattern (may be empty)."""
-    directory = os.path.dirname(file_pattern) or "."
-    return sorted(glob.glob(os.path.join(glob.escape(directory), METADATA_PREFIX + "*.json")))
+    directory = paths.dirname(file_pattern) or "."
+    return paths.glob(paths.join(glob.escape(directory), METADATA_PREFIX + "*.json"))
 
 
 def read(file_pattern: str) -> tuple[str, dict] | None:
@@ -88,7 +89,7 @@ def read(file_pattern: str) -> tuple[str, dict] | None:
     files = metadata_files(file_pattern)
     if not files:
         return None
-    with open(files[0]) as f:
+    with paths.open(files[0]) as f:
         try:
             return files[0], json.load(f)
         except json.JSONDecodeError as e:

@@ -21,10 +21,9 @@ Batches (`[batch]` = the per-host batch size):
 
 from __future__ import annotations
 
-import glob
-
 import numpy as np
 
+from bertjax import paths
 from bertjax.errors import DataError
 from bertjax.tf_setup import import_tensorflow
 from data_pipeline import masking as masking_lib
@@ -57,7 +56,7 @@ def feature_spec(seq_len: int, max_predictions: int, masked: bool) -> dict:
 
 def host_files(file_pattern: str, process_index: int, process_count: int) -> list[str]:
     """This host's share of the files: sorted, every `process_count`-th from `process_index`."""
-    files = sorted(f for pattern in file_pattern.split(",") for f in glob.glob(pattern))
+    files = sorted(f for pattern in file_pattern.split(",") for f in paths.glob(pattern))
     if not files:
         raise DataError(f"{file_pattern}: no files match")
     if len(files) < process_count:

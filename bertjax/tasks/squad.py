@@ -32,7 +32,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from etils import epath
 
+from bertjax import paths as file_paths
 from bertjax.errors import ConfigError, DataError
 from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert import dense
@@ -218,7 +220,12 @@ def gold_answers(examples) -> dict[str, list[str]]:
 
 
 def _write_json(path: str, value) -> None:
-    """Whole file or nothing: written beside the target, then renamed over it."""
+    """Whole file or nothing: written beside the target, then renamed over it (a remote
+    object store writes whole objects anyway)."""
+    if file_paths.is_remote(path):
+        text = json.dumps(value, indent=2, ensure_ascii=False) + "\n"
+        epath.Path(path).write_text(text)
+        return
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp_", suffix=".json")
     try:
@@ -235,8 +242,8 @@ def _write_json(path: str, value) -> None:
 def write_prediction_files(workdir: str, prefix: str, answers: dict[str, Answer],
                            predictions: dict[str, str], version_2: bool) -> list[str]:
     """predictions.json, nbest_predictions.json (and null_odds.json) under workdir."""
-    os.makedirs(workdir, exist_ok=True)
-    paths = [os.path.join(workdir, f"{prefix}{name}.json")
+    file_paths.makedirs(workdir)
+    paths = [file_paths.join(workdir, f"{prefix}{name}.json")
              for name in ("predictions", "nbest_predictions", "null_odds")]
     _write_json(paths[0], predictions)
     _write_json(paths[1], {q: a.nbest for q, a in answers.items()})

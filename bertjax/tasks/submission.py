@@ -6,10 +6,11 @@ are written as the server expects them: class names for MNLI / QNLI / RTE
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import numpy as np
+
+from bertjax import paths
 
 STSB_RANGE = (0.0, 5.0)
 
@@ -27,10 +28,10 @@ def write_submission(directory: str, stem: str, indices: Sequence[str],
     """Writes `directory/<stem>.tsv`; returns its path."""
     if len(indices) != len(predictions):
         raise ValueError(f"{stem}: {len(indices)} indices but {len(predictions)} predictions")
-    os.makedirs(directory, exist_ok=True)
-    path = os.path.join(directory, f"{stem}.tsv")
+    paths.makedirs(directory)
+    path = paths.join(directory, f"{stem}.tsv")
     rows = zip(indices, format_predictions(predictions, label_names))
-    with open(path, "w", encoding="utf-8") as f:
+    with paths.open(path, "w", encoding="utf-8") as f:
         f.write("index\tprediction\n")
         f.writelines(f"{index}\t{value}\n" for index, value in rows)
     return path

@@ -12,13 +12,12 @@ Every bad input stops with one line naming the file or flag.
 from __future__ import annotations
 
 import json
-import os
 import sys
 from collections.abc import Sequence
 
 from absl import flags
 
-from bertjax import cli
+from bertjax import cli, paths
 from bertjax.errors import BertjaxError
 
 BATCH = 4096  # lines tokenized per tokenize_batch call
@@ -54,7 +53,7 @@ def _train(args) -> str:
     if args.vocab_size <= 0:
         raise train.TrainError(f"--vocab_size must be positive, got {args.vocab_size}")
     lines = train.read_lines(train.expand_inputs(args.input))
-    os.makedirs(args.output, exist_ok=True)
+    paths.makedirs(args.output)
     if args.model_type == "wordpiece":
         vocab = train.train_wordpiece(lines, args.vocab_size, lowercase=args.lowercase)
         from bertjax.tokenization.wordpiece import WordPieceTokenizer
@@ -81,11 +80,11 @@ def _tokenize(args) -> str:
     tok = load_tokenizer(args.vocab, args.do_lower_case)
     input_file = args.input[0]
     try:
-        src = open(input_file, "rb")
+        src = paths.open(input_file, "rb")
     except OSError as e:
         raise ValueError(f"--input {input_file}: {e.strerror}") from None
     n = 0
-    with src, open(args.output, "w", encoding="utf-8") as dst:
+    with src, paths.open(args.output, "w", encoding="utf-8") as dst:
         batch: list[str] = []
 
         def flush():

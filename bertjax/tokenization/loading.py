@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 
+from bertjax import paths
 from bertjax.tokenization.base import Tokenizer
 from bertjax.tokenization.wordpiece import VocabError, WordPieceTokenizer
 
@@ -14,10 +14,10 @@ _TYPES = ("wordpiece", "sentencepiece")
 
 
 def _read_config(path: str) -> dict:
-    if not os.path.isfile(path):
+    if not paths.isfile(path):
         return {}
     try:
-        with open(path, encoding="utf-8") as f:
+        with paths.open(path, encoding="utf-8") as f:
             config = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise VocabError(f"{path}: unreadable tokenizer config ({e})") from None
@@ -33,10 +33,10 @@ def _read_config(path: str) -> dict:
 
 
 def _find_model_file(directory: str) -> str:
-    vocab = os.path.join(directory, "vocab.txt")
-    if os.path.isfile(vocab):
+    vocab = paths.join(directory, "vocab.txt")
+    if paths.isfile(vocab):
         return vocab
-    models = sorted(glob.glob(os.path.join(directory, "*.model")))
+    models = sorted(paths.glob(paths.join(directory, "*.model")))
     if len(models) == 1:
         return models[0]
     if len(models) > 1:
@@ -53,11 +53,11 @@ def load_tokenizer(path: str, do_lower_case: bool | None = None) -> Tokenizer:
     says, else True for WordPiece and False for SentencePiece.
     """
     path = os.fspath(path)
-    if os.path.isdir(path):
-        config = _read_config(os.path.join(path, CONFIG_FILENAME))
+    if paths.isdir(path):
+        config = _read_config(paths.join(path, CONFIG_FILENAME))
         model_file = _find_model_file(path)
-    elif os.path.exists(path):
-        config = _read_config(os.path.join(os.path.dirname(path) or ".", CONFIG_FILENAME))
+    elif paths.exists(path):
+        config = _read_config(paths.join(paths.dirname(path) or ".", CONFIG_FILENAME))
         model_file = path
     else:
         raise VocabError(f"{path}: no such vocabulary file or directory")

@@ -11,10 +11,10 @@ split, exactly as in WordPiece. `do_lower_case` lowercases the text before Sente
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable, Sequence
 
+from bertjax import paths
 from bertjax.tokenization.base import SPECIAL_TOKENS, TextPieces, Tokenizer
 from bertjax.tokenization.wordpiece import VocabError, _as_text
 
@@ -85,7 +85,7 @@ class SentencePieceTokenizer(Tokenizer):
     @classmethod
     def from_file(cls, path: str, do_lower_case: bool = False) -> SentencePieceTokenizer:
         try:
-            with open(path, "rb") as f:
+            with paths.open(path, "rb") as f:
                 proto = f.read()
         except OSError as e:
             raise VocabError(f"{path}: cannot read SentencePiece model ({e.strerror})") from None
@@ -188,10 +188,10 @@ class SentencePieceTokenizer(Tokenizer):
         return " ".join(p for p in parts if p)
 
     def save(self, directory: str) -> str:
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, MODEL_FILENAME)
-        with open(path, "wb") as f:
+        paths.makedirs(directory)
+        path = paths.join(directory, MODEL_FILENAME)
+        with paths.open(path, "wb") as f:
             f.write(self._model_proto)
-        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        with paths.open(paths.join(directory, "tokenizer_config.json"), "w") as f:
             json.dump({"type": "sentencepiece", "do_lower_case": self.do_lower_case}, f)
         return path

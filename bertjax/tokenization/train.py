@@ -13,13 +13,12 @@ The vocabulary starts with [PAD] [UNK] [CLS] [SEP] [MASK] (ids 0-4).
 from __future__ import annotations
 
 import collections
-import glob
 import heapq
 import io
-import os
 import re
 from collections.abc import Iterable, Iterator
 
+from bertjax import paths
 from bertjax.errors import DataError
 from bertjax.tokenization import normalization as norm
 from bertjax.tokenization.base import SPECIAL_TOKENS
@@ -36,10 +35,10 @@ def expand_inputs(patterns: Iterable[str]) -> list[str]:
         for part in pattern.split(","):
             if not part:
                 continue
-            matched = sorted(glob.glob(part))
+            matched = paths.glob(part)
             if not matched:
                 raise TrainError(f"--input: no file matches {part!r}")
-            files.extend(f for f in matched if os.path.isfile(f))
+            files.extend(f for f in matched if paths.isfile(f))
     if not files:
         raise TrainError("--input: no input files")
     return files
@@ -48,7 +47,7 @@ def expand_inputs(patterns: Iterable[str]) -> list[str]:
 def read_lines(files: Iterable[str]) -> Iterator[str]:
     """Lines of UTF-8 text files; invalid UTF-8 is an error naming the file and line."""
     for path in files:
-        with open(path, "rb") as f:
+        with paths.open(path, "rb") as f:
             for n, raw in enumerate(f, 1):
                 try:
                     yield raw.decode("utf-8")

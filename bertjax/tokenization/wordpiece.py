@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from bertjax import paths
 from bertjax.errors import DataError
 from bertjax.tokenization import normalization as norm
 from bertjax.tokenization import tf_text_backend
@@ -62,7 +62,7 @@ def load_vocab(path: str) -> list[str]:
     an empty entry, a duplicate entry, or a missing special token.
     """
     try:
-        with open(path, "rb") as f:
+        with paths.open(path, "rb") as f:
             data = f.read()
     except OSError as e:
         raise VocabError(f"{path}: cannot read vocabulary file ({e.strerror})") from None
@@ -337,11 +337,11 @@ class WordPieceTokenizer(Tokenizer):
 
     def save(self, directory: str) -> str:
         """Writes `vocab.txt` and `tokenizer_config.json` into `directory`; returns the vocab."""
-        os.makedirs(directory, exist_ok=True)
-        path = os.path.join(directory, "vocab.txt")
-        with open(path, "w", encoding="utf-8") as f:
+        paths.makedirs(directory)
+        path = paths.join(directory, "vocab.txt")
+        with paths.open(path, "w", encoding="utf-8") as f:
             f.write("".join(t + "\n" for t in self._id_to_token()))
-        with open(os.path.join(directory, "tokenizer_config.json"), "w") as f:
+        with paths.open(paths.join(directory, "tokenizer_config.json"), "w") as f:
             json.dump({"type": "wordpiece", "do_lower_case": self.do_lower_case}, f)
         return path
 
