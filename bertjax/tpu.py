@@ -275,8 +275,11 @@ def execute(commands: Sequence[Sequence[str]], print_only: bool) -> None:
             code = subprocess.run(command).returncode
         except FileNotFoundError:
             sys.exit(f"error: {command[0]} not found; install the Google Cloud CLI (gcloud)")
-        except KeyboardInterrupt:  # stops following a log; the job keeps running
-            return
+        except KeyboardInterrupt:
+            if any(part.startswith("--command=tail ") for part in command):
+                print("stopped following the log; the job keeps running", flush=True)
+                return
+            sys.exit(f"error: interrupted: {shlex.join(command)}")
         if code:
             sys.exit(f"error: exit status {code} from: {shlex.join(command)}")
 
