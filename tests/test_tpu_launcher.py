@@ -149,3 +149,15 @@ def test_accelerator_types(name, family, chips, hosts):
 def test_unknown_accelerator_types(name):
     with pytest.raises(ConfigError, match="--accelerator_type"):
         parse_accelerator_type(name)
+
+
+def test_execute_prints_then_runs_and_stops_at_a_failure(capsys, tmp_path):
+    from bertjax.tpu import execute
+
+    marker = tmp_path / "ran"
+    execute([["touch", str(marker)]], print_only=True)
+    assert not marker.exists() and capsys.readouterr().out == f"touch {marker}\n"
+    with pytest.raises(SystemExit, match=r"^error: exit status 1 from: false$"):
+        execute([["touch", str(marker)], ["false"], ["rm", str(marker)]], print_only=False)
+    assert marker.exists()  # ran; the command after the failure did not
+    assert capsys.readouterr().out == f"touch {marker}\nfalse\n"
