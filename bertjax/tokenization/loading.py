@@ -36,7 +36,7 @@ def _find_model_file(directory: str) -> str:
     vocab = paths.join(directory, "vocab.txt")
     if paths.isfile(vocab):
         return vocab
-    models = sorted(paths.glob(paths.join(directory, "*.model")))
+    models = paths.glob(paths.join(directory, "*.model"))
     if len(models) == 1:
         return models[0]
     if len(models) > 1:
