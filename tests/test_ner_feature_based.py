@@ -149,3 +149,23 @@ def test_training_reads_the_cache_and_leaves_the_encoder_unchanged(data_dir, tmp
     FineTuningJob(third, make_config(root, checkpoint, "weighted_sum_last_four",
                                      cache_dir=str(tmp_path / "cache")), log=lambda *_: None)
     assert third.encoder_batches == 0  # ... now every layer it needs is
+
+
+def test_steps_are_counted_without_building_batches(data_dir, tmp_path, monkeypatch):
+    """The job counts an epoch's steps from the batch plan: no batch (and so no cache read)
+    is built for it, and the count is the number of batches an epoch yields."""
+    from bertjax.tasks import FineTuningJob, get_task
+    from bertjax.tasks.feature_based import FeatureBasedTask
+
+    root, checkpoint = data_dir
+    built = []
+    original = FeatureBasedTask._batch
+    monkeypatch.setattr(FeatureBasedTask, "_batch",
+                        lambda self, *a, **k: built.append(1) or original(self, *a, **k))
+    config = make_config(root, checkpoint, "last", cache_dir=str(tmp_path / "cache"))
+    task = get_task(config)
+    job = FineTuningJob(task, config, log=lambda *_: None)
+    assert built == []
+    epoch = list(task.batches(job.train_features, config.train.batch_size, shuffle=True,
+                              seed=3))
+    assert job.steps_per_epoch == len(epoch) == len(built) > 1

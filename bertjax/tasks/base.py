@@ -65,6 +65,11 @@ class Task:
                 ) -> Iterator[dict[str, np.ndarray]]:
         raise NotImplementedError
 
+    def num_batches(self, features, batch_size: int) -> int:
+        """Batches in one epoch of `batches`; a task whose batches are costly to build (the
+        feature-based tagger reads its cache) counts them from its plan instead."""
+        return sum(1 for _ in self.batches(features, batch_size, shuffle=False))
+
     def batch_spec(self, batch_size: int, max_seq_length: int
                    ) -> dict[str, jax.ShapeDtypeStruct]:
         """Shapes of the largest global batch (for dry runs)."""
@@ -173,7 +178,7 @@ class FineTuningJob:
         self.eval_batch_size = config.eval.batch_size
         self.grad_accum_steps = config.train.get("grad_accum_steps", 1)
         self.best_metric = task.primary_metric
-        self.steps_per_epoch = sum(1 for _ in self._plan(self.train_features, shuffle=False))
+        self.steps_per_epoch = task.num_batches(self.train_features, self.batch_size)
         self.total_steps = max(1, int(round(self.steps_per_epoch * config.train.num_epochs)))
         log(f"Task {config.task.name}: {len(self.splits.train)} train, "
             + ", ".join(f"{len(v)} {k}" for k, v in self.splits.dev.items())

@@ -188,6 +188,11 @@ class TokenClassificationTask(Task):
                                       seed=seed, process_index=jax.process_index(),
                                       process_count=jax.process_count())
 
+    def num_batches(self, features, batch_size: int) -> int:
+        from data_pipeline import finetune_data
+
+        return len(finetune_data.plan_batches(features, batch_size, self.buckets, shuffle=False))
+
     def batch_spec(self, batch_size: int, max_seq_length: int):
         shape, i32 = (batch_size, max_seq_length), jnp.int32
         spec = {k: jax.ShapeDtypeStruct(shape, i32)
