@@ -27,6 +27,7 @@ import dataclasses
 import gc
 import logging
 import os
+import re
 import signal
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -43,13 +44,27 @@ UNREADABLE_DIR = "unreadable_checkpoints"
 
 
 def short_reason(error: BaseException) -> str:
-    """An exception as one short line (tensorstore appends its whole spec to messages)."""
+    """An exception as one short line: the OS error and its file where there is one (tensorstore
+    buries them in a long message, and appends its whole spec)."""
+    text = str(error).strip()
+    os_error = re.search(r"([^:\]]+) \[os_error_code='(\d+)'\]", text)
     if isinstance(error, OSError) and error.strerror:
         text = error.strerror + (f": {error.filename}" if error.filename else "")
+    elif os_error:
+        failed = re.search(r'Failed (?:writing|reading): "([^"]+)"', text)
+        text = f"{os_error[1].strip()}, errno {os_error[2]}" + (f": {failed[1]}" if failed else "")
     else:
-        text = str(error).strip().split("\n")[0].split(" [tensorstore_spec")[0]
+        text = text.split("\n")[0].split(" [tensorstore_spec")[0]
     text = text or type(error).__name__
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+class _DropReraised(logging.Filter):
+    """Drops orbax's error logs (a failed async save logs its traceback from several threads):
+    every such error is also raised to the Checkpointer, which reports it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not ("orbax" in record.pathname and record.levelno >= logging.ERROR)
 
 
 class _QuietAsyncio:
@@ -109,6 +124,8 @@ class Checkpointer:
                 enable_async_checkpointing=async_save, create=True,
                 preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies)),
         )
+        self._log_filter = _DropReraised()
+        logging.getLogger("absl").addFilter(self._log_filter)
         self._pending: int | None = None  # step of an async save not yet known to be done
         self._failed = False
         self._sigterm = False
@@ -252,5 +269,6 @@ class Checkpointer:
             except Exception:
                 if not self._failed:
                     raise
+            logging.getLogger("absl").removeFilter(self._log_filter)
             if self._previous_handler is not None:
                 signal.signal(signal.SIGTERM, self._previous_handler)
