@@ -173,6 +173,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(
     assert summary["status"] == "done"
     (report,) = [line for line in lines if "unreadable" in line]
     assert report.startswith(f"checkpoint step 4 in {corrupt / 'checkpoints'} is unreadable (")
+    assert str(corrupt / "checkpoints" / "4" / "state" / "d") in report  # the file at fault
     assert report.endswith("resuming from step 2")
     assert f"Resumed from {corrupt / 'checkpoints' / '2'} at step 2" in lines
     # Kept, byte for byte, out of the way of the new step 4.
@@ -192,8 +193,9 @@ def test_no_readable_checkpoint_fails_in_one_line_and_changes_nothing(four_steps
     with pytest.raises(CheckpointError) as e:
         run(workdir, 6)
     message = str(e.value)
-    assert message.startswith(f"no checkpoint in {workdir / 'checkpoints'} restores: step 4: ")
-    assert "; step 2: " in message and "\n" not in message
+    assert message.startswith(f"no checkpoint in {workdir / 'checkpoints'} restores (steps 4, 2; "
+                              "step 4: ")
+    assert "\n" not in message
     assert snapshot(workdir) == before
 
 

@@ -55,8 +55,21 @@ def short_reason(error: BaseException) -> str:
         text = f"{os_error[1].strip()}, errno {os_error[2]}" + (f": {failed[1]}" if failed else "")
     else:
         text = text.split("\n")[0].split(" [tensorstore_spec")[0]
+        files = re.findall(r'local file "([^"]+)"', text)
+        if files:  # tensorstore's chain "opening ...: reading ...: <cause>": cause and file
+            text = f"{text.rsplit(chr(34) + ': ', 1)[-1]}: {files[-1]}"
     text = text or type(error).__name__
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A step that fails to restore; `reason` says why in a few words."""
+
+    def __init__(self, path: epath.Path, reason: str):
+        super().__init__(f"{path} is unreadable or does not fit this run's model and optimizer "
+                         f"({reason}); resume with the config it was saved with or use a new "
+                         "--workdir")
+        self.reason = reason
 
 
 class _DropReraised(logging.Filter):
@@ -188,10 +201,7 @@ class Checkpointer:
                 restored = self.manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
         except Exception as e:
-            raise CheckpointError(
-                f"{self._path(step)} is unreadable or does not fit this run's model and "
-                f"optimizer ({short_reason(e)}); resume with the config it was saved with or "
-                "use a new --workdir") from None
+            raise UnreadableCheckpoint(self._path(step), short_reason(e)) from None
         return restored["state"], dict(restored["meta"])
 
     def restore_data(self, step: int, iterator: Any) -> None:
@@ -201,8 +211,8 @@ class Checkpointer:
                 self.manager.restore(
                     step, args=ocp.args.Composite(data=DataIteratorRestore(iterator)))
         except Exception as e:
-            raise CheckpointError(f"{self._path(step)}: the input position is unreadable "
-                                  f"({short_reason(e)})") from None
+            raise UnreadableCheckpoint(self._path(step),
+                                       f"input position: {short_reason(e)}") from None
 
     def restore_newest(self, restore: Callable[[int], T], log) -> tuple[int, T] | None:
         """(step, restore(step)) for the newest step that restores; None without checkpoints.
@@ -216,8 +226,8 @@ class Checkpointer:
         for step in sorted(self.manager.all_steps(), reverse=True):
             try:
                 restored = restore(step)
-            except CheckpointError as e:
-                failed.append((step, str(e).removeprefix(f"{self._path(step)} ")))
+            except UnreadableCheckpoint as e:
+                failed.append((step, e.reason))
                 continue
             for bad, reason in failed:
                 kept = self._set_aside(bad)
@@ -227,9 +237,11 @@ class Checkpointer:
                 self.manager.reload()
             return step, restored
         if failed:
+            steps = ", ".join(str(s) for s, _ in failed)
             raise CheckpointError(
-                f"no checkpoint in {self.directory} restores: "
-                + "; ".join(f"step {s}: {r}" for s, r in failed))
+                f"no checkpoint in {self.directory} restores (steps {steps}; step "
+                f"{failed[0][0]}: {failed[0][1]}); if the model or optimizer changed, resume "
+                "with the config the run was saved with, or use a new --workdir")
         return None
 
     def _set_aside(self, step: int) -> epath.Path:
