@@ -161,10 +161,16 @@ def copy_of(run_dir, tmp_path, name):
 # ------------------------------------------------------------------ checkpoint fallback
 
 
-def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(four_steps,
-                                                                               tmp_path):
+def delete_input_position(workdir, step):
+    os.remove(os.path.join(workdir, "checkpoints", str(step), "data", "process_0.json"))
+
+
+@pytest.mark.parametrize("damage,culprit", [(truncate_state, "state/d"),
+                                            (delete_input_position, "data/process_0.json")])
+def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(
+        four_steps, tmp_path, damage, culprit):
     corrupt = copy_of(four_steps, tmp_path, "corrupt")
-    truncate_state(corrupt, 4)
+    damage(corrupt, 4)
     bad_files, _ = snapshot(corrupt / "checkpoints" / "4")
     reference = copy_of(four_steps, tmp_path, "reference")  # the same run, resumed from step 2
     shutil.rmtree(reference / "checkpoints" / "4")
@@ -173,7 +179,7 @@ def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(
     assert summary["status"] == "done"
     (report,) = [line for line in lines if "unreadable" in line]
     assert report.startswith(f"checkpoint step 4 in {corrupt / 'checkpoints'} is unreadable (")
-    assert str(corrupt / "checkpoints" / "4" / "state" / "d") in report  # the file at fault
+    assert str(corrupt / "checkpoints" / "4" / culprit) in report  # the file at fault
     assert report.endswith("resuming from step 2")
     assert f"Resumed from {corrupt / 'checkpoints' / '2'} at step 2" in lines
     # Kept, byte for byte, out of the way of the new step 4.
