@@ -75,10 +75,12 @@ from data_pipeline import metadata, packing
 from data_pipeline.masking import MaskingConfig
 from data_pipeline.pretraining_input import (
     InputIterator,
+    check_schema,
     feature_spec,
     host_files,
     masking_from_metadata,
     record_stream,
+    with_source_files,
 )
 
 tf = import_tensorflow()
@@ -182,11 +184,16 @@ def _check_packing(num_open_rows: int, block_size: int) -> None:
 # ------------------------------------------------------------------------------------ reading
 
 
+def _record_spec(record_len: int) -> dict:
+    spec = feature_spec(record_len, 0, masked=False)
+    del spec["next_sentence_labels"]  # no NSP: the label is never read
+    return spec
+
+
 def _parse_and_pack(record_len: int, seq_len: int, num_open_rows: int,
                     max_examples: int | None) -> Callable[[tf.Tensor], dict[str, tf.Tensor]]:
     """[k] serialized records → the block's packed rows ([rows, seq_len], see `pack_block`)."""
-    spec = feature_spec(record_len, 0, masked=False)
-    del spec["next_sentence_labels"]  # no NSP: the label is never read
+    spec = _record_spec(record_len)
 
     def parse_and_pack(block):
         parsed = tf.io.parse_example(block, spec)
@@ -212,12 +219,13 @@ def packed_rows(file_pattern: str, *, seq_len: int, seed: int = 0, shuffle: bool
     record_len = metadata.check_packing(file_pattern, seq_len, masking_cfg)
     _check_packing(num_open_rows, block_size)
     files = host_files(file_pattern, process_index, process_count)
+    check_schema(files, _record_spec(record_len))
     ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
                        shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
     ds = ds.batch(block_size).map(
         _parse_and_pack(record_len, seq_len, num_open_rows, max_examples_per_row),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.unbatch()
+    return with_source_files(ds.unbatch(), files)
 
 
 def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
@@ -231,12 +239,12 @@ def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
     masking: the dynamic-masking config (`masking_from_metadata`); its max_predictions is the
     per-row number of predictions. Wrap in `InputIterator` for a checkpointable position.
     """
-    ds = packed_rows(file_pattern, seq_len=seq_len, seed=seed, shuffle=shuffle, repeat=repeat,
-                     process_index=process_index, process_count=process_count,
-                     num_open_rows=num_open_rows, max_examples_per_row=max_examples_per_row,
-                     block_size=block_size, shuffle_buffer=shuffle_buffer,
-                     cycle_length=cycle_length, masking_cfg=masking)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    rows = packed_rows(file_pattern, seq_len=seq_len, seed=seed, shuffle=shuffle, repeat=repeat,
+                       process_index=process_index, process_count=process_count,
+                       num_open_rows=num_open_rows, max_examples_per_row=max_examples_per_row,
+                       block_size=block_size, shuffle_buffer=shuffle_buffer,
+                       cycle_length=cycle_length, masking_cfg=masking)
+    ds = rows.batch(batch_size, drop_remainder=True)
 
     def mask(index, batch):
         key = tf.stack([tf.cast(seed, tf.int64), index])
@@ -245,7 +253,7 @@ def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
         return batch
 
     ds = ds.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return with_source_files(ds.prefetch(tf.data.AUTOTUNE), rows.source_files)
 
 
 def padding_stats(file_pattern: str, *, seq_len: int, num_open_rows: int = 8,

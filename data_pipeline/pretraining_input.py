@@ -12,6 +12,12 @@ The request is first checked against the metadata.json beside the files
 
 A phase is (data path, seq length, max predictions): 128/20 for phase 1, 512/80 for phase 2.
 
+Bad files are named before or while reading: 0-byte shards (what an empty corpus leaves) are
+skipped with a warning, or refused when every file is empty (repeating an empty dataset would
+spin forever); the first record of each file must carry the features read (`check_schema`);
+a truncated or corrupted record found by tf.data is reported with its file and byte offset
+(`InputIterator`).
+
 Batches (`[batch]` = the per-host batch size):
   input_ids, input_mask, segment_ids: [batch, seq] int32
   masked_lm_positions, masked_lm_ids: [batch, max_predictions] int32
@@ -21,20 +27,24 @@ Batches (`[batch]` = the per-host batch size):
 
 from __future__ import annotations
 
+import os
+import re
+
 import numpy as np
+from absl import logging
 
 from bertjax import paths
 from bertjax.errors import DataError
 from bertjax.tf_setup import import_tensorflow
 from data_pipeline import masking as masking_lib
-from data_pipeline import metadata
+from data_pipeline import metadata, tfrecords
 from data_pipeline.masking import MaskingConfig
 from data_pipeline.metadata import masking_from_metadata
 
 tf = import_tensorflow()
 
-__all__ = ["InputIterator", "MaskingConfig", "feature_spec", "host_files", "make_dataset",
-           "masking_from_metadata", "record_stream"]
+__all__ = ["InputIterator", "MaskingConfig", "check_schema", "feature_spec", "host_files",
+           "make_dataset", "masking_from_metadata", "record_stream"]
 
 
 def feature_spec(seq_len: int, max_predictions: int, masked: bool) -> dict:
@@ -54,15 +64,63 @@ def feature_spec(seq_len: int, max_predictions: int, masked: bool) -> dict:
     return spec
 
 
+def _is_empty(path: str) -> bool:
+    return os.path.isfile(path) and os.path.getsize(path) == 0  # (a FIFO is not "empty")
+
+
 def host_files(file_pattern: str, process_index: int, process_count: int) -> list[str]:
-    """This host's share of the files: sorted, every `process_count`-th from `process_index`."""
+    """This host's share of the non-empty files: sorted, every `process_count`-th from
+    `process_index`. Empty (0-byte) files are skipped with a warning naming them, and refused
+    when every file is empty."""
     files = sorted(f for pattern in file_pattern.split(",") for f in paths.glob(pattern))
     if not files:
         raise DataError(f"{file_pattern}: no files match")
+    empty = [f for f in files if _is_empty(f)]
+    if len(empty) == len(files):
+        raise DataError(f"{file_pattern}: all {len(files)} matching files are empty (0 bytes, "
+                        f"e.g. {files[0]}); was the corpus they were made from empty?")
+    if empty:
+        logging.warning("%s: skipping %d empty (0-byte) files: %s", file_pattern, len(empty),
+                        ", ".join(empty))
+        files = [f for f in files if f not in set(empty)]
     if len(files) < process_count:
         raise DataError(f"{file_pattern}: {len(files)} files for {process_count} processes; "
                         "write at least one shard per process (--num_shards)")
     return files[process_index::process_count]
+
+
+_TF_KINDS = {tf.int64: "int64_list", tf.float32: "float_list", tf.string: "bytes_list"}
+
+
+def check_schema(files: list[str], spec: dict) -> None:
+    """The first record of each file must have every feature of `spec` (a FixedLenFeature
+    spec), of its kind and length; otherwise a DataError names the file and the feature."""
+    for path in files:
+        if not os.path.isfile(path):  # e.g. a FIFO: reading ahead would consume or block
+            continue
+        with open(path, "rb") as f:
+            try:
+                first = next(tfrecords.frames(f), None)
+            except tfrecords.FramingError as e:
+                raise DataError(f"{path}: {e}; not a TFRecord file, or a damaged one") from None
+        if first is None:
+            continue
+        try:
+            features = tf.train.Example.FromString(first[1]).features.feature
+        except Exception:  # protobuf's DecodeError
+            raise DataError(f"{path}: the first record is not a tf.train.Example") from None
+        missing = sorted(set(spec) - set(features))
+        if missing:
+            raise DataError(
+                f"{path}: records lack feature(s) {', '.join(missing)} (they have "
+                f"{', '.join(sorted(features)) or 'none'}); not pre-training data of this kind")
+        for name, want in spec.items():
+            kind = features[name].WhichOneof("kind")
+            count = len(getattr(features[name], kind).value) if kind else 0
+            if kind != _TF_KINDS[want.dtype] or count != want.shape[0]:
+                raise DataError(f"{path}: feature {name} is {kind} of {count} values, expected "
+                                f"{_TF_KINDS[want.dtype]} of {want.shape[0]} (the seq_len / "
+                                "max_predictions the data was made with?)")
 
 
 def _unmask(batch):
@@ -108,6 +166,7 @@ def make_dataset(file_pattern: str, *, seq_len: int, max_predictions: int, batch
     static = metadata.check_pretraining(file_pattern, seq_len, max_predictions, masking)
     files = host_files(file_pattern, process_index, process_count)
     spec = feature_spec(seq_len, max_predictions, masked=static)
+    check_schema(files, spec)
 
     ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
                        shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
@@ -131,21 +190,58 @@ def make_dataset(file_pattern: str, *, seq_len: int, max_predictions: int, batch
             return batch
 
         ds = ds.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    return with_source_files(ds.prefetch(tf.data.AUTOTUNE), files)
+
+
+def with_source_files(dataset: tf.data.Dataset, files: list[str]) -> tf.data.Dataset:
+    """Records the files a dataset reads (`dataset.source_files`), for `InputIterator` to name
+    the one at fault when reading fails."""
+    dataset.source_files = tuple(files)
+    return dataset
+
+
+def _tf_message(error) -> str:
+    """A tf.errors message without its op and function-node decorations."""
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", getattr(error, "message", str(error)))
+    return re.sub(r"\s*\[Op:[^\]]*\].*", "", text, flags=re.S).strip().split("\n")[0]
+
+
+def _named(files: tuple[str, ...]) -> str:
+    return ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
 
 
 class InputIterator:
-    """NumPy batches from a dataset, with a checkpointable position."""
+    """NumPy batches from a dataset, with a checkpointable position. A read error becomes a
+    DataError naming the file (`files`, by default the dataset's `source_files`)."""
 
-    def __init__(self, dataset: tf.data.Dataset):
+    def __init__(self, dataset: tf.data.Dataset, files: list[str] | None = None):
         self._iterator = iter(dataset)
         self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
+        self.files = tuple(files if files is not None else
+                           getattr(dataset, "source_files", ()))
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
-        return {k: v.numpy() for k, v in next(self._iterator).items()}
+        try:
+            batch = next(self._iterator)
+        except tf.errors.DataLossError as e:
+            raise DataError(self._corruption(e)) from None
+        except tf.errors.InvalidArgumentError as e:
+            raise DataError(f"records of {_named(self.files) or 'the input'} do not parse as "
+                            f"the features read ({_tf_message(e)})") from None
+        return {k: v.numpy() for k, v in batch.items()}
+
+    def _corruption(self, error) -> str:
+        """Finds the damaged file by re-checking the framing of each (only once reading fails)."""
+        for path in self.files:
+            if os.path.isfile(path):
+                problem = tfrecords.first_problem(path)
+                if problem:
+                    return f"{path}: {problem}; recreate or remove this file"
+        where = _named(self.files) or "the input"
+        return f"reading {where} failed: {_tf_message(error)}"
 
     def save(self, path_prefix: str) -> None:
         """Writes the position (incl. shuffle buffers) to `path_prefix`.{index,data-*}."""

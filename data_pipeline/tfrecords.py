@@ -9,6 +9,9 @@ metadata.json written beside the shards is `data_pipeline.metadata`.)
 
 Shards are written under a temporary name and renamed when complete, so a crash never leaves a
 partial file that matches `part-*.tfrecord`; the metadata is written last the same way.
+
+Reading side (`frames`, `first_problem`): the framing checked record by record, so a reader
+can name the file and byte offset of a truncated or corrupted record (tf.data names neither).
 """
 
 from __future__ import annotations
@@ -220,3 +223,52 @@ class ShardWriter:
             self.close()
         else:
             self.abort()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checking the framing when reading.
+
+
+class FramingError(ValueError):
+    """A TFRecord file's framing is broken at `offset` (bytes from the start)."""
+
+    def __init__(self, offset: int, problem: str):
+        super().__init__(f"{problem} at byte {offset}")
+        self.offset = offset
+
+
+def frames(f):
+    """Yields (offset, record bytes) of an open binary TFRecord file, checking both checksums;
+    raises FramingError at the first truncated or corrupted record."""
+    offset = 0
+    while True:
+        header = f.read(12)
+        if not header:
+            return
+        if len(header) < 12:
+            raise FramingError(offset, "truncated record (the file ends inside its header)")
+        (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
+        if masked_crc32c(header[:8]) != length_crc:
+            raise FramingError(offset, "corrupted record (length checksum mismatch; not a "
+                                       "TFRecord file?)")
+        data = f.read(length)
+        footer = f.read(4)
+        if len(data) < length or len(footer) < 4:
+            missing = length + 4 - len(data) - len(footer)
+            raise FramingError(offset, f"truncated record (the file ends {missing} bytes early)")
+        if masked_crc32c(data) != struct.unpack("<I", footer)[0]:
+            raise FramingError(offset, "corrupted record (data checksum mismatch)")
+        yield offset, data
+        offset += 16 + length
+
+
+def first_problem(path: str) -> str | None:
+    """'truncated record ... at byte N' or 'corrupted record ... at byte N' for the first bad
+    record of a TFRecord file; None when every record checks out."""
+    with open(path, "rb") as f:
+        try:
+            for _ in frames(f):
+                pass
+        except FramingError as e:
+            return str(e)
+    return None

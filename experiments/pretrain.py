@@ -34,6 +34,8 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.train.num_train_steps = 1_000_000
     config.train.grad_accum_steps = 1  # micro-batches per step (batch_size must divide)
     config.train.nsp_weight = 1.0  # 0.0 = the "No NSP" ablation
+    # Seconds without a batch (a stalled file system) before the run stops with an error.
+    config.train.input_timeout_s = 600.0
 
     # Each phase: TFRecord file pattern (or "synthetic"), held-out data for evaluation,
     # sequence length, max predictions, and its share of the steps (`steps` > 0 overrides it).

@@ -10,6 +10,12 @@ orbax writes a step into a temporary directory and renames it when complete, so 
 mid-save leaves the previous checkpoint intact. Kept: the last `max_to_keep` steps, plus the
 step with the best `best_metric` (evaluated steps carry their metrics).
 
+Faults: a save that fails (a full disk, a write error; with async saves found at the next save
+or `wait`) raises one CheckpointError naming the path, the earlier steps untouched. On resume,
+`restore_newest` skips a step that fails to restore (a truncated or missing file), says so and
+moves it to `workdir/unreadable_checkpoints/<step>` (kept for inspection, never deleted) so the
+run can save that step again.
+
 Preemption: on a multi-process run the JAX distributed runtime turns SIGTERM (how TPU VMs
 announce preemption) into a sync point that every process reaches at the same step
 (`reached_preemption`). A single process has no runtime to do that, so SIGTERM sets a flag.
@@ -18,9 +24,13 @@ announce preemption) into a sync point that every process reaches at the same st
 from __future__ import annotations
 
 import dataclasses
+import gc
+import logging
 import os
+import re
 import signal
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import jax
 import orbax.checkpoint as ocp
@@ -28,6 +38,61 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
 from bertjax.errors import CheckpointError
+
+T = TypeVar("T")
+UNREADABLE_DIR = "unreadable_checkpoints"
+
+
+def short_reason(error: BaseException) -> str:
+    """An exception as one short line: the OS error and its file where there is one (tensorstore
+    buries them in a long message, and appends its whole spec)."""
+    text = str(error).strip()
+    os_error = re.search(r"([^:\]]+) \[os_error_code='(\d+)'\]", text)
+    if isinstance(error, OSError) and error.strerror:
+        text = error.strerror + (f": {error.filename}" if error.filename else "")
+    elif os_error:
+        failed = re.search(r'Failed (?:writing|reading): "([^"]+)"', text)
+        text = f"{os_error[1].strip()}, errno {os_error[2]}" + (f": {failed[1]}" if failed else "")
+    else:
+        text = text.split("\n")[0].split(" [tensorstore_spec")[0]
+        files = re.findall(r'local file "([^"]+)"', text)
+        if files:  # tensorstore's chain "opening ...: reading ...: <cause>": cause and file
+            text = f"{text.rsplit(chr(34) + ': ', 1)[-1]}: {files[-1]}"
+    text = text or type(error).__name__
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A step that fails to restore; `reason` says why in a few words."""
+
+    def __init__(self, path: epath.Path, reason: str):
+        super().__init__(f"{path} is unreadable or does not fit this run's model and optimizer "
+                         f"({reason}); resume with the config it was saved with or use a new "
+                         "--workdir")
+        self.reason = reason
+
+
+class _DropReraised(logging.Filter):
+    """Drops orbax's error logs (a failed async save logs its traceback from several threads):
+    every such error is also raised to the Checkpointer, which reports it in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not ("orbax" in record.pathname and record.levelno >= logging.ERROR)
+
+
+class _QuietAsyncio:
+    """Silences asyncio's "Task exception was never retrieved" dumps while orbax reads a
+    broken checkpoint (the error itself is reported once, by the caller)."""
+
+    def __enter__(self):
+        self._logger = logging.getLogger("asyncio")
+        self._level = self._logger.level
+        self._logger.setLevel(logging.CRITICAL)
+
+    def __exit__(self, *exc):
+        gc.collect()  # the failed tasks are collected (and would log) here, quietly
+        self._logger.setLevel(self._level)
+
 
 
 class DataIteratorHandler(ocp.CheckpointHandler):
@@ -72,6 +137,10 @@ class Checkpointer:
                 enable_async_checkpointing=async_save, create=True,
                 preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies)),
         )
+        self._log_filter = _DropReraised()
+        logging.getLogger("absl").addFilter(self._log_filter)
+        self._pending: int | None = None  # step of an async save not yet known to be done
+        self._failed = False
         self._sigterm = False
         self._previous_handler = None
         if jax.process_count() == 1:
@@ -83,19 +152,41 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
+    @property
+    def sigterm_received(self) -> bool:
+        """SIGTERM seen by this (single) process; no collective call, safe at any moment."""
+        return self._sigterm
+
     def reached_preemption(self, step: int) -> bool:
         return self._sigterm or self.manager.reached_preemption(step)
 
+    def _save_error(self, step: int | None, error: BaseException) -> CheckpointError:
+        self._failed = True
+        done = [s for s in self.manager.all_steps() if s != step]
+        kept = f"step {max(done)} is intact" if done else "no earlier checkpoint"
+        where = self._path(step) if step is not None else self.directory
+        return CheckpointError(
+            f"saving checkpoint step {step} to {where} failed "
+            f"({short_reason(error)}); {kept}; free space or fix the directory, then run "
+            "again to resume")
+
     def save(self, step: int, state: Any, meta: dict[str, Any], iterator: Any,
              metrics: dict[str, float] | None = None) -> None:
-        self.manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta),
-                data=DataIteratorSave(iterator)),
-            metrics=metrics,
-            force=True,
-        )
+        """Starts saving `step` (async: finished in the background). An earlier async save's
+        error surfaces here or at `wait`, as a CheckpointError."""
+        self.wait()
+        try:
+            self.manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta),
+                    data=DataIteratorSave(iterator)),
+                metrics=metrics,
+                force=True,
+            )
+        except Exception as e:  # OSError, or orbax / tensorstore wrapping one
+            raise self._save_error(step, e) from None
+        self._pending = step
 
     def _path(self, step: int) -> epath.Path:
         return self.directory / str(step)
@@ -106,26 +197,90 @@ class Checkpointer:
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             abstract_state, shardings)
         try:
-            restored = self.manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-        except (ValueError, KeyError, TypeError) as e:
-            raise CheckpointError(
-                f"{self._path(step)} does not fit this run's model and optimizer ({e}); "
-                "resume with the config it was saved with or use a new --workdir") from None
+            with _QuietAsyncio():
+                restored = self.manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
+        except Exception as e:
+            raise UnreadableCheckpoint(self._path(step), short_reason(e)) from None
         return restored["state"], dict(restored["meta"])
 
     def restore_data(self, step: int, iterator: Any) -> None:
         """Moves `iterator` to where it was when `step` was saved."""
-        self.manager.restore(step, args=ocp.args.Composite(data=DataIteratorRestore(iterator)))
+        try:
+            with _QuietAsyncio():
+                self.manager.restore(
+                    step, args=ocp.args.Composite(data=DataIteratorRestore(iterator)))
+        except Exception as e:
+            raise UnreadableCheckpoint(self._path(step),
+                                       f"input position: {short_reason(e)}") from None
+
+    def restore_newest(self, restore: Callable[[int], T], log) -> tuple[int, T] | None:
+        """(step, restore(step)) for the newest step that restores; None without checkpoints.
+
+        A newer step whose restore fails is reported and, once an older one has restored,
+        moved to workdir/unreadable_checkpoints/<step>: kept, but out of the way of the step
+        being saved again. When no step restores, nothing is moved and a CheckpointError
+        names the directory.
+        """
+        failed: list[tuple[int, str]] = []
+        for step in sorted(self.manager.all_steps(), reverse=True):
+            try:
+                restored = restore(step)
+            except UnreadableCheckpoint as e:
+                failed.append((step, e.reason))
+                continue
+            for bad, reason in failed:
+                kept = self._set_aside(bad)
+                log(f"checkpoint step {bad} in {self.directory} is unreadable ({reason}); "
+                    f"moved to {kept}; resuming from step {step}")
+            if failed:
+                self.manager.reload()
+            return step, restored
+        if failed:
+            steps = ", ".join(str(s) for s, _ in failed)
+            raise CheckpointError(
+                f"no checkpoint in {self.directory} restores (steps {steps}; step "
+                f"{failed[0][0]}: {failed[0][1]}); if the model or optimizer changed, resume "
+                "with the config the run was saved with, or use a new --workdir")
+        return None
+
+    def _set_aside(self, step: int) -> epath.Path:
+        root = self.directory.parent / UNREADABLE_DIR
+        target, n = root / str(step), 1
+        while target.exists():
+            target, n = root / f"{step}.{n}", n + 1
+        if jax.process_index() == 0:
+            root.mkdir(parents=True, exist_ok=True)
+            self._path(step).rename(target)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
+        return target
 
     def all_steps(self) -> list[int]:
         return list(self.manager.all_steps())
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Waits for the async save; its failure raises a CheckpointError."""
+        pending, self._pending = self._pending, None
+        try:
+            self.manager.wait_until_finished()
+        except Exception as e:
+            raise self._save_error(pending, e) from None
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
+        """Finishes the pending save and releases the manager; a save error already raised is
+        not raised again (it would hide the first report)."""
+        try:
+            if not self._failed:
+                self.wait()
+        finally:
+            try:
+                self.manager.close()
+            except Exception:
+                if not self._failed:
+                    raise
+            logging.getLogger("absl").removeFilter(self._log_filter)
+            if self._previous_handler is not None:
+                signal.signal(signal.SIGTERM, self._previous_handler)

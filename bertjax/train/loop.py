@@ -7,6 +7,13 @@ A job (bertjax/tasks/) declares what differs; this loop does the rest, once:
   positions inside them), preemption, divergence, and the job's final outputs from the best
   (or last) parameters. `workdir/results.json` records the evaluations and the best step.
 
+Faults: a resume is checked before anything in the workdir changes (the run recorded in
+`config.json` must match on the fields that fix the checkpoint, `RESUME_FIELDS`; a checkpoint
+that fails to restore falls back to the one before, see checkpoints.py), and `config.json` /
+`results.json` are replaced whole, never left half-written. Batches are taken in a background
+thread (`InputWatch`), so SIGTERM and Ctrl-C work while the input is slow, and an input that
+gives nothing for `config.train.input_timeout_s` seconds stops the run with one line.
+
 The job's interface (duck-typed; see bertjax/tasks/pretraining.py and bertjax/tasks/base.py):
   model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
   stages: [Stage]; best_metric: str | None (None: no best checkpoint, e.g. pre-training)
@@ -24,6 +31,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -32,7 +41,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from bertjax.errors import TrainingError
+from bertjax.errors import ConfigError, TrainingError
 from bertjax.train import configs
 from bertjax.train import flops as flops_lib
 from bertjax.train import metrics as metrics_lib
@@ -41,6 +50,15 @@ from bertjax.train import step as step_lib
 from bertjax.train.checkpoints import Checkpointer
 
 RESULTS_FILE = "results.json"
+CONFIG_FILE = "config.json"
+# Config fields a resumed run must share with the run recorded in its workdir: they fix the
+# checkpoint's shapes, the optimizer state, and what a saved input position means. (The
+# compute dtype and the mesh may change: checkpoints restore onto any mesh.)
+RESUME_FIELDS = ("model.", "optimizer.name", "train.batch_size", "task.name")
+RESUME_FIELDS_FREE = ("model.dtype",)
+DEFAULT_INPUT_TIMEOUT_S = 600.0
+SIGTERM_GRACE_S = 5.0  # after SIGTERM, how long a pending batch may still take
+_POLL_S = 0.1
 
 
 @dataclasses.dataclass
@@ -96,8 +114,91 @@ def _host_metrics(metrics) -> dict[str, float]:
 
 
 def _write_json(path: epath.Path, value: Any) -> None:
+    """Writes `path` whole or not at all (a temporary file renamed over it)."""
     if jax.process_index() == 0:
-        path.write_text(json.dumps(value, indent=2) + "\n")
+        tmp = path.parent / (path.name + ".tmp")
+        tmp.write_text(json.dumps(value, indent=2) + "\n")
+        tmp.replace(path)
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def check_resumable(workdir: epath.Path, config_record: dict) -> None:
+    """Refuses to resume the run recorded in `workdir/config.json` with a config that differs
+    on `RESUME_FIELDS` (fields present in both records), in one line naming each field."""
+    path = workdir / CONFIG_FILE
+    if not path.exists():
+        return
+    try:
+        previous = _flatten(json.loads(path.read_text()))
+    except ValueError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e}); it records the run being resumed: "
+                          "restore it, or use a new --workdir") from None
+    current = _flatten(config_record)
+    differing = [
+        f"config.{key}: {previous[key]!r} in the run at {workdir}, {current[key]!r} now"
+        for key in sorted(previous.keys() & current.keys())
+        if key.startswith(RESUME_FIELDS) and key not in RESUME_FIELDS_FREE
+        and previous[key] != current[key]]
+    if differing:
+        raise ConfigError("; ".join(differing) + "; the checkpoints there were saved with the "
+                          "run's values: resume with them or use a new --workdir")
+
+
+class _InputStalled(Exception):
+    pass
+
+
+class InputWatch:
+    """Takes batches from `inputs` in a background thread, one when asked (none ahead, so the
+    input's saved position stays that of the training step), while the caller keeps checking
+    `stop_requested` (SIGTERM) and the time; Ctrl-C interrupts the wait."""
+
+    def __init__(self, inputs: Iterator, timeout_s: float, stop_requested: Callable[[], bool]):
+        self.inputs, self.timeout_s, self.stop_requested = inputs, timeout_s, stop_requested
+        self._asked: queue.Queue[bool] = queue.Queue()
+        self._answers: queue.Queue[tuple[Any, BaseException | None]] = queue.Queue()
+        # A daemon: a thread stuck in a stalled read must not keep the process alive.
+        threading.Thread(target=self._serve, name="input", daemon=True).start()
+
+    def _serve(self) -> None:
+        while self._asked.get():
+            try:
+                self._answers.put((next(self.inputs), None))
+            except BaseException as e:  # re-raised in the caller's thread
+                self._answers.put((None, e))
+
+    def next(self) -> dict[str, np.ndarray] | None:
+        """The next batch; None if a stop was requested and no batch came within
+        SIGTERM_GRACE_S after it. Raises _InputStalled after `timeout_s` without a batch."""
+        self._asked.put(True)
+        start, stop_seen = time.monotonic(), None
+        while True:
+            try:
+                batch, error = self._answers.get(timeout=_POLL_S)
+            except queue.Empty:
+                now = time.monotonic()
+                if stop_seen is None and self.stop_requested():
+                    stop_seen = now
+                if stop_seen is not None and now - stop_seen > SIGTERM_GRACE_S:
+                    return None
+                if now - start > self.timeout_s:
+                    raise _InputStalled() from None
+                continue
+            if error is not None:
+                raise error
+            return batch
+
+    def close(self) -> None:
+        self._asked.put(False)  # ends the thread once it is idle
 
 
 def train(job, config, workdir: str, log=print) -> dict[str, Any]:
@@ -108,7 +209,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     """
     workdir_path = epath.Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
-    _write_json(workdir_path / "config.json", json.loads(config.to_json_best_effort()))
+    config_record = json.loads(config.to_json_best_effort())
 
     mesh = sharding_lib.make_mesh(config.mesh)
     configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
@@ -123,36 +224,72 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     checkpointer = Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
                                 job.best_metric)
     writer = metrics_lib.MetricsWriter(workdir)
-    latest = checkpointer.latest_step()
-    history: list[dict[str, float]] = []
-    if latest is not None:
-        state, meta = checkpointer.restore(latest, abstract, state_sharding)
-        history = meta.get("history", [])
-        log(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}")
-    else:
-        state = step_lib.create_train_state(job.init_params, tx, jax.random.PRNGKey(config.seed),
-                                            state_sharding)
-        pretrained = job.pretrained_params()
-        if pretrained:
-            state = step_lib.replace_params(state, pretrained, state_sharding)
-            log(f"Initialised parameters from {config.init_checkpoint} (optimizer state fresh)")
-    step = int(state.step)
-    peak = flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
-    start_time = time.time()
-    last_saved = latest
-    status = "done"
+    watch = None
     try:
+        # Nothing in the workdir changes until the resume is known to work.
+        if checkpointer.all_steps():
+            check_resumable(workdir_path, config_record)
+
+        def restore(step: int):
+            """State, meta and (when `step` is inside a stage) that stage's input at `step`."""
+            state, meta = checkpointer.restore(step, abstract, state_sharding)
+            stage = next((s for s in job.stages if s.start < step < s.end), None)
+            inputs = stage.make_input() if stage else None
+            if inputs is not None:
+                checkpointer.restore_data(step, inputs)
+            return state, meta, stage, inputs
+
+        resumed = checkpointer.restore_newest(restore, log)
+        history: list[dict[str, float]] = []
+        ready_inputs = {}
+        latest = None
+        if resumed is not None:
+            latest, (state, meta, stage, inputs) = resumed
+            history = meta.get("history", [])
+            if stage is not None:
+                ready_inputs[stage.name] = inputs
+            log(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}")
+        else:
+            state = step_lib.create_train_state(job.init_params, tx,
+                                                jax.random.PRNGKey(config.seed), state_sharding)
+            pretrained = job.pretrained_params()
+            if pretrained:
+                state = step_lib.replace_params(state, pretrained, state_sharding)
+                log(f"Initialised parameters from {config.init_checkpoint} (optimizer state "
+                    "fresh)")
+        _write_json(workdir_path / CONFIG_FILE, config_record)
+        input_timeout = float(config.get("train", {}).get("input_timeout_s",
+                                                          DEFAULT_INPUT_TIMEOUT_S))
+        step = int(state.step)
+        peak = flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
+        start_time = time.time()
+        last_saved = latest
+        status = "done"
         for stage in job.stages:
             if step >= stage.end:
                 continue
-            inputs = stage.make_input()
-            if latest is not None and stage.start < latest:
-                checkpointer.restore_data(latest, inputs)
+            inputs = ready_inputs.pop(stage.name, None)
+            if inputs is None:
+                inputs = stage.make_input()
+            watch = InputWatch(inputs, input_timeout, lambda: checkpointer.sigterm_received)
             throughput = metrics_lib.Throughput(stage.flops_per_example, peak)
             throughput.reset(step)
             log(stage.description)
             while step < stage.end:
-                state, metrics = train_step(state, runner.to_global(next(inputs)))
+                kept = f"step {last_saved}" if last_saved is not None else "none"
+                try:
+                    batch = watch.next()
+                except _InputStalled:
+                    raise TrainingError(
+                        f"the input of {stage.name} gave no batch for {input_timeout:g} s "
+                        f"(config.train.input_timeout_s) before step {step + 1}; stopping "
+                        f"without saving (last checkpoint: {kept})") from None
+                if batch is None:
+                    log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
+                        f"without saving (last checkpoint: {kept})")
+                    status = "preempted"
+                    break
+                state, metrics = train_step(state, runner.to_global(batch))
                 step += 1
                 at_end = step == stage.end
                 log_now = step % config.log_every_steps == 0 or at_end
@@ -162,7 +299,6 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                 if log_now or save_now:
                     host = _host_metrics(metrics)
                     if not math.isfinite(host["loss"]):
-                        kept = f"step {last_saved}" if last_saved is not None else "none"
                         raise TrainingError(
                             f"loss is {host['loss']} at step {step}; stopping without saving "
                             f"(last good checkpoint: {kept}); lower "
@@ -191,6 +327,8 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                     log(f"SIGTERM: saved step {step}; exiting so the run can resume")
                     status = "preempted"
                     break
+            watch.close()
+            watch = None
             if status == "preempted":
                 break
         checkpointer.wait()
@@ -213,5 +351,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
             _write_json(workdir_path / RESULTS_FILE, summary)
         return summary
     finally:
+        if watch is not None:
+            watch.close()
         checkpointer.close()
         writer.close()

@@ -10,6 +10,7 @@ e.g. gs://, keep TensorFlow's file systems).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import types
@@ -18,17 +19,22 @@ from typing import Any
 import jax
 from etils import epath
 
+from bertjax.errors import TrainingError
+
 
 class MetricsWriter:
     """Writes scalars to TensorBoard (`workdir/tensorboard/<split>`) and `workdir/metrics.jsonl`.
 
     Only process 0 writes. Each `write` is one JSON line: {"step": ..., "split": ..., name: value}.
+    A line left half-written by a crash (a full disk) is cut off before the next run appends;
+    a failed write raises one TrainingError naming the file.
     """
 
     def __init__(self, workdir: str, enabled: bool | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.workdir = epath.Path(workdir)
         self._writers: dict[str, Any] = {}
+        self._repaired = False
 
     def _event_writer(self, split: str):
         if split not in self._writers:
@@ -52,15 +58,40 @@ class MetricsWriter:
         summary = summary_pb2.Summary(
             value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
         )
-        writer = self._event_writer(split)
-        writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
-        writer.flush()
-        with (self.workdir / "metrics.jsonl").open("a") as f:
-            f.write(json.dumps({"step": int(step), "split": split, **values}) + "\n")
+        path = self.workdir / "metrics.jsonl"
+        try:
+            writer = self._event_writer(split)
+            writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
+                                             summary=summary))
+            writer.flush()
+            if not self._repaired:
+                _cut_partial_line(path)
+                self._repaired = True
+            with path.open("a") as f:
+                f.write(json.dumps({"step": int(step), "split": split, **values}) + "\n")
+        except OSError as e:
+            raise TrainingError(f"writing metrics to {self.workdir} failed ({e.strerror or e}); "
+                                "the checkpoints saved so far are kept") from None
 
     def close(self) -> None:
         for writer in self._writers.values():
             writer.close()
+
+
+def _cut_partial_line(path: epath.Path) -> None:
+    """Drops a last line without its newline (a write cut short) from a local file."""
+    if "://" in str(path) or not os.path.exists(path):
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return
+        f.seek(max(0, size - (1 << 20)))
+        tail = f.read()
+        f.truncate(size - len(tail) + tail.rfind(b"\n") + 1)
 
 
 class Throughput:

@@ -1,0 +1,430 @@
+"""Faults during a run: a corrupt latest checkpoint falls back to the previous one (and the run
+ends as one resumed from there), a failed resume changes no file of the workdir, a stalled input
+stops on SIGTERM or after config.train.input_timeout_s, a failed save is one line with the last
+good checkpoint intact, and empty, truncated, corrupted or foreign TFRecords are named.
+
+The loop tests run `loop.train` in-process on a one-matrix regression job (compiles in well
+under a second); the loop never looks inside a job, so pre-training and fine-tuning take the
+same paths. Only the SIGTERM test starts a subprocess.
+"""
+
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+import pytest
+from conftest import ROOT
+
+from bertjax.errors import CheckpointError, ConfigError, DataError, TrainingError
+from bertjax.train import checkpoints, loop
+
+# ------------------------------------------------------------------------- a tiny job
+
+
+class RegressionInput:
+    """Batch i is a pure function of i (so a resumed run sees the same batches); its position
+    is saved as JSON. Asking for batch `stall_at` blocks on `release` (a stalled input)."""
+
+    def __init__(self, stall_at=None, release=None):
+        self.index, self.stall_at, self.release = 0, stall_at, release
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.index == self.stall_at:
+            self.release()
+        rng = np.random.default_rng(self.index)
+        self.index += 1
+        x = rng.normal(size=(8, 4)).astype(np.float32)
+        return {"x": x, "y": x @ np.arange(8, dtype=np.float32).reshape(4, 2)}
+
+    def save(self, prefix):
+        with open(prefix + ".json", "w") as f:
+            json.dump({"index": self.index}, f)
+
+    def restore(self, prefix):
+        with open(prefix + ".json") as f:
+            self.index = json.load(f)["index"]
+
+
+class RegressionJob:
+    """Least squares on [8, 4] batches; `pad` adds an unused [pad, pad] matrix to make the
+    checkpoint bigger (the disk-full test)."""
+
+    model_config, grad_accum_steps, best_metric, batch_size = None, 1, None, 8
+
+    def __init__(self, total_steps, make_input=RegressionInput, pad=0):
+        self.total_steps, self.pad = total_steps, pad
+        self.stages = [loop.Stage("main", 0, total_steps, make_input, {}, 0.0, 4, "Stage main")]
+
+    def init_params(self, rng):
+        params = {"w": nn.LogicallyPartitioned(jax.random.normal(rng, (4, 2)),
+                                               ("embed", "classes"))}
+        if self.pad:
+            params["pad"] = nn.LogicallyPartitioned(jax.random.normal(rng, (self.pad, self.pad)),
+                                                    ("embed", "classes"))
+        return params
+
+    def loss(self, params, batch, rng):
+        loss = jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
+        return loss, {"loss": loss}
+
+    def optimizer(self):
+        return optax.adam(0.05), optax.constant_schedule(0.05)
+
+    def pretrained_params(self):
+        return None
+
+    def finish(self, params, runner, workdir, log):
+        pass
+
+
+def make_config(every=2, hidden_size=4, optimizer="adam", **train):
+    return ml_collections.ConfigDict(dict(
+        seed=0, log_every_steps=1, model=dict(hidden_size=hidden_size, dtype="float32"),
+        optimizer=dict(name=optimizer), train=dict(batch_size=8, **train),
+        mesh=dict(data=-1, fsdp=1, tensor=1),
+        logical_axis_rules=(("batch", ("data", "fsdp")), ("embed", "fsdp"), ("classes", None)),
+        checkpoint=dict(every_steps=every, max_to_keep=5, async_save=True)))
+
+
+def run(workdir, steps, config=None, **job):
+    lines = []
+    summary = loop.train(RegressionJob(steps, **job), config or make_config(), str(workdir),
+                         log=lines.append)
+    return summary, lines
+
+
+def losses(workdir):
+    """step → train loss, the last record of each step winning."""
+    out = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            out[record["step"]] = record["loss"]
+    return out
+
+
+def snapshot(directory):
+    """Every file under `directory` (relative path → bytes), and every folder."""
+    files, folders = {}, set()
+    for root, dirs, names in os.walk(directory):
+        folders.update(os.path.relpath(os.path.join(root, d), directory) for d in dirs)
+        for name in names:
+            path = os.path.join(root, name)
+            with open(path, "rb") as f:
+                files[os.path.relpath(path, directory)] = f.read()
+    return files, folders
+
+
+def steps_on_disk(workdir):
+    return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+def truncate_state(workdir, step):
+    """Cuts the array data file of checkpoint `step` in half (a crash of the file system)."""
+    data = os.path.join(workdir, "checkpoints", str(step), "state", "d")
+    (name,) = os.listdir(data)
+    path = os.path.join(data, name)
+    with open(path, "rb+") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    """A run of 4 steps with checkpoints at 2 and 4 (copied by each test that changes it)."""
+    workdir = tmp_path_factory.mktemp("four") / "run"
+    run(workdir, 4)
+    assert steps_on_disk(workdir) == ["2", "4"]
+    return workdir
+
+
+def copy_of(run_dir, tmp_path, name):
+    target = tmp_path / name
+    shutil.copytree(run_dir, target)
+    return target
+
+
+# ------------------------------------------------------------------ checkpoint fallback
+
+
+def delete_input_position(workdir, step):
+    os.remove(os.path.join(workdir, "checkpoints", str(step), "data", "process_0.json"))
+
+
+@pytest.mark.parametrize("damage,culprit", [(truncate_state, "state/d"),
+                                            (delete_input_position, "data/process_0.json")])
+def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(
+        four_steps, tmp_path, damage, culprit):
+    corrupt = copy_of(four_steps, tmp_path, "corrupt")
+    damage(corrupt, 4)
+    bad_files, _ = snapshot(corrupt / "checkpoints" / "4")
+    reference = copy_of(four_steps, tmp_path, "reference")  # the same run, resumed from step 2
+    shutil.rmtree(reference / "checkpoints" / "4")
+
+    summary, lines = run(corrupt, 6)
+    assert summary["status"] == "done"
+    (report,) = [line for line in lines if "unreadable" in line]
+    assert report.startswith(f"checkpoint step 4 in {corrupt / 'checkpoints'} is unreadable (")
+    assert str(corrupt / "checkpoints" / "4" / culprit) in report  # the file at fault
+    assert report.endswith("resuming from step 2")
+    assert f"Resumed from {corrupt / 'checkpoints' / '2'} at step 2" in lines
+    # Kept, byte for byte, out of the way of the new step 4.
+    assert snapshot(corrupt / "unreadable_checkpoints" / "4")[0] == bad_files
+
+    run(reference, 6)
+    a, b = losses(corrupt), losses(reference)
+    assert [a[s] for s in (3, 4, 5, 6)] == [b[s] for s in (3, 4, 5, 6)]
+    assert steps_on_disk(corrupt) == ["2", "4", "6"]
+
+
+def test_no_readable_checkpoint_fails_in_one_line_and_changes_nothing(four_steps, tmp_path):
+    workdir = copy_of(four_steps, tmp_path, "run")
+    truncate_state(workdir, 4)
+    truncate_state(workdir, 2)
+    before = snapshot(workdir)
+    with pytest.raises(CheckpointError) as e:
+        run(workdir, 6)
+    message = str(e.value)
+    assert message.startswith(f"no checkpoint in {workdir / 'checkpoints'} restores (steps 4, 2; "
+                              "step 4: ")
+    assert "\n" not in message
+    assert snapshot(workdir) == before
+
+
+# ------------------------------------------------------------------------ failed resume
+
+
+def test_failed_resume_names_the_fields_and_leaves_every_file_byte_identical(four_steps,
+                                                                             tmp_path):
+    workdir = copy_of(four_steps, tmp_path, "run")
+    before = snapshot(workdir)
+    with pytest.raises(ConfigError) as e:
+        run(workdir, 6, make_config(hidden_size=8, optimizer="lamb"))
+    assert str(e.value).startswith(
+        f"config.model.hidden_size: 4 in the run at {workdir}, 8 now; "
+        f"config.optimizer.name: 'adam' in the run at {workdir}, 'lamb' now; ")
+    assert snapshot(workdir) == before
+    # Fields that do not fix the checkpoint may change (here the compute dtype and the
+    # checkpoint interval); the recorded config then becomes the new one.
+    changed = make_config(every=3)
+    changed.model.dtype = "bfloat16"
+    summary, _ = run(workdir, 6, changed)
+    assert summary["status"] == "done"
+    assert json.loads((workdir / "config.json").read_text())["model"]["dtype"] == "bfloat16"
+
+
+# ------------------------------------------------------------------------ disk full
+
+
+def test_failed_save_is_one_line_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    workdir = tmp_path / "run"
+    run(workdir, 2, pad=64)  # checkpoint 2: ~50 KB of arrays
+    step2 = snapshot(workdir / "checkpoints" / "2")
+
+    # A file size limit makes every write past 8 KB fail with EFBIG, the way a full disk
+    # fails with ENOSPC, with no privilege needed; it is set only for the save of step 4.
+    previous = resource.getrlimit(resource.RLIMIT_FSIZE)
+    original_save = checkpoints.Checkpointer.save
+
+    def save_on_a_full_disk(self, step, *args, **kwargs):
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, previous[1]))
+        return original_save(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(checkpoints.Checkpointer, "save", save_on_a_full_disk)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill
+    try:
+        with pytest.raises(CheckpointError) as e:
+            run(workdir, 4, pad=64)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, previous)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    message = str(e.value)
+    assert message.startswith(
+        f"saving checkpoint step 4 to {workdir / 'checkpoints' / '4'} failed (File too large")
+    assert "step 2 is intact" in message and "\n" not in message
+    assert not (workdir / "checkpoints" / "4").exists()  # orbax renames only complete steps
+    assert snapshot(workdir / "checkpoints" / "2") == step2
+
+    monkeypatch.setattr(checkpoints.Checkpointer, "save", original_save)
+    summary, lines = run(workdir, 4, pad=64)
+    assert summary["status"] == "done"
+    assert f"Resumed from {workdir / 'checkpoints' / '2'} at step 2" in lines
+
+
+# ------------------------------------------------------------------------ stalled input
+
+
+def test_stalled_input_stops_after_the_timeout_saving_nothing_more(tmp_path):
+    workdir = tmp_path / "run"
+    stuck = threading.Event()
+    make_input = lambda: RegressionInput(stall_at=3, release=stuck.wait)  # noqa: E731
+    start = time.monotonic()
+    with pytest.raises(TrainingError) as e:
+        run(workdir, 6, make_config(input_timeout_s=1.0), make_input=make_input)
+    stuck.set()
+    assert str(e.value) == ("the input of main gave no batch for 1 s "
+                            "(config.train.input_timeout_s) before step 4; stopping without "
+                            "saving (last checkpoint: step 2)")
+    assert time.monotonic() - start < 60
+    assert steps_on_disk(workdir) == ["2"]
+
+
+STALLED_RUN = """
+import sys
+sys.path.insert(0, "tests")
+import test_faults as t
+
+# Batch 3 opens a FIFO nobody writes to: the input thread blocks in a system call, as a
+# TFRecord reader does on a file system that stopped answering.
+stall = lambda: open(sys.argv[2], "rb")
+summary, lines = t.run(sys.argv[1], 6, make_input=lambda: t.RegressionInput(3, stall))
+print("\\n".join(lines), flush=True)
+print("status", summary["status"], flush=True)
+"""
+
+
+def test_sigterm_stops_a_run_whose_input_stalls_within_seconds(tmp_path):
+    fifo, workdir = tmp_path / "shard.tfrecord", tmp_path / "run"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen([sys.executable, "-c", STALLED_RUN, str(workdir), str(fifo)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (workdir / "checkpoints" / "2" / "commit_success.txt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read()
+            time.sleep(0.1)
+        time.sleep(1.0)  # now waiting for batch 3
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert time.monotonic() - sent < loop.SIGTERM_GRACE_S + 10
+    assert proc.returncode == 0, out[-3000:]
+    assert ("SIGTERM while waiting for the input of step 4: exiting without saving (last "
+            "checkpoint: step 2)") in out
+    assert "status preempted" in out
+    assert steps_on_disk(workdir) == ["2"]  # no step 3, no temporary directory
+
+
+# ----------------------------------------------------------------------- bad TFRecords
+
+
+def write_shard(path, n=8, seq_len=16, max_predictions=3):
+    """n pre-masked records of the reference schema; returns each record's framed size."""
+    from data_pipeline import tfrecords
+
+    rng = np.random.default_rng(0)
+    sizes = []
+    with tfrecords.ShardWriter(str(path)) as writer:
+        for _ in range(n):
+            example = tfrecords.pad_example(
+                rng.integers(5, 100, 10), np.zeros(10, np.int64), False, seq_len,
+                (np.arange(1, 1 + max_predictions), rng.integers(5, 100, max_predictions)),
+                max_predictions)
+            record = tfrecords.serialize_example(example)
+            sizes.append(len(tfrecords.tfrecord_frame(record)))
+            writer.write(record)
+    return sizes
+
+
+def read(pattern, batches=4, seq_len=16):
+    from data_pipeline import pretraining_input
+
+    dataset = pretraining_input.make_dataset(pattern, seq_len=seq_len, max_predictions=3,
+                                             batch_size=4, shuffle=False)
+    iterator = pretraining_input.InputIterator(dataset)
+    return [next(iterator) for _ in range(batches)]
+
+
+def test_empty_shards_are_skipped_with_a_warning_or_refused_when_all_are(tmp_path, caplog):
+    write_shard(tmp_path / "part-0.tfrecord")
+    (tmp_path / "part-1.tfrecord").write_bytes(b"")
+    alone = read(str(tmp_path / "part-0.tfrecord"))
+    with_empty = read(str(tmp_path / "part-*.tfrecord"))
+    for a, b in zip(alone, with_empty):
+        np.testing.assert_array_equal(a["input_ids"], b["input_ids"])
+    assert any(str(tmp_path / "part-1.tfrecord") in r.getMessage() and "empty" in r.getMessage()
+               for r in caplog.records)
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "part-0.tfrecord").write_bytes(b"")
+    (tmp_path / "empty" / "part-1.tfrecord").write_bytes(b"")
+    with pytest.raises(DataError) as e:
+        read(str(tmp_path / "empty" / "*.tfrecord"))
+    assert str(e.value).startswith(f"{tmp_path / 'empty' / '*.tfrecord'}: all 2 matching files "
+                                   "are empty (0 bytes")
+
+
+def test_truncated_and_corrupted_records_are_named_by_file_and_offset(tmp_path):
+    sizes = write_shard(tmp_path / "good.tfrecord")
+    good = (tmp_path / "good.tfrecord").read_bytes()
+    (tmp_path / "truncated.tfrecord").write_bytes(good[:-10])
+    flipped = bytearray(good)
+    flipped[sum(sizes[:5]) + 20] ^= 0x04  # inside record 5's data
+    (tmp_path / "flipped.tfrecord").write_bytes(bytes(flipped))
+
+    # The first record is fine, so only tf.data finds these while reading (it names no file).
+    with pytest.raises(DataError) as e:
+        read(str(tmp_path / "truncated.tfrecord"))
+    assert str(e.value) == (f"{tmp_path / 'truncated.tfrecord'}: truncated record (the file "
+                            f"ends 10 bytes early) at byte {sum(sizes[:-1])}; recreate or remove "
+                            "this file")
+    with pytest.raises(DataError) as e:
+        read(str(tmp_path / "flipped.tfrecord"))
+    assert str(e.value) == (f"{tmp_path / 'flipped.tfrecord'}: corrupted record (data checksum "
+                            f"mismatch) at byte {sum(sizes[:5])}; recreate or remove this file")
+
+
+def test_framing_check_reads_what_tensorflow_reads(tmp_path):
+    from bertjax.tf_setup import import_tensorflow
+    from data_pipeline import tfrecords
+
+    tf = import_tensorflow()
+    sizes = write_shard(tmp_path / "good.tfrecord", n=5)
+    with open(tmp_path / "good.tfrecord", "rb") as f:
+        ours = list(tfrecords.frames(f))
+    theirs = [r.numpy() for r in tf.data.TFRecordDataset(str(tmp_path / "good.tfrecord"))]
+    assert [record for _, record in ours] == theirs
+    assert [offset for offset, _ in ours] == np.cumsum([0] + sizes[:-1]).tolist()
+    assert tfrecords.first_problem(str(tmp_path / "good.tfrecord")) is None
+
+
+def test_foreign_or_wrong_length_records_are_named_before_reading(tmp_path):
+    from data_pipeline import tfrecords
+
+    with tfrecords.ShardWriter(str(tmp_path / "tagging.tfrecord")) as writer:
+        writer.write(tfrecords.serialize_example({"input_ids": np.zeros(16, np.int64),
+                                                  "label_ids": np.zeros(16, np.int64)}))
+    with pytest.raises(DataError) as e:
+        read(str(tmp_path / "tagging.tfrecord"))
+    assert str(e.value).startswith(
+        f"{tmp_path / 'tagging.tfrecord'}: records lack feature(s) input_mask, masked_lm_ids, "
+        "masked_lm_positions, masked_lm_weights, next_sentence_labels, segment_ids (they have "
+        "input_ids, label_ids)")
+
+    write_shard(tmp_path / "seq16.tfrecord")
+    with pytest.raises(DataError) as e:
+        read(str(tmp_path / "seq16.tfrecord"), seq_len=32)
+    assert str(e.value).startswith(f"{tmp_path / 'seq16.tfrecord'}: feature input_ids is "
+                                   "int64_list of 16 values, expected int64_list of 32")
+
+    (tmp_path / "text.tfrecord").write_text("a text file, not records\n")
+    with pytest.raises(DataError) as e:
+        read(str(tmp_path / "text.tfrecord"))
+    assert str(e.value).startswith(f"{tmp_path / 'text.tfrecord'}: corrupted record")
