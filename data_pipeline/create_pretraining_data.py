@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
+from absl import logging
 
 from bertjax import cli
 from bertjax.errors import ConfigError, DataError
@@ -92,9 +93,10 @@ class CreateConfig:
         return list(range(self.task_index, self.num_shards, self.num_tasks))
 
 
-def tokenize_documents(documents: Iterable[list[str]], tokenizer,
-                       counts: dict) -> Iterator[list[np.ndarray]]:
-    """Sentences → arrays of token ids (empty sentences dropped); counts text and tokens."""
+def tokenize_documents(documents: Iterable[list[str]], tokenizer, counts: dict,
+                       max_tokens: int | None = None) -> Iterator[list[np.ndarray]]:
+    """Sentences → arrays of token ids (empty sentences dropped); counts text and tokens, and
+    the sentences longer than `max_tokens` (an instance can use only that many of them)."""
     # The WordPiece tokenizer caches ids per word: skip the token strings when it can.
     to_ids = getattr(tokenizer, "tokenize_to_ids_batch", None)
     for doc in documents:
@@ -107,6 +109,10 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer,
         counts["text_bytes"] += len("".join(doc).encode("utf-8"))
         counts["sentences"] += len(sentences)
         counts["tokens"] += sum(map(len, sentences))
+        if max_tokens:
+            long = [len(s) for s in sentences if len(s) > max_tokens]
+            counts["long_sentences"] += len(long)
+            counts["long_sentence_tokens"] += sum(long)
         yield sentences
 
 
@@ -167,12 +173,13 @@ def create_shard(cfg: CreateConfig, shard: int, tokenizer) -> dict:
     """
     cpu_start = time.process_time()
     counts = dict.fromkeys(("documents", "sentences", "tokens", "text_bytes", "instances",
-                            "not_next", "instance_tokens", "masked_lm_predictions"), 0)
+                            "not_next", "instance_tokens", "masked_lm_predictions",
+                            "long_sentences", "long_sentence_tokens"), 0)
     pair_rng, shuffle_rng, mask_rng = shard_rngs(cfg, shard)
     docs = corpus.iter_documents(cfg.input, cfg.input_format, shard, cfg.num_shards)
-    stream = instances.generate_instances(
-        tokenize_documents(docs, tokenizer, counts), cfg.pair_config(), tokenizer.cls_id,
-        tokenizer.sep_id, pair_rng)
+    sentences = tokenize_documents(docs, tokenizer, counts, cfg.max_seq_length - 3)
+    stream = instances.generate_instances(sentences, cfg.pair_config(), tokenizer.cls_id,
+                                          tokenizer.sep_id, pair_rng)
     stream = instances.shuffle_buffer(stream, cfg.shuffle_buffer, shuffle_rng)
     mcfg = cfg.masking_config(tokenizer) if cfg.masking == "static" else None
     if mcfg is not None:
@@ -248,6 +255,7 @@ def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], o
 
     tokenizer_factory: a picklable callable returning the tokenizer (called once per worker).
     """
+    corpus.require_documents(cfg.input, cfg.input_format)  # before any file is written
     os.makedirs(cfg.output_dir, exist_ok=True)
     start = time.perf_counter()
     shards = cfg.shards()
@@ -267,7 +275,23 @@ def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], o
                         "(empty input?); no metadata written")
     meta = build_metadata(cfg, tokenizer, results, time.perf_counter() - start, **metadata_extra)
     metadata.write(cfg.output_dir, meta, cfg.task_index, cfg.num_tasks)
+    warn_partial_use(cfg, meta["counts"])
     return meta
+
+
+def warn_partial_use(cfg: CreateConfig, counts: dict) -> str | None:
+    """Warns (and returns the line) when sentences are longer than an instance can hold, e.g.
+    a whole document on one line of a `reference` file: only a small share of them is used."""
+    n, tokens = counts.get("long_sentences", 0), counts.get("long_sentence_tokens", 0)
+    if not n:
+        return None
+    limit = cfg.max_seq_length - 3
+    used = min(1.0, n * limit * cfg.dupe_factor / tokens)
+    line = (f"{cfg.input}: {n} sentence(s) longer than {limit} tokens (a document on a single "
+            f"line? --input_format=plain splits sentences); at most {used:.1%} of their "
+            f"{tokens} tokens ({tokens / max(counts['tokens'], 1):.1%} of the corpus) are used")
+    logging.warning("%s", line)
+    return line
 
 
 def load_tokenizer(vocab: str, do_lower_case: bool | None):

@@ -99,6 +99,7 @@ def create_segments(cfg: SegmentsConfig, tokenizer_factory: Callable[[], object]
 
     tokenizer_factory: a picklable callable returning the tokenizer (called once per worker).
     """
+    corpus.require_documents(cfg.input, cfg.input_format)  # before any file is written
     os.makedirs(cfg.output_dir, exist_ok=True)
     start = time.perf_counter()
     tokenizer = tokenizer_factory()
