@@ -25,11 +25,13 @@ well under a second; instances are masked and encoded WRITE_BATCH at a time with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import multiprocessing
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -249,6 +251,21 @@ def build_metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], 
     }
 
 
+@contextlib.contextmanager
+def output_directory(path: str, owned: bool = True):
+    """Creates `path` for a run's shards; when the run fails (a bad line deep in the corpus)
+    and `path` is new and `owned` (no other task writes there), it is removed again with
+    whatever was written, so a failed run leaves nothing behind."""
+    created = owned and not os.path.exists(path)
+    os.makedirs(path, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], object],
                             **metadata_extra) -> dict:
     """Writes this task's shards (in `num_workers` processes) and the metadata; returns it.
@@ -256,25 +273,26 @@ def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], o
     tokenizer_factory: a picklable callable returning the tokenizer (called once per worker).
     """
     corpus.require_documents(cfg.input, cfg.input_format)  # before any file is written
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    start = time.perf_counter()
-    shards = cfg.shards()
-    tokenizer = tokenizer_factory()
-    if cfg.num_workers == 1 or len(shards) == 1:
-        results = {s: create_shard(cfg, s, tokenizer) for s in shards}
-    else:
-        # spawn, not fork: the parent may have imported TensorFlow (whose threads do not
-        # survive a fork); the workers themselves never import it.
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(min(cfg.num_workers, len(shards)), _init_worker,
-                      (tokenizer_factory,)) as pool:
-            results = dict(pool.imap_unordered(_worker, [(cfg, s) for s in shards]))
-    if not sum(c["instances"] for c in results.values()):
-        docs = sum(c["documents"] for c in results.values())
-        raise DataError(f"{cfg.input}: no instances created from {docs} documents "
-                        "(empty input?); no metadata written")
-    meta = build_metadata(cfg, tokenizer, results, time.perf_counter() - start, **metadata_extra)
-    metadata.write(cfg.output_dir, meta, cfg.task_index, cfg.num_tasks)
+    with output_directory(cfg.output_dir, cfg.num_tasks == 1):
+        start = time.perf_counter()
+        shards = cfg.shards()
+        tokenizer = tokenizer_factory()
+        if cfg.num_workers == 1 or len(shards) == 1:
+            results = {s: create_shard(cfg, s, tokenizer) for s in shards}
+        else:
+            # spawn, not fork: the parent may have imported TensorFlow (whose threads do not
+            # survive a fork); the workers themselves never import it.
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(min(cfg.num_workers, len(shards)), _init_worker,
+                          (tokenizer_factory,)) as pool:
+                results = dict(pool.imap_unordered(_worker, [(cfg, s) for s in shards]))
+        if not sum(c["instances"] for c in results.values()):
+            docs = sum(c["documents"] for c in results.values())
+            raise DataError(f"{cfg.input}: no instances created from {docs} documents "
+                            "(empty input?); no metadata written")
+        meta = build_metadata(cfg, tokenizer, results, time.perf_counter() - start,
+                              **metadata_extra)
+        metadata.write(cfg.output_dir, meta, cfg.task_index, cfg.num_tasks)
     warn_partial_use(cfg, meta["counts"])
     return meta
 
