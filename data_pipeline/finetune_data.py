@@ -61,7 +61,7 @@ def _stack(encodings) -> np.ndarray:
 def _cut(enc, texts: tuple[str | None, ...]) -> bool:
     """Whether truncation dropped text: an encoding that fills max_seq_length whose last kept
     token of a text ends before that text does (offsets are spans of the source text)."""
-    if 0 in enc.input_mask:
+    if 0 in enc.input_mask or not hasattr(enc, "sequence_ids"):
         return False
     ends = {}
     for seq, span in zip(enc.sequence_ids, enc.offsets):
