@@ -53,6 +53,18 @@ def check_ranges(config, ints_min: dict[str, int], positive: tuple[str, ...] = (
             raise ConfigError(f"config.{path}={value!r} must be in (0, 1]")
 
 
+def model_config(fields):
+    """BertConfig of config.model fields: it checks every model field. dtype "auto" is checked
+    as float32: resolving it queries the JAX backend, which must wait for
+    jax.distributed.initialize()."""
+    from bertjax.models import BertConfig
+
+    fields = dict(fields)
+    if fields.get("dtype") == "auto":
+        fields["dtype"] = "float32"
+    return BertConfig.from_dict(fields)
+
+
 def check_common(config) -> None:
     """What every job shares: batch, optimizer, checkpoints, logging."""
     check_ranges(
@@ -358,9 +370,9 @@ def check_pretraining_data(config, model, vocab_hash: str | None = None) -> None
 def pretraining(config, workdir: str | None) -> None:
     """Everything `python -m bertjax.pretrain` can check before step 0 (workdir None: a dry
     run, which writes nothing)."""
-    from bertjax.train.configs import packing_enabled, plan_phases, resolve_model_config
+    from bertjax.train.configs import packing_enabled, plan_phases
 
-    model = resolve_model_config(config.model)  # BertConfig checks every model field
+    model = model_config(config.model)
     check_common(config)
 
     plan_phases(config)
@@ -390,8 +402,6 @@ def pretraining(config, workdir: str | None) -> None:
 def finetuning(config, workdir: str | None) -> None:
     """The config ranges and paths of a fine-tuning job (its data files are read, and named in
     any error, by the task before anything is written)."""
-    from bertjax.train.configs import resolve_model_config
-
     check_common(config)
     check_ranges(config, {"max_seq_length": 3, "seed": 0, "min_bucket_length": 1},
                  positive=("train.num_epochs",))
@@ -403,7 +413,7 @@ def finetuning(config, workdir: str | None) -> None:
     if not config.get("init_checkpoint"):
         raise ConfigError("config.init_checkpoint is empty; give a bertjax checkpoint directory")
     loaded = check_init_checkpoint(config.init_checkpoint)
-    model = resolve_model_config({**loaded.to_dict(), **dict(config.get("model") or {})})
+    model = model_config({**loaded.to_dict(), **dict(config.get("model") or {})})
     if config.max_seq_length > model.max_position_embeddings:
         raise ConfigError(f"config.max_seq_length={config.max_seq_length} exceeds the model's "
                           f"{model.max_position_embeddings} positions "
