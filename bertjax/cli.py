@@ -4,6 +4,9 @@ banners, cuInit errors) kept out of the output unless TF_CPP_MIN_LOG_LEVEL is se
 
 Job commands (pretrain, finetune, finetune_grid) take `--config=FILE:ARG` (ml-collections,
 every field overridable as `--config.a.b=value`) and `--workdir`.
+
+A known failure (a BertjaxError, a missing or unwritable file) is one `error: ...` line and exit
+status 1; `--verbose` or BERTJAX_TRACEBACK=1 shows its traceback instead (for bug reports).
 """
 
 from __future__ import annotations
@@ -33,12 +36,39 @@ def _offending_flag(message: str, argv: Sequence[str]) -> str | None:
     return None
 
 
+def _config_file_error(message: str) -> str | None:
+    """The one line that matters of ml_collections' "Error whilst parsing config file" (which
+    embeds a whole traceback): the flag and the error our config code raised."""
+    if "Traceback (most recent call last)" not in message:
+        return None
+    flag = message.split(": ", 1)[0].removeprefix("flag ")  # --config=experiments/x.py:arg
+    last = [line.strip() for line in message.splitlines() if line.strip()][-1]
+    last = re.sub(r"^(\w+\.)*(\w+Error|\w+Exception): ", "", last)
+    return f"{flag}: {last}"
+
+
+def _check_config_file() -> None:
+    """ml_collections defers a --config file that cannot be read until its first use; say so
+    now, in one line."""
+    if "config" not in flags.FLAGS or not flags.FLAGS["config"].present:
+        return
+    try:
+        flags.FLAGS.config.get("seed")
+    except OSError as e:
+        reason = [line.strip() for line in str(e).splitlines() if line.strip()][-1]
+        sys.exit(f"error: --config={flags.FLAGS['config'].serialize().split('=', 1)[-1]}: "
+                 f"{reason}")
+
+
 def parse_flags(argv: Sequence[str]) -> list[str]:
     """absl flags parser for app.run: any bad flag or config override exits with one line."""
     try:
-        return flags.FLAGS(argv)
+        rest = flags.FLAGS(argv)
+        _check_config_file()
+        return rest
     except flags.Error as e:  # several missing flags: one message line each
-        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        message = _config_file_error(str(e)) or "; ".join(
+            line.strip() for line in str(e).splitlines() if line.strip())
         sys.exit(f"error: {message} (--help lists the flags)")
     except (AttributeError, KeyError, TypeError, ValueError) as e:
         # ml_collections reports unknown fields and bad values as plain exceptions.
@@ -86,12 +116,35 @@ def require(value, flag: str, example: str):
     return value
 
 
-def report_errors(fn: Callable[[], object]) -> object:
-    """Runs `fn`; a user error (BertjaxError, a missing file) becomes one `error:` line."""
+def show_tracebacks() -> bool:
+    """--verbose or BERTJAX_TRACEBACK=1: known failures raise with their traceback."""
+    verbose = "verbose" in flags.FLAGS and flags.FLAGS.is_parsed() and flags.FLAGS.verbose
+    return verbose or os.environ.get("BERTJAX_TRACEBACK", "") not in ("", "0")
+
+
+def error_line(e: BaseException) -> str:
+    """The one `error: ...` line of a known failure (an OSError names its file)."""
+    if isinstance(e, OSError) and not isinstance(e, BertjaxError) and e.strerror:
+        where = f"{e.filename}: " if e.filename else ""
+        return f"error: {where}{e.strerror}"
+    return f"error: {e}"
+
+
+# What a user can cause: our own errors, and files that are missing, unreadable or unwritable
+# (a workdir that is a file, a read-only or full disk).
+KNOWN_ERRORS = (BertjaxError, OSError)
+
+
+def report_errors(fn: Callable[[], object], known: tuple[type[BaseException], ...] = ()
+                  ) -> object:
+    """Runs `fn`; a known failure (KNOWN_ERRORS and `known`) becomes one `error:` line and
+    exit status 1, or raises as it is with --verbose / BERTJAX_TRACEBACK=1."""
     try:
         return fn()
-    except (BertjaxError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    except KNOWN_ERRORS + known as e:
+        if show_tracebacks():
+            raise
+        sys.exit(error_line(e))
 
 
 def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | None = None
@@ -103,6 +156,9 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
     """
     if define_flags is not None:
         define_flags()
+    if "verbose" not in flags.FLAGS:
+        flags.DEFINE_bool("verbose", False, "Show the traceback of an error (as "
+                          "BERTJAX_TRACEBACK=1 does) instead of its one line.")
 
     def quiet_main(argv):
         logging.set_verbosity(logging.WARNING)  # they would drown the progress line
@@ -118,10 +174,7 @@ def run_flags_command(main: Callable[[flags.FlagValues], None],
     def flags_main(argv: list[str]) -> None:
         if len(argv) > 1:
             sys.exit(f"error: unexpected arguments {argv[1:]}; flags are --name=value")
-        try:
-            main(flags.FLAGS)
-        except (BertjaxError, ValueError) as e:
-            sys.exit(f"error: {e}")
+        report_errors(lambda: main(flags.FLAGS), known=(ValueError,))
 
     run(flags_main, define_flags)
 

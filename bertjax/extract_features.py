@@ -17,6 +17,7 @@ once).
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
@@ -137,6 +138,12 @@ def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2
     """Writes `output_file`; returns the number of examples."""
     from bertjax.pretrained import load_pretrained
 
+    # The files first: a missing input or output directory must not cost a model load.
+    out_dir = os.path.dirname(output_file) or "."
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"--output_file={output_file}: no such directory {out_dir}")
+    if not os.path.isfile(input_file):
+        raise ValueError(f"--input_file={input_file}: no such file")
     config, params, tokenizer = load_pretrained(checkpoint, do_lower_case=do_lower_case)
     extractor = FeatureExtractor(config, params, tokenizer, parse_layers(layers, config.num_layers),
                                  max_seq_length, batch_size)

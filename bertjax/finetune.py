@@ -29,9 +29,11 @@ def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
     Returns {"status", "best_step", "best": dev metrics of the best checkpoint,
     "primary_metric", "history", "total_steps"}.
     """
+    from bertjax import validate
     from bertjax.tasks import FineTuningJob, get_task
     from bertjax.train import loop
 
+    validate.finetuning(config, workdir)  # before the data is read or anything is written
     job = FineTuningJob(get_task(config), config, log=log)
     return loop.train(job, config, workdir, log=log)
 

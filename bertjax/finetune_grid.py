@@ -285,8 +285,12 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
     import jax
     from etils import epath
 
+    check = None  # a train_fn given by a test checks what it needs
     if train_fn is None:
+        from bertjax import validate
         from bertjax.finetune import train_and_evaluate as train_fn
+
+        check = validate.finetuning
     if seeds < 1:
         raise ConfigError(f"--seeds={seeds} must be at least 1")
     combos = combinations(parse_grid(grid, config))
@@ -298,6 +302,8 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
         for seed in seed_list:
             run_dir = root / combo.name / f"seed_{seed}"
             cfg = run_config(config, combo, seed)
+            if check:  # every combination's ranges and paths, before any run starts
+                check(cfg, str(run_dir))
             done = (run_dir / RESULTS_FILE).exists() or (run_dir / DIVERGED_FILE).exists()
             if done:
                 _check_same_config(run_dir, cfg)

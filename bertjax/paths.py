@@ -36,6 +36,10 @@ def isdir(path) -> bool:
     return epath.Path(path).is_dir() if is_remote(path) else os.path.isdir(path)
 
 
+def getsize(path) -> int:
+    return epath.Path(path).stat().length if is_remote(path) else os.path.getsize(path)
+
+
 def join(path, *parts) -> str:
     return str(epath.Path(path).joinpath(*parts)) if is_remote(path) else os.path.join(path,
                                                                                       *parts)

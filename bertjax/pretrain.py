@@ -22,39 +22,13 @@ import functools
 
 from absl import flags
 
-from bertjax import cli
+from bertjax import cli, validate
 from bertjax.errors import ConfigError
 
 _CONFIG, _WORKDIR = cli.define_job_flags("experiments/pretrain.py:base")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
 )
-
-def check_data(config) -> None:
-    """Every phase's data and eval_data pattern must match files, checked before step 0 (a bad
-    phase-2 pattern must not surface after all of phase 1)."""
-    from bertjax.train.configs import plan_phases
-
-    for phase in plan_phases(config):
-        for field in ("data", "eval_data"):
-            pattern = getattr(phase, field)
-            if field == "data" and phase.end > phase.start and not pattern:
-                raise ConfigError(f"config.phases.{phase.name}.data is empty; give a TFRecord "
-                                  "file pattern (or 'synthetic')")
-            if pattern and pattern != "synthetic" and not _glob(pattern):
-                raise ConfigError(f"config.phases.{phase.name}.{field}: no files match "
-                                  f"{pattern!r}")
-
-
-def _glob(pattern: str) -> list[str]:
-    if "://" in pattern:  # gs:// and other file systems that TensorFlow reads
-        import tensorflow as tf
-
-        return tf.io.gfile.glob(pattern)
-    import glob
-
-    return glob.glob(pattern)
-
 
 def make_input_fn(config):
     """Returns make_input(phase, per_host_batch, split="train") for the trainer."""
@@ -148,10 +122,13 @@ def main(argv):
         from bertjax.train import dry_run, loop
 
         if _DRY_RUN.value:
+            validate.pretraining(config, workdir=None)
             dry_run.run(PretrainingJob(config, make_input_fn(config)), config)
             return
         cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
-        check_data(config)
+        # Config, every phase's data, vocab, init checkpoint and workdir: before any step or
+        # file write (a bad phase-2 pattern must not surface after all of phase 1).
+        validate.pretraining(config, _WORKDIR.value)
         cli.initialize_distributed()  # before anything touches a JAX backend
         job = PretrainingJob(config, make_input_fn(config))
         summary = loop.train(job, config, _WORKDIR.value, log=functools.partial(print, flush=True))

@@ -165,6 +165,17 @@ def expand_inputs(inputs: str) -> list[str]:
     return sorted(set(files))
 
 
+def require_documents(inputs: str, input_format: str = "reference") -> None:
+    """Raises CorpusError unless the input has at least one document (checked before any
+    output is written: an empty corpus would leave empty shards behind)."""
+    if input_format == "tfds" or inputs.startswith("tfds:"):
+        return  # a TFDS dataset is checked as it loads
+    files = expand_inputs(inputs)
+    if next(iter_documents(inputs, input_format), None) is None:
+        raise CorpusError(f"{inputs}: no documents in {len(files)} file(s) (empty corpus?); "
+                          "nothing written")
+
+
 _READERS = {"reference": read_reference, "plain": read_plain, "jsonl": read_jsonl}
 
 

@@ -25,15 +25,18 @@ well under a second; instances are masked and encoded WRITE_BATCH at a time with
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import itertools
 import multiprocessing
 import os
+import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
+from absl import logging
 
 from bertjax import cli, paths
 from bertjax.errors import ConfigError, DataError
@@ -92,9 +95,10 @@ class CreateConfig:
         return list(range(self.task_index, self.num_shards, self.num_tasks))
 
 
-def tokenize_documents(documents: Iterable[list[str]], tokenizer,
-                       counts: dict) -> Iterator[list[np.ndarray]]:
-    """Sentences → arrays of token ids (empty sentences dropped); counts text and tokens."""
+def tokenize_documents(documents: Iterable[list[str]], tokenizer, counts: dict,
+                       max_tokens: int | None = None) -> Iterator[list[np.ndarray]]:
+    """Sentences → arrays of token ids (empty sentences dropped); counts text and tokens, and
+    the sentences longer than `max_tokens` (an instance can use only that many of them)."""
     # The WordPiece tokenizer caches ids per word: skip the token strings when it can.
     to_ids = getattr(tokenizer, "tokenize_to_ids_batch", None)
     for doc in documents:
@@ -107,6 +111,10 @@ def tokenize_documents(documents: Iterable[list[str]], tokenizer,
         counts["text_bytes"] += len("".join(doc).encode("utf-8"))
         counts["sentences"] += len(sentences)
         counts["tokens"] += sum(map(len, sentences))
+        if max_tokens:
+            long = [len(s) for s in sentences if len(s) > max_tokens]
+            counts["long_sentences"] += len(long)
+            counts["long_sentence_tokens"] += sum(long)
         yield sentences
 
 
@@ -167,12 +175,13 @@ def create_shard(cfg: CreateConfig, shard: int, tokenizer) -> dict:
     """
     cpu_start = time.process_time()
     counts = dict.fromkeys(("documents", "sentences", "tokens", "text_bytes", "instances",
-                            "not_next", "instance_tokens", "masked_lm_predictions"), 0)
+                            "not_next", "instance_tokens", "masked_lm_predictions",
+                            "long_sentences", "long_sentence_tokens"), 0)
     pair_rng, shuffle_rng, mask_rng = shard_rngs(cfg, shard)
     docs = corpus.iter_documents(cfg.input, cfg.input_format, shard, cfg.num_shards)
-    stream = instances.generate_instances(
-        tokenize_documents(docs, tokenizer, counts), cfg.pair_config(), tokenizer.cls_id,
-        tokenizer.sep_id, pair_rng)
+    sentences = tokenize_documents(docs, tokenizer, counts, cfg.max_seq_length - 3)
+    stream = instances.generate_instances(sentences, cfg.pair_config(), tokenizer.cls_id,
+                                          tokenizer.sep_id, pair_rng)
     stream = instances.shuffle_buffer(stream, cfg.shuffle_buffer, shuffle_rng)
     mcfg = cfg.masking_config(tokenizer) if cfg.masking == "static" else None
     if mcfg is not None:
@@ -242,32 +251,65 @@ def build_metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], 
     }
 
 
+@contextlib.contextmanager
+def output_directory(path: str, owned: bool = True):
+    """Creates `path` for a run's shards; when the run fails (a bad line deep in the corpus)
+    and `path` is new and `owned` (no other task writes there), it is removed again with
+    whatever was written, so a failed run leaves nothing behind."""
+    created = owned and not os.path.exists(path)
+    os.makedirs(path, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created:
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
 def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], object],
                             **metadata_extra) -> dict:
     """Writes this task's shards (in `num_workers` processes) and the metadata; returns it.
 
     tokenizer_factory: a picklable callable returning the tokenizer (called once per worker).
     """
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    start = time.perf_counter()
-    shards = cfg.shards()
-    tokenizer = tokenizer_factory()
-    if cfg.num_workers == 1 or len(shards) == 1:
-        results = {s: create_shard(cfg, s, tokenizer) for s in shards}
-    else:
-        # spawn, not fork: the parent may have imported TensorFlow (whose threads do not
-        # survive a fork); the workers themselves never import it.
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(min(cfg.num_workers, len(shards)), _init_worker,
-                      (tokenizer_factory,)) as pool:
-            results = dict(pool.imap_unordered(_worker, [(cfg, s) for s in shards]))
-    if not sum(c["instances"] for c in results.values()):
-        docs = sum(c["documents"] for c in results.values())
-        raise DataError(f"{cfg.input}: no instances created from {docs} documents "
-                        "(empty input?); no metadata written")
-    meta = build_metadata(cfg, tokenizer, results, time.perf_counter() - start, **metadata_extra)
-    metadata.write(cfg.output_dir, meta, cfg.task_index, cfg.num_tasks)
+    corpus.require_documents(cfg.input, cfg.input_format)  # before any file is written
+    with output_directory(cfg.output_dir, cfg.num_tasks == 1):
+        start = time.perf_counter()
+        shards = cfg.shards()
+        tokenizer = tokenizer_factory()
+        if cfg.num_workers == 1 or len(shards) == 1:
+            results = {s: create_shard(cfg, s, tokenizer) for s in shards}
+        else:
+            # spawn, not fork: the parent may have imported TensorFlow (whose threads do not
+            # survive a fork); the workers themselves never import it.
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(min(cfg.num_workers, len(shards)), _init_worker,
+                          (tokenizer_factory,)) as pool:
+                results = dict(pool.imap_unordered(_worker, [(cfg, s) for s in shards]))
+        if not sum(c["instances"] for c in results.values()):
+            docs = sum(c["documents"] for c in results.values())
+            raise DataError(f"{cfg.input}: no instances created from {docs} documents "
+                            "(empty input?); no metadata written")
+        meta = build_metadata(cfg, tokenizer, results, time.perf_counter() - start,
+                              **metadata_extra)
+        metadata.write(cfg.output_dir, meta, cfg.task_index, cfg.num_tasks)
+    warn_partial_use(cfg, meta["counts"])
     return meta
+
+
+def warn_partial_use(cfg: CreateConfig, counts: dict) -> str | None:
+    """Warns (and returns the line) when sentences are longer than an instance can hold, e.g.
+    a whole document on one line of a `reference` file: only a small share of them is used."""
+    n, tokens = counts.get("long_sentences", 0), counts.get("long_sentence_tokens", 0)
+    if not n:
+        return None
+    limit = cfg.max_seq_length - 3
+    used = min(1.0, n * limit * cfg.dupe_factor / tokens)
+    line = (f"{cfg.input}: {n} sentence(s) longer than {limit} tokens (a document on a single "
+            f"line? --input_format=plain splits sentences); at most {used:.1%} of their "
+            f"{tokens} tokens ({tokens / max(counts['tokens'], 1):.1%} of the corpus) are used")
+    logging.warning("%s", line)
+    return line
 
 
 def load_tokenizer(vocab: str, do_lower_case: bool | None):

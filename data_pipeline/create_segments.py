@@ -99,40 +99,42 @@ def create_segments(cfg: SegmentsConfig, tokenizer_factory: Callable[[], object]
 
     tokenizer_factory: a picklable callable returning the tokenizer (called once per worker).
     """
-    os.makedirs(cfg.output_dir, exist_ok=True)
-    start = time.perf_counter()
-    tokenizer = tokenizer_factory()
-    shards = list(range(cfg.num_shards))
-    if cfg.num_workers == 1 or len(shards) == 1:
-        results = {s: create_segments_shard(cfg, s, tokenizer) for s in shards}
-    else:  # spawn, not fork: TensorFlow's threads do not survive a fork
-        with multiprocessing.get_context("spawn").Pool(min(cfg.num_workers, len(shards))) as pool:
-            results = dict(pool.imap_unordered(
-                _worker, [(cfg, s, tokenizer_factory) for s in shards]))
-    totals = {k: sum(c[k] for c in results.values()) for k in next(iter(results.values()))}
-    if not totals["instances"]:
-        raise DataError(f"{cfg.input}: no examples created from {totals['documents']} "
-                        "documents (empty input?); no metadata written")
-    meta = {
-        "format": FORMAT,
-        "masking": "dynamic",  # unmasked: readable by make_dataset(masking=...) as well
-        "max_seq_length": cfg.max_seq_length,
-        "whole_sentences": cfg.whole_sentences,
-        "masked_lm_prob": cfg.masked_lm_prob,
-        "do_whole_word_mask": cfg.do_whole_word_mask,
-        "random_seed": cfg.random_seed,
-        "num_shards": cfg.num_shards,
-        "shuffle_buffer": cfg.shuffle_buffer,
-        "input": cfg.input,
-        "input_format": cfg.input_format,
-        **metadata.tokenizer_fields(tokenizer),
-        "counts": totals,
-        "shards": {tfrecords.shard_name(s, cfg.num_shards): c["instances"]
-                   for s, c in sorted(results.items())},
-        "seconds": round(time.perf_counter() - start, 3),
-        **metadata_extra,
-    }
-    metadata.write(cfg.output_dir, meta)
+    corpus.require_documents(cfg.input, cfg.input_format)  # before any file is written
+    with cpd.output_directory(cfg.output_dir):
+        start = time.perf_counter()
+        tokenizer = tokenizer_factory()
+        shards = list(range(cfg.num_shards))
+        if cfg.num_workers == 1 or len(shards) == 1:
+            results = {s: create_segments_shard(cfg, s, tokenizer) for s in shards}
+        else:  # spawn, not fork: TensorFlow's threads do not survive a fork
+            ctx = multiprocessing.get_context("spawn")
+            with ctx.Pool(min(cfg.num_workers, len(shards))) as pool:
+                results = dict(pool.imap_unordered(
+                    _worker, [(cfg, s, tokenizer_factory) for s in shards]))
+        totals = {k: sum(c[k] for c in results.values()) for k in next(iter(results.values()))}
+        if not totals["instances"]:
+            raise DataError(f"{cfg.input}: no examples created from {totals['documents']} "
+                            "documents (empty input?); no metadata written")
+        meta = {
+            "format": FORMAT,
+            "masking": "dynamic",  # unmasked: readable by make_dataset(masking=...) as well
+            "max_seq_length": cfg.max_seq_length,
+            "whole_sentences": cfg.whole_sentences,
+            "masked_lm_prob": cfg.masked_lm_prob,
+            "do_whole_word_mask": cfg.do_whole_word_mask,
+            "random_seed": cfg.random_seed,
+            "num_shards": cfg.num_shards,
+            "shuffle_buffer": cfg.shuffle_buffer,
+            "input": cfg.input,
+            "input_format": cfg.input_format,
+            **metadata.tokenizer_fields(tokenizer),
+            "counts": totals,
+            "shards": {tfrecords.shard_name(s, cfg.num_shards): c["instances"]
+                       for s, c in sorted(results.items())},
+            "seconds": round(time.perf_counter() - start, 3),
+            **metadata_extra,
+        }
+        metadata.write(cfg.output_dir, meta)
     return meta
 
 

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Iterator, Sequence
 
 import numpy as np
+from absl import logging
 
 from bertjax.errors import DataError
 from data_pipeline.glue import ChoiceExample, Example
@@ -35,6 +36,7 @@ class Features:
     sequences: list[np.ndarray]
     labels: np.ndarray  # [num_examples]
     multiple_choice: bool
+    truncated: int = 0  # examples cut to max_seq_length (any of their choices)
 
     @property
     def lengths(self) -> np.ndarray:
@@ -56,6 +58,38 @@ def _stack(encodings) -> np.ndarray:
     return out
 
 
+def _cut(enc, texts: tuple[str | None, ...]) -> bool:
+    """Whether truncation dropped text: an encoding that fills max_seq_length whose last kept
+    token of a text ends before that text does (offsets are spans of the source text)."""
+    if 0 in enc.input_mask or not hasattr(enc, "sequence_ids"):
+        return False
+    ends = {}
+    for seq, span in zip(enc.sequence_ids, enc.offsets):
+        if seq is not None and span is not None:
+            ends[seq] = span[1]
+    return any(text is not None and text[ends.get(seq, 0):].strip()
+               for seq, text in enumerate(texts))
+
+
+def count_truncated(encodings, texts_a, texts_b, per_example: int = 1) -> int:
+    """Examples (groups of `per_example` encodings) of which some text was truncated."""
+    cut = [_cut(enc, (a, b)) for enc, a, b in zip(encodings, texts_a, texts_b)]
+    return sum(any(cut[i:i + per_example]) for i in range(0, len(cut), per_example))
+
+
+def warn_truncated(features: Features, examples, max_seq_length: int) -> str | None:
+    """One warning line when texts were cut to max_seq_length: the count and share, and the
+    file (from the examples' `file:line` ids)."""
+    if not features.truncated:
+        return None
+    source = str(examples[0].guid).rsplit(":", 1)[0]
+    line = (f"{source}: {features.truncated} of {len(features)} examples "
+            f"({features.truncated / len(features):.1%}) are longer than max_seq_length="
+            f"{max_seq_length} tokens and were truncated")
+    logging.warning("%s", line)
+    return line
+
+
 def encode(tokenizer, examples: Sequence[Example | ChoiceExample], max_seq_length: int,
            regression: bool = False) -> Features:
     """Tokenizes `[CLS] a [SEP] (b [SEP])` (multiple choice: one such pair per ending)."""
@@ -73,15 +107,19 @@ def encode(tokenizer, examples: Sequence[Example | ChoiceExample], max_seq_lengt
         texts_b = [ending for e in examples for ending in e.endings]
         encodings = tokenizer.encode_batch(texts_a, texts_b, max_seq_length=max_seq_length)
         sequences = [_stack(encodings[i * k:(i + 1) * k]) for i in range(len(examples))]
+        truncated = count_truncated(encodings, texts_a, texts_b, per_example=k)
     else:
         texts_b = [e.text_b for e in examples]
         encodings = tokenizer.encode_batch(
             [e.text_a for e in examples], texts_b if any(b is not None for b in texts_b) else None,
             max_seq_length=max_seq_length)
         sequences = [_stack([enc]) for enc in encodings]
+        truncated = count_truncated(encodings, [e.text_a for e in examples], texts_b)
     dtype = np.float32 if regression else np.int32
     labels = np.array([0 if e.label is None else e.label for e in examples], dtype)
-    return Features(sequences, labels, multiple_choice)
+    features = Features(sequences, labels, multiple_choice, truncated)
+    warn_truncated(features, examples, max_seq_length)
+    return features
 
 
 def bucket_lengths(max_seq_length: int, min_length: int = 16) -> tuple[int, ...]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -174,9 +175,12 @@ def label_id(value: str, labels: Sequence[str], where: str) -> int:
 
 def regression_target(value: str, where: str) -> float:
     try:
-        return float(value)
+        target = float(value)
     except ValueError:
         raise DataError(f"{where}: regression label {value!r} is not a number") from None
+    if not math.isfinite(target):  # would end, steps later, as "loss is nan"
+        raise DataError(f"{where}: regression label {value!r} is not a finite number")
+    return target
 
 
 # ---------------------------------------------------------------------------------------------
@@ -361,6 +365,10 @@ def _records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
         if len(fields) < len(header):
             raise DataError(f"{path}:{line}: missing column {header[len(fields)]!r} (the row has "
                             f"{len(fields)} fields, the header {len(header)})")
+        if len(fields) > len(header):  # would shift a piece of text into the label column
+            raise DataError(f"{path}:{line}: the row has {len(fields)} fields but the header "
+                            f"{len(header)} (an unquoted {'comma' if delimiter == ',' else 'tab'}"
+                            " in a text? quote the field)")
         yield line, dict(zip(header, fields))
 
 
@@ -411,7 +419,12 @@ def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str
 
 def infer_labels(path: str, label: str) -> tuple[str, ...]:
     """The sorted distinct values of column `label` (numeric order when all are integers)."""
-    values = {str(_get(r, label, path, line)).strip() for line, r in _records(path)}
+    values = set()
+    for line, record in _records(path):
+        value = str(_get(record, label, path, line)).strip()
+        if not value:  # would become a class of its own
+            raise DataError(f"{path}:{line}: empty label in column {label!r}")
+        values.add(value)
     try:
         return tuple(sorted(values, key=int))
     except ValueError:

@@ -89,11 +89,15 @@ def read(file_pattern: str) -> tuple[str, dict] | None:
     files = metadata_files(file_pattern)
     if not files:
         return None
-    with paths.open(files[0]) as f:
+    with paths.open(files[0], "rb") as f:
         try:
-            return files[0], json.load(f)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{files[0]}: invalid JSON ({e.msg})") from None
+            meta = json.loads(f.read())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+            raise DataError(f"{files[0]}: invalid JSON ({reason})") from None
+    if not isinstance(meta, dict):
+        raise DataError(f"{files[0]}: expected a JSON object, got {type(meta).__name__}")
+    return files[0], meta
 
 
 # --------------------------------------------------------------------------------- checking

@@ -303,8 +303,9 @@ def test_metadata_mismatch_fails_with_one_clear_line(tmp_path):
 
 def test_bad_inputs(tmp_path):
     (tmp_path / "empty.txt").write_text("")
-    with pytest.raises(ValueError, match=r"empty\.txt: no instances created from 0 documents"):
+    with pytest.raises(ValueError, match=r"empty\.txt: no documents in 1 file\(s\)"):
         create(tmp_path, input=str(tmp_path / "empty.txt"), num_shards=1)
+    assert not (tmp_path / "out").exists()  # refused before any shard was written
     one = [[f"w{i} w{i + 1} w{i + 2}"] for i in range(40)]  # one-sentence documents
     one_path = write_reference(tmp_path / "one.txt", one)
     _, meta = create(tmp_path, "one", input=one_path, num_shards=1)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import collections
 import json
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -26,7 +25,6 @@ from etils import epath
 
 from bertjax import cli, pretrained
 from bertjax.convert.mapping import ConversionError
-from bertjax.errors import BertjaxError
 from bertjax.models.config import BertConfig
 
 GROUP_NAMES = {
@@ -156,10 +154,7 @@ COMMANDS = {
 def main(argv: Sequence[str]) -> None:
     """app.run's main: argv is [program, command], the flags are parsed."""
     function, args = cli.command_args(argv, COMMANDS)
-    try:
-        function(args)
-    except BertjaxError as e:  # ConversionError, ConfigError, VocabError
-        sys.exit(f"error: {e}")
+    cli.report_errors(lambda: function(args))  # ConversionError, ConfigError, VocabError
 
 
 if __name__ == "__main__":

@@ -66,21 +66,29 @@ def _torch_to_numpy(tensor) -> np.ndarray:
 
 
 def _load_file(path: epath.Path) -> dict[str, np.ndarray]:
+    if not path.exists():
+        raise ConversionError(f"{path}: no such file (listed in the weights index)")
     if path.name.endswith(".safetensors"):
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
         from safetensors.numpy import load_file
 
         try:
-            return load_file(str(path))
-        except TypeError:  # bfloat16: NumPy cannot name it, JAX (via ml_dtypes) can
-            with safe_open(str(path), framework="flax") as f:
-                return {name: np.asarray(f.get_tensor(name)) for name in f.keys()}
+            try:
+                return load_file(str(path))
+            except TypeError:  # bfloat16: NumPy cannot name it, JAX (via ml_dtypes) can
+                with safe_open(str(path), framework="flax") as f:
+                    return {name: np.asarray(f.get_tensor(name)) for name in f.keys()}
+        except SafetensorError as e:  # truncated or not safetensors at all
+            raise ConversionError(f"{path}: unreadable safetensors file ({e})") from None
     try:
         import torch
     except ImportError as e:
         raise ConversionError(f"{path}: reading pytorch_model.bin needs torch "
                               "(pip install torch), or convert it to safetensors") from e
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)
+    except (RuntimeError, EOFError, ValueError) as e:  # truncated zip, not a checkpoint
+        raise ConversionError(f"{path}: unreadable PyTorch checkpoint ({e})") from None
     return {name: _torch_to_numpy(t) for name, t in state.items()}
 
 
@@ -91,7 +99,10 @@ def weights_files(directory: epath.Path) -> list[epath.Path]:
             return [directory / name]
         index = directory / f"{name}.index.json"
         if index.exists():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            try:
+                shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as e:
+                raise ConversionError(f"{index}: not a weights index ({e!r})") from None
             return [directory / shard for shard in shards]
     raise ConversionError(f"--input {directory}: no {SAFETENSORS} or {PYTORCH_BIN} found")
 
@@ -121,8 +132,10 @@ def read_config(directory: epath.Path) -> BertConfig:
         raise ConversionError(f"--input {directory}: no config.json")
     try:
         values = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConversionError(f"--input {path} is not valid JSON ({e})") from e
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"--input {path} is not valid JSON ({e})") from None
+    if not isinstance(values, dict):
+        raise ConversionError(f"--input {path}: expected a JSON object")
     return config_from_reference(values, str(path), HF_ACTIVATIONS)
 
 

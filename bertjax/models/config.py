@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from typing import Any
 
 from bertjax.errors import ConfigError  # noqa: F401  (re-exported: models.config.ConfigError)
@@ -54,6 +55,19 @@ class BertConfig:
     scan_layers: bool = False  # nn.scan over layers: params stacked on a leading `layers` axis
 
     def __post_init__(self):
+        # The one validated source of truth for model sizes: a bad value stops here, naming
+        # its field, before anything is built (num_layers=0 would train a model with no encoder).
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                      "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ConfigError(f"model.{field}={value!r} must be a positive integer")
+        for field in ("hidden_dropout_prob", "attention_dropout_prob"):
+            if not 0.0 <= getattr(self, field) < 1.0:
+                raise ConfigError(f"model.{field}={getattr(self, field)} must be in [0, 1)")
+        for field in ("initializer_range", "layer_norm_eps"):
+            if not getattr(self, field) > 0:
+                raise ConfigError(f"model.{field}={getattr(self, field)} must be positive")
         if self.hidden_size % self.num_heads:
             raise ConfigError(
                 f"model.hidden_size={self.hidden_size} is not divisible by "

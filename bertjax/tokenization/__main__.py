@@ -12,13 +12,11 @@ Every bad input stops with one line naming the file or flag.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Sequence
 
 from absl import flags
 
 from bertjax import cli, paths
-from bertjax.errors import BertjaxError
 
 BATCH = 4096  # lines tokenized per tokenize_batch call
 
@@ -123,12 +121,8 @@ COMMANDS = {
 def main(argv: Sequence[str]) -> None:
     """app.run's main: argv is [program, command], the flags are parsed."""
     function, args = cli.command_args(argv, COMMANDS)
-    try:
-        message = function(args)
-    except (BertjaxError, ValueError) as e:  # VocabError and TrainError are DataErrors
-        sys.exit(f"error: {e}")
-    except OSError as e:
-        sys.exit(f"error: {e.filename or ''}: {e.strerror}")
+    # VocabError and TrainError are DataErrors; a ValueError is a flag out of range.
+    message = cli.report_errors(lambda: function(args), known=(ValueError,))
     if message:
         print(message)
 

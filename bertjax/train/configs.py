@@ -59,17 +59,30 @@ class Phase:
 
 def plan_phases(config) -> list[Phase]:
     """Pre-training phases in name order with their global step ranges; `steps` wins over
-    `fraction`, and the last phase takes what is left."""
+    `fraction`, and the last phase takes what is left. Every range is checked here, naming the
+    field: a fraction outside (0, 1] or phases that overrun the total would otherwise run
+    "step 15/10" with a negative learning rate."""
     total = config.train.num_train_steps
+    if not _is_int(total) or total < 0:
+        raise ConfigError(f"config.train.num_train_steps={total!r} must be an integer >= 0")
+    max_positions = config.get("model", {}).get("max_position_embeddings")
     phases, start = [], 0
     items = sorted(config.phases.items())
+    if not items:
+        raise ConfigError("config.phases is empty; give at least one phase")
     for i, (name, p) in enumerate(items):
+        field = f"config.phases.{name}"
+        _check_phase(field, p, max_positions)
         if p.get("steps"):
             steps = int(p.steps)
         elif i == len(items) - 1:
             steps = total - start  # the last phase takes what is left, whatever the rounding
         else:
             steps = int(round(p.fraction * total))
+        if start + steps > total or steps < 0:
+            raise ConfigError(
+                f"{field} ends at step {start + steps} but config.train.num_train_steps={total}; "
+                "lower its steps or fraction (or those of the phases before it)")
         phases.append(Phase(name, start, start + steps, int(p.seq_len), int(p.max_predictions),
                             p.get("data", ""), p.get("eval_data", "")))
         start += steps
@@ -78,6 +91,31 @@ def plan_phases(config) -> list[Phase]:
             f"config.phases cover {start} steps but config.train.num_train_steps={total}"
         )
     return phases
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_phase(field: str, phase, max_positions: int | None) -> None:
+    """Ranges of one phase: steps >= 0, fraction in (0, 1], 1 <= max_predictions <= seq_len
+    <= the model's positions."""
+    steps = phase.get("steps", 0)
+    if not _is_int(steps) or steps < 0:
+        raise ConfigError(f"{field}.steps={steps!r} must be an integer >= 0 (0: use fraction)")
+    fraction = phase.get("fraction", 0.0)
+    if not steps and not 0.0 < fraction <= 1.0:
+        raise ConfigError(f"{field}.fraction={fraction!r} must be in (0, 1]")
+    seq_len = phase.get("seq_len")
+    if not _is_int(seq_len) or seq_len < 1:
+        raise ConfigError(f"{field}.seq_len={seq_len!r} must be a positive integer")
+    if max_positions is not None and seq_len > max_positions:
+        raise ConfigError(f"{field}.seq_len={seq_len} exceeds "
+                          f"config.model.max_position_embeddings={max_positions}")
+    predictions = phase.get("max_predictions")
+    if not _is_int(predictions) or not 1 <= predictions <= seq_len:
+        raise ConfigError(f"{field}.max_predictions={predictions!r} must be in "
+                          f"[1, seq_len={seq_len}]")
 
 
 def packing_enabled(config) -> bool:
