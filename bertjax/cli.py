@@ -162,7 +162,16 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
 
     def quiet_main(argv):
         logging.set_verbosity(logging.WARNING)  # they would drown the progress line
-        return main(argv)
+        try:
+            return main(argv)
+        except KeyboardInterrupt:
+            if show_tracebacks():
+                raise
+            # Exit at once: an XLA compile cut short would crash the interpreter's shutdown,
+            # and orbax keeps only complete checkpoints anyway.
+            print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+            sys.stdout.flush()
+            os._exit(130)
 
     app.run(quiet_main, flags_parser=parse_flags)
 
