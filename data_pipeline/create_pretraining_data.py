@@ -58,7 +58,7 @@ class CreateConfig:
     do_whole_word_mask: bool = False
     random_seed: int = 12345
     masking: str = "dynamic"  # or "static"
-    masking_mix: tuple[float, float, float] = masking.DEFAULT_MIX  # static: mask/same/random
+    masking_mix: tuple[float, float, float] = (0.8, 0.1, 0.1)  # static: mask, same, random
     num_shards: int = 1
     num_workers: int = 1
     task_index: int = 0

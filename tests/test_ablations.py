@@ -1,6 +1,10 @@
 """The paper's ablations (Sec. 5, App. C): the left-to-right objective, the masking mixes of
 Table 8, the "+ BiLSTM" head, and the `bertjax.ablations` runner."""
 
+import functools
+import json
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -184,3 +188,189 @@ def test_masking_mix_is_validated():
                               mix=(0.5, 0.5, 0.5))
     with pytest.raises(ConfigError, match="config.objective='gpt'"):
         configs.objective(ml_collections.ConfigDict(dict(objective="gpt")))
+
+
+# -------------------------------------------------------------------------------- + BiLSTM
+
+
+@pytest.mark.parametrize("head", ["classification", "squad", "tagging"])
+def test_bilstm_head_sits_between_encoder_and_head_with_logical_axes(head):
+    from bertjax.tasks.classification import BertForSequenceClassification
+    from bertjax.tasks.squad import BertForQuestionAnswering
+    from bertjax.tasks.token_classification import BertForTokenClassification
+
+    cfg = BertConfig(**TINY)
+    model = {"classification": BertForSequenceClassification(cfg, 3, bilstm_units=8),
+             "squad": BertForQuestionAnswering(cfg, bilstm_units=8),
+             "tagging": BertForTokenClassification(cfg, 5, bilstm_units=8)}[head]
+    ids = jnp.ones((2, 12), jnp.int32)
+    mask = jnp.asarray(np.arange(12)[None] < np.array([[12], [7]]), jnp.int32)
+    boxed = model.init(jax.random.PRNGKey(0), ids, jnp.zeros_like(ids), mask)["params"]
+    lstm = boxed["bilstm"]
+    assert set(lstm) == {"lstm_0_forward", "lstm_0_backward"}
+    specs = jax.tree.leaves(jax.tree.map(lambda x: x.names, lstm,
+                                         is_leaf=lambda x: isinstance(x, nn.Partitioned)),
+                            is_leaf=lambda x: isinstance(x, tuple))
+    assert specs and all(set(names) <= {"lstm_in", "lstm_hidden", "lstm"} for names in specs)
+    head_kernel = {"classification": "classifier", "squad": "qa_outputs",
+                   "tagging": "classifier"}[head]
+    assert nn.unbox(boxed[head_kernel]["kernel"]).shape[0] == 16  # reads the 2 x 8 states
+    params = nn.unbox(boxed)
+
+    @jax.jit
+    def apply(ids):
+        out = model.apply({"params": params}, ids, jnp.zeros_like(ids), mask)
+        return out[0] if head == "squad" else out
+
+    out = apply(ids)
+    # Row 1 has 7 real tokens: its padding never reaches the (backward) LSTM's real states.
+    out2 = apply(ids.at[1, 7:].set(3))
+    if head == "classification":
+        np.testing.assert_allclose(out2, out, atol=1e-6)
+    else:
+        np.testing.assert_allclose(out2[1, :7], out[1, :7], atol=1e-6)
+
+
+# --------------------------------------------------------------------------- the runner
+
+WORDS = ("the team won a big match", "a market fell on bad news", "the minister lost a vote",
+         "new phones sold well", "the coach said the season was good", "shares rose again")
+
+
+def write_test_data(root):
+    """A vocabulary, unmasked pair TFRecords (create_pretraining_data) and a sentiment task."""
+    import random
+
+    from bertjax import tokenization
+    from data_pipeline import create_pretraining_data as cpd
+
+    words = sorted({w for line in WORDS for w in line.split()} | {"good", "bad", "."})
+    vocab = root / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    r = random.Random(0)
+    corpus = root / "corpus.txt"
+    corpus.write_text("".join("".join(r.choice(WORDS) + " .\n" for _ in range(6)) + "\n"
+                              for _ in range(40)))
+    cfg = cpd.CreateConfig(input=str(corpus), output_dir=str(root / "pairs"),
+                           max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
+    cpd.create_pretraining_data(
+        cfg, functools.partial(tokenization.load_tokenizer, str(vocab), do_lower_case=True))
+    for split, n in (("train", 48), ("dev", 24)):
+        with open(root / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                good = i % 2
+                f.write(json.dumps({"text": f"{r.choice(WORDS)} {'good' if good else 'bad'}",
+                                    "label": good}) + "\n")
+    return {"pretrain.vocab": str(vocab),
+            "pretrain.phases.phase1.data": str(root / "pairs" / "*.tfrecord"),
+            "pretrain.phases.phase1.eval_data": str(root / "pairs" / "*.tfrecord"),
+            "tasks.rotten_tomatoes.config.data.train": str(root / "train.jsonl"),
+            "tasks.rotten_tomatoes.config.data.validation": str(root / "dev.jsonl"),
+            "tasks.rotten_tomatoes.config.data.test": ""}
+
+
+def cell_value(path, metric="accuracy"):
+    return json.loads(path.read_text())["best"][metric]
+
+
+def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypatch):
+    from bertjax import ablations
+
+    grid = ablations.load_grid("table5", "test", [
+        f"{k}={v}" for k, v in write_test_data(tmp_path).items()])
+    grid.pretrain_per_seed = False  # one pre-training, two fine-tuning seeds
+    workdir = tmp_path / "table5"
+    calls = []
+    real_cell = ablations.finetune_cell
+
+    def interrupted(config, directory, log):
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the grid is stopped in its third fine-tuning cell
+        calls.append(directory)
+        return real_cell(config, directory, log)
+
+    monkeypatch.setattr(ablations, "finetune_cell", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ablations.run_table(grid, str(workdir), seeds=[0, 1], log=lambda s: None)
+    done = {d: (tmp_path / d / "results.json").stat().st_mtime_ns for d in calls}
+    monkeypatch.setattr(ablations, "finetune_cell", real_cell)
+    summary = ablations.run_table(grid, str(workdir), seeds=[0, 1], log=lambda s: None)
+
+    # 3 pre-trainings (MLM+NSP, MLM, LTR) + 4 rows x 2 seeds; the first run finished 3 + 2.
+    assert summary["status"] == "done"
+    assert (summary["ran"], summary["skipped"]) == (6, 5)
+    assert all((tmp_path / d / "results.json").stat().st_mtime_ns == t for d, t in done.items())
+    ltr = json.loads((workdir / "pretrain/ltr/seed_0/export/config.json").read_text())
+    assert ltr["causal"] is True
+    bilstm = json.loads((workdir / "finetune/bilstm/rotten_tomatoes/lr_0.0003/seed_0/"
+                         "config.json").read_text())
+    assert bilstm["task"]["bilstm_units"] == 8
+
+    table = (workdir / "table.md").read_text()
+    results = json.loads((workdir / "results.json").read_text())
+    for row in results["rows"]:
+        cells = workdir / "finetune" / ablations.slug(row["name"]) / "rotten_tomatoes"
+        values = [cell_value(cells / "lr_0.0003" / f"seed_{s}" / "results.json")
+                  for s in (0, 1)]
+        cell = row["cells"]["RT (acc)"]
+        assert cell["values"] == values
+        assert cell["mean"] == pytest.approx(np.mean(values))
+        assert cell["std"] == pytest.approx(np.std(values, ddof=1))
+        line = next(x for x in table.splitlines() if x.startswith(f"| {row['name']} |"))
+        assert line == (f"| {row['name']} | {100 * np.mean(values):.1f} ± "
+                        f"{100 * np.std(values, ddof=1):.1f} |")
+    assert (workdir / "loss_curves.png").stat().st_size > 1000
+
+
+# ------------------------------------------------------------------ the paper's recipe
+
+
+def test_paper_scale_grids_use_the_papers_hyper_parameters():
+    from bertjax import ablations
+
+    for table in ablations.TABLES:
+        grid = ablations.load_grid(table, "paper", [])
+        pre = grid.pretrain
+        # BERT-base (Sec. 3): L=12, H=768, A=12, FFN 3072, dropout 0.1, GELU.
+        assert (pre.model.num_layers, pre.model.hidden_size, pre.model.num_heads,
+                pre.model.intermediate_size) == (12, 768, 12, 3072)
+        assert pre.model.hidden_dropout_prob == pre.model.attention_dropout_prob == 0.1
+        assert pre.model.hidden_act == "gelu"
+        # Sec. A.2: batch 256, 1M steps, Adam lr 1e-4, b1 0.9, b2 0.999, L2 decay 0.01,
+        # warmup 10k steps then linear decay; 90% of the steps at 128 tokens, then 512.
+        assert pre.train.batch_size == 256 and pre.train.num_train_steps == 1_000_000
+        opt = pre.optimizer
+        assert (opt.learning_rate, opt.b1, opt.b2, opt.weight_decay, opt.warmup_steps) == (
+            1e-4, 0.9, 0.999, 0.01, 10_000)
+        phases = sorted(pre.phases.items())
+        assert [(p.seq_len, p.fraction) for _, p in phases] == [(128, 0.9), (512, 0.1)]
+        # 15% of the tokens chosen; 80% [MASK], 10% random, 10% unchanged (Sec. 3.1).
+        assert pre.masking.masked_lm_prob == 0.15
+        assert (pre.masking.mask, pre.masking.same, pre.masking.random) == (0.8, 0.1, 0.1)
+        # Fine-tuning (Sec. A.3): batch 32, 3 epochs, lr from {5e-5, 4e-5, 3e-5, 2e-5}.
+        for name, task in grid.tasks.items():
+            assert task.config.train.batch_size == 32, (table, name)
+            assert task.config.train.num_epochs == 3.0 or "feature" in name, (table, name)
+            if "feature" not in name:
+                assert sorted(task.learning_rates) == [2e-5, 3e-5, 4e-5, 5e-5], (table, name)
+    table5 = ablations.load_grid("table5", "paper", [])
+    assert list(table5.task_order) == ["mnli", "qnli", "mrpc", "sst2", "squad"]
+    assert [r["pretraining"] for r in table5.rows] == ["mlm_nsp", "mlm", "ltr", "ltr"]
+    assert {k: v.objective for k, v in table5.pretrainings.items()} == {
+        "mlm_nsp": "mlm_nsp", "mlm": "mlm", "ltr": "ltr"}
+    assert table5.rows[3]["finetune"] == {"task": {"bilstm_units": 768}}
+    assert table5.paper["LTR & No NSP"]["SQuAD (F1)"] == 77.8
+    table6 = ablations.load_grid("table6", "paper", [])
+    assert [(p.model.num_layers, p.model.hidden_size, p.model.num_heads)
+            for p in (table6.pretrainings[r["pretraining"]] for r in table6.rows)] == [
+        (3, 768, 12), (6, 768, 3), (6, 768, 12), (12, 768, 12), (12, 1024, 16), (24, 1024, 16)]
+    assert [table6.paper[r["name"]]["LM (ppl)"] for r in table6.rows] == [
+        5.84, 5.24, 4.68, 3.99, 3.54, 3.23]
+    table8 = ablations.load_grid("table8", "paper", [])
+    mixes = [table8.pretrainings[r["pretraining"]].masking for r in table8.rows]
+    assert [(m.mask, m.same, m.random) for m in mixes] == [
+        (0.8, 0.1, 0.1), (1.0, 0.0, 0.0), (0.8, 0.0, 0.2), (0.8, 0.2, 0.0), (0.0, 0.2, 0.8),
+        (0.0, 0.0, 1.0)]
+    assert table8.tasks.ner_feature_based.config.feature_based.variant == "concat_last_four"
+    steps = ablations.load_grid("steps", "paper", [])
+    assert list(steps.export_steps) == [200_000, 400_000, 600_000, 800_000]
