@@ -226,6 +226,8 @@ def plan(grid, workdir: str, seeds: list[int], tasks: list[str]):
     learning rate, seed, directory, pre-training cell key (name, seed), export step)."""
     from etils import epath
 
+    from bertjax.pretrained import count_vocab, vocab_path
+
     root = epath.Path(workdir)
     export_steps = [int(s) for s in grid.get("export_steps", [])]
     used = sorted({row["pretraining"] for row in grid.rows})
@@ -234,11 +236,17 @@ def plan(grid, workdir: str, seeds: list[int], tasks: list[str]):
         for seed in pretrain_seeds(grid, seeds):
             cfg = merge(grid.pretrain, dict(grid.pretrainings[name]))
             cfg.seed = seed
-            if export_steps:  # keep every checkpoint that will be exported
-                cfg.checkpoint.every_steps = math.gcd(*export_steps)
+            if cfg.vocab and epath.Path(cfg.vocab).exists():  # the model's vocabulary: the data's
+                cfg.model.vocab_size = count_vocab(vocab_path(cfg.vocab))
+            if export_steps:
+                # Keep every checkpoint that will be exported: saves (and the evaluations,
+                # which save too) only at multiples of the export steps' spacing, all kept.
+                every = math.gcd(*export_steps)
+                cfg.checkpoint.every_steps = every
+                if cfg.eval.every_steps % every:
+                    cfg.eval.every_steps = every
                 cfg.checkpoint.max_to_keep = max(cfg.checkpoint.max_to_keep,
-                                                 cfg.train.num_train_steps
-                                                 // cfg.checkpoint.every_steps + 1)
+                                                 cfg.train.num_train_steps // every + 2)
             pretrains.append((name, seed, root / "pretrain" / name / f"seed_{seed}", cfg))
     finetunes = []
     pre_seeds = pretrain_seeds(grid, seeds)
@@ -353,10 +361,10 @@ def collect(grid, workdir: str, seeds: list[int], tasks: list[str]) -> dict[str,
     for row in grid.rows:
         cells: dict[str, Any] = {}
         for column in grid.get("pretrain_columns", []):
-            values = [float(r["final"][column.metric]) for (name, _), r in pre_results.items()
-                      if name == row["pretraining"] and column.metric in r["final"]]
+            values = [float(r["final"][column["metric"]]) for (name, _), r in pre_results.items()
+                      if name == row["pretraining"] and column["metric"] in r["final"]]
             mean, std = mean_std(values)
-            cells[column.name] = {"mean": mean, "std": std, "n": len(values), "values": values}
+            cells[column["name"]] = {"mean": mean, "std": std, "n": len(values), "values": values}
         for task in tasks:
             candidates = [(lr, v) for (name, t, lr), v in by_cell.items()
                           if name == row["name"] and t == task]
@@ -366,9 +374,11 @@ def collect(grid, workdir: str, seeds: list[int], tasks: list[str]) -> dict[str,
             cells[grid.tasks[task].column] = {"mean": mean, "std": std, "n": len(values),
                                               "values": values, "learning_rate": lr,
                                               "metric": grid.tasks[task].metric}
+        total = next(r["total_steps"] for (name, _), r in pre_results.items()
+                     if name == row["pretraining"])
         rows.append({"name": row["name"], "pretraining": row["pretraining"],
-                     "step": row.get("step"), "cells": cells})
-    columns = ([c.name for c in grid.get("pretrain_columns", [])]
+                     "step": row.get("step") or total, "cells": cells})
+    columns = ([c["name"] for c in grid.get("pretrain_columns", [])]
                + [grid.tasks[t].column for t in tasks])
     losses = {name: train_losses(d) for name, seed, d, _ in pretrains if seed == seeds[0]}
     return {"table": grid.table, "title": grid.title, "scale": grid.scale, "seeds": seeds,
@@ -405,7 +415,7 @@ def format_cell(cell: dict[str, Any], percent: bool) -> str:
 
 def table_markdown(results: dict[str, Any], grid) -> str:
     """The paper's layout: a row per variant, a column per task (and pre-training metric)."""
-    percent = {c.name: False for c in grid.get("pretrain_columns", [])}
+    percent = {c["name"]: False for c in grid.get("pretrain_columns", [])}
     paper = results["paper"]
     lines = [f"# {results['title']}", "",
              f"Scale `{results['scale']}`; dev metrics ×100 after fine-tuning (the best "
@@ -533,6 +543,11 @@ def main(argv):
     workdir = cli.require(FLAGS.workdir, "--workdir", "runs/table5")
 
     def run():
+        import jax
+
+        # The cells of a grid compile the same train and eval steps again and again (seeds,
+        # variants of equal shape): compile each once, into the workdir.
+        jax.config.update("jax_compilation_cache_dir", f"{workdir}/jax_cache")
         grid = load_grid(argv[1], FLAGS.scale, FLAGS.set)
         seeds = parse_seeds(FLAGS.seeds) if FLAGS.seeds else [int(s) for s in grid.seeds]
         tasks = [t for t in FLAGS.tasks.split(",") if t] if FLAGS.tasks else None

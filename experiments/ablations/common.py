@@ -73,12 +73,12 @@ def pretraining(scale: str) -> ml_collections.ConfigDict:
                             max_position_embeddings=64)
         config.train.batch_size = 4
         config.train.num_train_steps = 4
+        # One phase (phase 2 gets no steps): one compiled train step per cell.
         config.phases.phase1.update(data="", eval_data="", seq_len=32, max_predictions=5,
-                                    fraction=0.5)
-        config.phases.phase2.update(data="", eval_data="", seq_len=64, max_predictions=10,
-                                    fraction=0.5)
+                                    fraction=1.0)
+        config.phases.phase2.update(data="", eval_data="", seq_len=32, max_predictions=5)
         config.optimizer.warmup_steps = 1
-        config.checkpoint.every_steps = 2
+        config.checkpoint.every_steps = 4  # one save: at the end
         config.checkpoint.async_save = False
         config.eval.every_steps = 4
         config.eval.num_batches = 1
