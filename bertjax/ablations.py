@@ -418,8 +418,8 @@ def table_markdown(results: dict[str, Any], grid) -> str:
     percent = {c["name"]: False for c in grid.get("pretrain_columns", [])}
     paper = results["paper"]
     lines = [f"# {results['title']}", "",
-             f"Scale `{results['scale']}`; dev metrics ×100 after fine-tuning (the best "
-             "learning rate of the grid), mean ± sample std over seeds "
+             f"Scale `{results['scale']}`; fine-tuning columns: the dev metric ×100 (at the "
+             "best learning rate of the grid); all cells: mean ± sample std over seeds "
              f"{','.join(map(str, results['seeds']))}."]
     if paper:
         lines.append("In parentheses: the paper's number (Devlin et al., 2018, BERT-base dev).")
@@ -468,7 +468,7 @@ def plot_loss_curves(results: dict[str, Any], path: str) -> None:
             ax.plot(*zip(*points), label=name)
     ax.set_xlabel("pre-training step")
     ax.set_ylabel("training loss")
-    ax.set_title(results["title"])
+    ax.set_title(f"Pre-training loss per variant ({results['table']}, scale {results['scale']})")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
