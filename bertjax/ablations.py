@@ -364,7 +364,8 @@ def collect(grid, workdir: str, seeds: list[int], tasks: list[str]) -> dict[str,
             values = [float(r["final"][column["metric"]]) for (name, _), r in pre_results.items()
                       if name == row["pretraining"] and column["metric"] in r["final"]]
             mean, std = mean_std(values)
-            cells[column["name"]] = {"mean": mean, "std": std, "n": len(values), "values": values}
+            cells[column["name"]] = {"mean": mean, "std": std, "n": len(values), "values": values,
+                                     "scale": 1.0}
         for task in tasks:
             candidates = [(lr, v) for (name, t, lr), v in by_cell.items()
                           if name == row["name"] and t == task]
@@ -373,7 +374,8 @@ def collect(grid, workdir: str, seeds: list[int], tasks: list[str]) -> dict[str,
             mean, std = mean_std(values)
             cells[grid.tasks[task].column] = {"mean": mean, "std": std, "n": len(values),
                                               "values": values, "learning_rate": lr,
-                                              "metric": grid.tasks[task].metric}
+                                              "metric": grid.tasks[task].metric,
+                                              "scale": grid.tasks[task].get("scale", 100.0)}
         total = next(r["total_steps"] for (name, _), r in pre_results.items()
                      if name == row["pretraining"])
         rows.append({"name": row["name"], "pretraining": row["pretraining"],
@@ -404,22 +406,22 @@ def train_losses(directory) -> list[tuple[int, float]]:
     return points
 
 
-def format_cell(cell: dict[str, Any], percent: bool) -> str:
-    """"84.1 ± 0.2" (percent) or "3.99 ± 0.01"; "–" when no run finished."""
+def format_cell(cell: dict[str, Any]) -> str:
+    """"84.1 ± 0.2" (a fine-tuning metric, as a percentage) or "3.99 ± 0.01" (perplexity);
+    "–" when no run finished."""
     if not cell["n"]:
         return "–"
-    scale = 100.0 if percent else 1.0
-    digits = 1 if percent else 2
+    digits = 2 if "metric" not in cell else 1
+    scale = cell["scale"]
     return f"{cell['mean'] * scale:.{digits}f} ± {cell['std'] * scale:.{digits}f}"
 
 
 def table_markdown(results: dict[str, Any], grid) -> str:
     """The paper's layout: a row per variant, a column per task (and pre-training metric)."""
-    percent = {c["name"]: False for c in grid.get("pretrain_columns", [])}
     paper = results["paper"]
     lines = [f"# {results['title']}", "",
-             f"Scale `{results['scale']}`; fine-tuning columns: the dev metric ×100 (at the "
-             "best learning rate of the grid); all cells: mean ± sample std over seeds "
+             f"Scale `{results['scale']}`; fine-tuning columns: the dev metric in percent (at "
+             "the best learning rate of the grid); all cells: mean ± sample std over seeds "
              f"{','.join(map(str, results['seeds']))}."]
     if paper:
         lines.append("In parentheses: the paper's number (Devlin et al., 2018, BERT-base dev).")
@@ -430,7 +432,7 @@ def table_markdown(results: dict[str, Any], grid) -> str:
     for row in results["rows"]:
         cells = []
         for column in results["columns"]:
-            text = format_cell(row["cells"][column], percent.get(column, True))
+            text = format_cell(row["cells"][column])
             if column in paper.get(row["name"], {}):
                 text += f" ({paper[row['name']][column]:g})"
             cells.append(text)
@@ -485,12 +487,13 @@ def plot_steps(results: dict[str, Any], path: str) -> None:
         rows = sorted((r for r in results["rows"] if r["pretraining"] == pretraining),
                       key=lambda r: r["step"])
         for column in task_columns:
-            points = [(r["step"], 100 * r["cells"][column]["mean"]) for r in rows
+            points = [(r["step"], r["cells"][column]["scale"] * r["cells"][column]["mean"])
+                      for r in rows
                       if r["cells"][column]["n"]]
             if points:
                 ax.plot(*zip(*points), marker="o", label=f"{pretraining}: {column}")
     ax.set_xlabel("pre-training steps")
-    ax.set_ylabel("dev metric ×100")
+    ax.set_ylabel("dev metric (%)")
     ax.set_title(results["title"])
     ax.legend()
     fig.tight_layout()

@@ -87,13 +87,16 @@ def pretraining(scale: str) -> ml_collections.ConfigDict:
     return config
 
 
-def task(config, metric: str, column: str, learning_rates, hint: str = ""):
+def task(config, metric: str, column: str, learning_rates, hint: str = "",
+         scale: float = 100.0):
     """A fine-tuning column: the task's config, the dev metric reported, the column title,
-    the learning rates searched, and how to get its data."""
+    the learning rates searched, how to get its data, and the factor that makes the metric a
+    percentage (1 for SQuAD's EM / F1, which already are)."""
     if "bilstm_units" not in config.task:
         config.task.bilstm_units = 0  # the "+ BiLSTM" row sets it
     return ml_collections.ConfigDict(dict(config=config, metric=metric, column=column,
-                                          learning_rates=list(learning_rates), hint=hint))
+                                          learning_rates=list(learning_rates), hint=hint,
+                                          scale=scale))
 
 
 def _test_sized(config):
@@ -123,7 +126,7 @@ def ropes(scale: str):
     config.max_seq_length = 384
     config.optimizer.learning_rate = 1e-4
     config.model.dtype = "float32"
-    return task(config, "f1", "ROPES (F1)", [1e-4], "run `make ropes`")
+    return task(config, "f1", "ROPES (F1)", [1e-4], "run `make ropes`", scale=1.0)
 
 
 def _pos_data(config):
@@ -164,7 +167,7 @@ def squad_v1():
     config.data.train = "data/squad/train-v1.1.json"
     config.data.validation = "data/squad/dev-v1.1.json"
     return task(config, "f1", "SQuAD (F1)", PAPER_LEARNING_RATES,
-                "set tasks.squad.config.data.train/validation")
+                "set tasks.squad.config.data.train/validation", scale=1.0)
 
 
 def conll_ner(feature_based: bool):
