@@ -8,10 +8,11 @@ r"""Pre-train BERT.
 Runs resume automatically from the latest checkpoint in --workdir. On a TPU pod slice, start
 the same command on every host with --distributed (one process per host).
 
-No-NSP pre-training on packed rows (data from `python -m data_pipeline.create_segments`):
+No-NSP pre-training on packed rows (data from `python -m data_pipeline.create_segments`, or
+`create_pretraining_data --masking=dynamic`); --config.objective=ltr for a left-to-right LM:
 
   python -m bertjax.pretrain --config=experiments/pretrain.py:base --workdir=runs/no_nsp \
-      --config.packing.enabled=true --config.train.nsp_weight=0.0 \
+      --config.objective=mlm \
       --config.phases.phase1.data='data/segments_128/part-*.tfrecord' \
       --config.phases.phase2.data='data/segments_512/part-*.tfrecord'
 """
@@ -25,17 +26,15 @@ from absl import flags
 from bertjax import cli, validate
 from bertjax.errors import ConfigError
 
-_CONFIG, _WORKDIR = cli.define_job_flags("experiments/pretrain.py:base")
-_DRY_RUN = flags.DEFINE_bool(
-    "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
-)
 
 def make_input_fn(config):
     """Returns make_input(phase, per_host_batch, split="train") for the trainer."""
     import jax
 
-    packing = config.get("packing") or {}
-    packed = bool(packing.get("enabled"))
+    from bertjax.train import configs
+
+    packed = configs.packing_enabled(config)
+    mix = configs.masking_mix(config)
 
     def make_input(phase, per_host_batch, split="train"):
         pattern = phase.data if split == "train" else phase.eval_data
@@ -72,7 +71,7 @@ def make_input_fn(config):
             masking = pretraining_input.masking_from_metadata(
                 pattern, max_predictions=phase.max_predictions,
                 masked_lm_prob=config.masking.masked_lm_prob,
-                whole_word=config.masking.whole_word,
+                whole_word=config.masking.whole_word, mix=mix,
             )
         try:
             dataset = pretraining_input.make_dataset(
@@ -89,18 +88,22 @@ def make_input_fn(config):
 
 
 def _packed_input(config, phase, field, pattern, per_host_batch, split):
-    """Masked batches of packed rows (data_pipeline/packed_input.py) for one phase."""
+    """Masked batches of packed rows (data_pipeline/packed_input.py) for one phase; unmasked
+    for the left-to-right LM (config.objective="ltr")."""
     import jax
 
+    from bertjax.train import configs
     from data_pipeline import packed_input
 
-    if not config.masking.dynamic:
-        raise ConfigError("config.packing.enabled=True needs config.masking.dynamic=True "
-                          "(packed rows are masked after packing)")
+    ltr = configs.objective(config) == "ltr"
+    if not config.masking.dynamic and not ltr:
+        raise ConfigError("packed rows (config.objective=mlm or config.packing.enabled=True) "
+                          "need config.masking.dynamic=True (rows are masked after packing)")
     try:
-        masking = packed_input.masking_from_metadata(
+        masking = None if ltr else packed_input.masking_from_metadata(
             pattern, max_predictions=phase.max_predictions,
-            masked_lm_prob=config.masking.masked_lm_prob, whole_word=config.masking.whole_word)
+            masked_lm_prob=config.masking.masked_lm_prob, whole_word=config.masking.whole_word,
+            mix=configs.masking_mix(config))
         dataset = packed_input.make_packed_dataset(
             pattern, seq_len=phase.seq_len, batch_size=per_host_batch, masking=masking,
             seed=config.seed, shuffle=split == "train", repeat=True,
@@ -138,4 +141,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # Flags are defined here, not on import: bertjax.ablations imports this module's
+    # make_input_fn next to its own --workdir.
+    _CONFIG, _WORKDIR = cli.define_job_flags("experiments/pretrain.py:base")
+    _DRY_RUN = flags.DEFINE_bool(
+        "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
+    )
     cli.run(main)

@@ -61,6 +61,7 @@ class CreateConfig:
     do_whole_word_mask: bool = False
     random_seed: int = 12345
     masking: str = "dynamic"  # or "static"
+    masking_mix: tuple[float, float, float] = (0.8, 0.1, 0.1)  # static: mask, same, random
     num_shards: int = 1
     num_workers: int = 1
     task_index: int = 0
@@ -71,6 +72,10 @@ class CreateConfig:
     def __post_init__(self):
         if self.masking not in ("static", "dynamic"):
             raise ConfigError(f"--masking must be 'static' or 'dynamic', got {self.masking!r}")
+        try:
+            masking.check_mix(self.masking_mix)
+        except ValueError as e:
+            raise ConfigError(f"--mask_prob/--same_prob/--random_prob: {e}") from None
         for name in ("num_shards", "num_workers", "num_tasks", "shuffle_buffer"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")
@@ -88,7 +93,8 @@ class CreateConfig:
     def masking_config(self, tokenizer) -> masking.MaskingConfig:
         return masking.MaskingConfig.from_tokenizer(
             tokenizer, max_predictions=self.max_predictions_per_seq,
-            masked_lm_prob=self.masked_lm_prob, whole_word=self.do_whole_word_mask)
+            masked_lm_prob=self.masked_lm_prob, whole_word=self.do_whole_word_mask,
+            mix=self.masking_mix)
 
     def shards(self) -> list[int]:
         """Output shards this task writes."""
@@ -230,6 +236,7 @@ def build_metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], 
         "max_seq_length": cfg.max_seq_length,
         "max_predictions_per_seq": cfg.max_predictions_per_seq,
         "masked_lm_prob": cfg.masked_lm_prob,
+        "masking_mix": list(cfg.masking_mix),
         "short_seq_prob": cfg.short_seq_prob,
         "dupe_factor": cfg.dupe_factor,
         "do_whole_word_mask": cfg.do_whole_word_mask,
@@ -327,7 +334,8 @@ def main(f) -> None:
         max_seq_length=f.max_seq_length, max_predictions_per_seq=f.max_predictions_per_seq,
         masked_lm_prob=f.masked_lm_prob, short_seq_prob=f.short_seq_prob,
         dupe_factor=f.dupe_factor, do_whole_word_mask=f.do_whole_word_mask,
-        random_seed=f.random_seed, masking=f.masking, num_shards=f.num_shards,
+        random_seed=f.random_seed, masking=f.masking,
+        masking_mix=(f.mask_prob, f.same_prob, f.random_prob), num_shards=f.num_shards,
         num_workers=f.num_workers, task_index=f.task_index, num_tasks=f.num_tasks,
         pool_size=f.pool_size, shuffle_buffer=f.shuffle_buffer)
     factory = functools.partial(load_tokenizer, f.vocab, f.do_lower_case)
@@ -360,6 +368,11 @@ def define_flags() -> None:
     flags.DEFINE_integer("random_seed", 12345, "Random seed.")
     flags.DEFINE_enum("masking", "dynamic", ["dynamic", "static"],
                       "dynamic: write pairs, mask in tf.data every epoch; static: pre-mask.")
+    # Static masking's mix of the chosen words (the paper's Table 8); dynamic masking takes
+    # its mix from the pre-training config (config.masking.mask/same/random).
+    flags.DEFINE_float("mask_prob", 0.8, "Share of chosen words replaced by [MASK].")
+    flags.DEFINE_float("same_prob", 0.1, "Share of chosen words left unchanged.")
+    flags.DEFINE_float("random_prob", 0.1, "Share of chosen words replaced by a random token.")
     flags.DEFINE_integer("num_shards", 1, "Output shards (also the unit of parallelism).")
     flags.DEFINE_integer("num_workers", 1, "Worker processes.")
     flags.DEFINE_integer("task_index", 0, "This machine's task (shards s % num_tasks).")

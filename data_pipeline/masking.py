@@ -19,8 +19,9 @@ The rules (Devlin et al., 2018 and the reference generator):
 3. Words are visited in uniformly random order; a word is taken if all its pieces still fit
    into num_to_predict, otherwise skipped (the reference's greedy rule).
 4. Each chosen word becomes [MASK] with probability 0.8, a random token with 0.1 and stays
-   unchanged with 0.1. The decision is made per word, so a whole word is masked together
-   (the reference decides per piece; per word is what whole-word masking means, and for
+   unchanged with 0.1 (`MaskingConfig.mix`, configurable for the paper's Table 8). The
+   decision is made per word, so a whole word is masked together (the reference decides per
+   piece; per word is what whole-word masking means, and for
    single-piece words the two are identical). Random tokens are drawn uniformly from the
    non-special vocabulary.
 """
@@ -32,8 +33,27 @@ import dataclasses
 
 import numpy as np
 
-MASK_PROB = 0.8
-RANDOM_PROB = 0.1  # the remaining 1 - MASK_PROB - RANDOM_PROB stays unchanged
+# (MASK, SAME, RANDOM): the shares of chosen words replaced by [MASK], kept unchanged, and
+# replaced by a random token (the paper's 80/10/10).
+DEFAULT_MIX = (0.8, 0.1, 0.1)
+# The dynamic masker draws its decision as an integer in [0, MIX_RESOLUTION): shares are exact
+# to 1/MIX_RESOLUTION.
+MIX_RESOLUTION = 1000
+
+
+def check_mix(mix) -> tuple[float, float, float]:
+    """(mask, same, random) as floats, each in [0, 1] and summing to 1; ValueError otherwise."""
+    names = ("mask", "same", "random")
+    if len(mix) != 3:
+        raise ValueError(f"the masking mix needs 3 shares (mask, same, random), got {mix}")
+    mix = tuple(float(x) for x in mix)
+    for name, share in zip(names, mix):
+        if not 0.0 <= share <= 1.0:
+            raise ValueError(f"masking share {name}={share} is not in [0, 1]")
+    if abs(sum(mix) - 1.0) > 1e-6:
+        raise ValueError(f"masking shares mask={mix[0]}, same={mix[1]}, random={mix[2]} sum "
+                         f"to {sum(mix):g}, not 1")
+    return mix
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,8 +71,10 @@ class MaskingConfig:
     masked_lm_prob: float = 0.15
     whole_word: bool = False
     continuation: np.ndarray | None = dataclasses.field(default=None, compare=False, repr=False)
+    mix: tuple[float, float, float] = DEFAULT_MIX  # (mask, same, random) shares, sum 1
 
     def __post_init__(self):
+        object.__setattr__(self, "mix", check_mix(self.mix))
         if not 0.0 < self.masked_lm_prob < 1.0:
             raise ValueError(f"masked_lm_prob must be in (0, 1), got {self.masked_lm_prob}")
         if self.max_predictions < 1:
@@ -70,7 +92,7 @@ class MaskingConfig:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, *, max_predictions: int, masked_lm_prob: float = 0.15,
-                       whole_word: bool = False) -> MaskingConfig:
+                       whole_word: bool = False, mix=DEFAULT_MIX) -> MaskingConfig:
         """Builds the config from a `bertjax.tokenization` tokenizer (or anything with its API)."""
         return cls(
             max_predictions=max_predictions,
@@ -80,6 +102,7 @@ class MaskingConfig:
             masked_lm_prob=masked_lm_prob,
             whole_word=whole_word,
             continuation=continuation_flags(tokenizer),
+            mix=tuple(mix),
         )
 
     def special_table(self) -> np.ndarray:
@@ -187,11 +210,12 @@ def mask_batch(ids: np.ndarray, lengths: np.ndarray, cfg: MaskingConfig,
     np.put_along_axis(taken_word, order, taken_sorted, axis=1)
     chosen = np.take_along_axis(taken_word, word, axis=1)  # dummy word: never taken
 
-    # One 80/10/10 decision per word, shared by all its pieces.
+    # One mask / random / same decision per word, shared by all its pieces.
+    mask_share, _, random_share = cfg.mix
     action = np.take_along_axis(rng.random((batch, seq + 1)), word, axis=1)
     out = ids.copy()
-    out[chosen & (action < MASK_PROB)] = cfg.mask_id
-    swap = chosen & (action >= MASK_PROB) & (action < MASK_PROB + RANDOM_PROB)
+    out[chosen & (action < mask_share)] = cfg.mask_id
+    swap = chosen & (action >= mask_share) & (action < mask_share + random_share)
     out[swap] = replacements[rng.integers(0, len(replacements), int(swap.sum()))]
 
     counts = chosen.sum(1)
@@ -244,12 +268,15 @@ def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
     never = tf.int32.max  # key of positions that are not selectable
 
     # One integer draw r per position decides both the action and the random token: r // n
-    # is uniform over 0..9 (0-7: [MASK], 8: random token, 9: unchanged; = 80/10/10) and
-    # r % n, independent of it, indexes the replacement ids.
+    # is uniform over 0..R-1 (R = MIX_RESOLUTION; below R·mask: [MASK], then R·random: a
+    # random token, the rest: unchanged) and r % n, independent of it, indexes the
+    # replacement ids.
     replacements = cfg.replacement_ids()
     n = len(replacements)
-    draw = tf.random.stateless_uniform([batch, seq], seeds[1], minval=0, maxval=10 * n,
-                                       dtype=tf.int32)
+    if MIX_RESOLUTION * n >= 2 ** 31:
+        raise ValueError(f"{n} replacement ids are too many for int32 draws")
+    draw = tf.random.stateless_uniform([batch, seq], seeds[1], minval=0,
+                                       maxval=MIX_RESOLUTION * n, dtype=tf.int32)
     random_ids = tf.gather(tf.constant(replacements), draw % n)
     if cfg.whole_word:
         chosen, word = _whole_word_choice(ids, candidate, keys, budget, cfg, never)
@@ -265,8 +292,8 @@ def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
         chosen = candidate & (keys <= threshold[:, None])
         decision = draw // n
 
-    n_mask = round(MASK_PROB * 10)
-    n_random = round(RANDOM_PROB * 10)
+    n_mask = round(cfg.mix[0] * MIX_RESOLUTION)
+    n_random = round(cfg.mix[2] * MIX_RESOLUTION)
     new_ids = tf.where(chosen & (decision < n_mask), cfg.mask_id, ids)
     new_ids = tf.where(chosen & (decision >= n_mask) & (decision < n_mask + n_random),
                        random_ids, new_ids)

@@ -154,10 +154,12 @@ def _check_vocab_size(path: str, meta: dict, masking: MaskingConfig | None) -> N
 
 def masking_from_metadata(file_pattern: str, *, max_predictions: int,
                           masked_lm_prob: float | None = None,
-                          whole_word: bool | None = None) -> MaskingConfig:
+                          whole_word: bool | None = None,
+                          mix=masking_lib.DEFAULT_MIX) -> MaskingConfig:
     """The dynamic-masking config of data written by create_pretraining_data or
     create_segments (no tokenizer needed: vocab size, [MASK], special ids and continuation
-    flags are in the metadata); masked_lm_prob and whole_word default to the recorded ones."""
+    flags are in the metadata); masked_lm_prob and whole_word default to the recorded ones;
+    mix: the (mask, same, random) shares."""
     found = read(file_pattern)
     if found is None:
         raise DataError(f"{file_pattern}: no metadata*.json beside the files")
@@ -171,6 +173,7 @@ def masking_from_metadata(file_pattern: str, *, max_predictions: int,
             masked_lm_prob=meta["masked_lm_prob"] if masked_lm_prob is None else masked_lm_prob,
             whole_word=meta["do_whole_word_mask"] if whole_word is None else whole_word,
             continuation=masking_lib.decode_flags(meta["continuation_bits"], meta["vocab_size"]),
+            mix=tuple(mix),
         )
     except KeyError as e:
         raise DataError(f"{path}: missing field {e.args[0]!r}") from None

@@ -229,7 +229,7 @@ def packed_rows(file_pattern: str, *, seq_len: int, seed: int = 0, shuffle: bool
 
 
 def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
-                        masking: MaskingConfig, seed: int = 0, shuffle: bool = True,
+                        masking: MaskingConfig | None, seed: int = 0, shuffle: bool = True,
                         repeat: bool = True, process_index: int = 0, process_count: int = 1,
                         num_open_rows: int = 8, max_examples_per_row: int | None = None,
                         block_size: int = 1024, shuffle_buffer: int = 10_000,
@@ -237,7 +237,8 @@ def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
     """Masked batches of packed rows (see module docstring for the features).
 
     masking: the dynamic-masking config (`masking_from_metadata`); its max_predictions is the
-    per-row number of predictions. Wrap in `InputIterator` for a checkpointable position.
+    per-row number of predictions. None: unmasked rows (a left-to-right LM's input). Wrap in
+    `InputIterator` for a checkpointable position.
     """
     rows = packed_rows(file_pattern, seq_len=seq_len, seed=seed, shuffle=shuffle, repeat=repeat,
                        process_index=process_index, process_count=process_count,
@@ -245,6 +246,8 @@ def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
                        block_size=block_size, shuffle_buffer=shuffle_buffer,
                        cycle_length=cycle_length, masking_cfg=masking)
     ds = rows.batch(batch_size, drop_remainder=True)
+    if masking is None:
+        return with_source_files(ds.prefetch(tf.data.AUTOTUNE), rows.source_files)
 
     def mask(index, batch):
         key = tf.stack([tf.cast(seed, tf.int64), index])

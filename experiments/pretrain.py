@@ -19,6 +19,12 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.preset = arg
     config.seed = 0
+    # Pre-training objective (the paper's Table 5): "mlm_nsp" (masked LM + next sentence
+    # prediction on sentence pairs), "mlm" (No NSP: masked LM on packed single-segment rows),
+    # "ltr" (LTR & No NSP: a left-to-right LM on packed rows, causal attention, recorded in
+    # the exported model's config so fine-tuning keeps it). "mlm" and "ltr" read unmasked data
+    # with metadata (create_segments, or create_pretraining_data --masking=dynamic).
+    config.objective = "mlm_nsp"
 
     # Model: exactly the fields of bertjax.models.BertConfig.
     config.model = BertConfig.from_preset(arg).to_dict()
@@ -33,7 +39,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.train.batch_size = 256  # global, in sequences
     config.train.num_train_steps = 1_000_000
     config.train.grad_accum_steps = 1  # micro-batches per step (batch_size must divide)
-    config.train.nsp_weight = 1.0  # 0.0 = the "No NSP" ablation
+    config.train.nsp_weight = 1.0  # NSP loss weight of objective "mlm_nsp"
     # Seconds without a batch (a stalled file system) before the run stops with an error.
     config.train.input_timeout_s = 600.0
 
@@ -46,10 +52,15 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
                                 fraction=0.1, steps=0)
     # Masking inside tf.data with a fresh mask every epoch (for unmasked "pairs" data);
     # static pre-masked TFRecords are read as they are when dynamic is False.
-    config.masking = dict(dynamic=True, masked_lm_prob=0.15, whole_word=False)
+    # mask / same / random: the shares of the chosen words replaced by [MASK], left unchanged
+    # and replaced by a random token (Table 8; static data takes them from
+    # create_pretraining_data's --mask_prob / --same_prob / --random_prob).
+    config.masking = dict(dynamic=True, masked_lm_prob=0.15, whole_word=False, mask=0.8,
+                          same=0.1, random=0.1)
     # Packing (no-NSP pre-training, e.g. RoBERTa-style full sentences): several examples per
     # row, attention kept inside each (data_pipeline/packed_input.py). Needs unmasked data with
-    # metadata, dynamic masking and train.nsp_weight=0.0. Blocks of block_size records are
+    # metadata, dynamic masking and train.nsp_weight=0.0 (objectives "mlm" and "ltr" always
+    # pack). Blocks of block_size records are
     # packed in parallel (~55,000 rows/s of 128 and ~15,000 of 512 on 2 cores); rows close at a
     # block's end, so larger blocks pad slightly less.
     config.packing = dict(enabled=False, num_open_rows=8, block_size=1024)

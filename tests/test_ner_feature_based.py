@@ -48,6 +48,7 @@ def test_variants_take_the_right_layers():
     np.testing.assert_array_equal(combine_layers(x, "concat")[:, :, 8:16], x[:, :, 1])
     mixed = combine_layers(x, "weighted", np.zeros(4, np.float32), np.float32(2.0))
     np.testing.assert_allclose(mixed, 2.0 * x.mean(axis=2), rtol=1e-5, atol=1e-6)
+    import flax.linen as nn
     import jax
 
     for variant in VARIANTS:  # the model's input width per combination
@@ -55,6 +56,7 @@ def test_variants_take_the_right_layers():
         model = FeatureBasedTagger(7, len(layers), mode, lstm_units=6)
         features = np.zeros((2, 5, len(layers), 8), np.float32)
         params = model.init(jax.random.key(0), features, np.ones((2, 5), np.int32))["params"]
+        params = nn.unbox(params)  # the BiLSTM's params carry logical axis names
         width = 8 * len(layers) if mode == "concat" else 8
         assert params["lstm_0_forward"]["ii"]["kernel"].shape == (width, 6)
         assert model.apply({"params": params}, features, np.ones((2, 5))).shape == (2, 5, 7)

@@ -21,6 +21,7 @@ from etils import epath
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert import dense
+from bertjax.models.bilstm import BiLSTMHead
 from bertjax.tasks import metrics as metrics_lib
 from bertjax.tasks.base import Splits, Task
 from bertjax.tasks.submission import write_submission
@@ -29,10 +30,16 @@ Array = jax.Array
 
 
 class BertForSequenceClassification(nn.Module):
-    """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}}."""
+    """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}}.
+
+    bilstm_units > 0: the "+ BiLSTM" head (paper Table 5): a randomly initialised BiLSTM
+    ("bilstm") reads the final hidden vectors, and the classifier its two final states
+    [2 * bilstm_units] instead of the pooled [CLS] vector.
+    """
 
     config: BertConfig
     num_labels: int
+    bilstm_units: int = 0
 
     @nn.compact
     def __call__(
@@ -47,9 +54,13 @@ class BertForSequenceClassification(nn.Module):
         outputs = BertModel(self.config, name="bert")(
             input_ids, segment_ids, input_mask, deterministic=deterministic
         )
-        pooled = nn.Dropout(self.config.hidden_dropout_prob)(
-            outputs["pooled_output"], deterministic=deterministic
-        )
+        pooled = outputs["pooled_output"]
+        if self.bilstm_units:
+            cfg = self.config
+            pooled = BiLSTMHead(self.bilstm_units, cfg.initializer_range, cfg.dtype,
+                                summarize=True, name="bilstm")(
+                outputs["sequence_output"], input_mask)
+        pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
         logits = dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(pooled)
         return nn.with_logical_constraint(logits, ("batch", "classes"))
 
@@ -95,6 +106,7 @@ class SequenceTask(Task):
     def __init__(self, config):
         self.min_bucket_length = config.min_bucket_length
         self.train_batch_size = config.train.batch_size
+        self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head
 
     def read(self, config) -> Splits:
         """Examples of every split, from config.task / config.data (TensorFlow only for TFDS)."""
@@ -196,7 +208,7 @@ class SequenceTask(Task):
         if self.kind == "multiple_choice":
             return BertForMultipleChoice(model_config)
         num_labels = 1 if self.kind == "regression" else len(self.label_names)
-        return BertForSequenceClassification(model_config, num_labels)
+        return BertForSequenceClassification(model_config, num_labels, self.bilstm_units)
 
     def init_inputs(self) -> tuple:
         ids = jnp.zeros((1, 2, 8) if self.kind == "multiple_choice" else (1, 8), jnp.int32)

@@ -40,6 +40,7 @@ import numpy as np
 from etils import epath
 
 from bertjax.errors import ConfigError, DataError
+from bertjax.models.bilstm import bidirectional_lstm
 from bertjax.tasks.token_classification import TokenClassificationTask
 
 Array = jax.Array
@@ -101,12 +102,8 @@ class FeatureBasedTagger(nn.Module):
             scale = self.param("layer_scale", nn.initializers.ones, ())
         x = combine_layers(x, self.mode, weights, scale)
         lengths = jnp.sum(input_mask, axis=-1).astype(jnp.int32)
-        for i in range(self.lstm_layers):
-            cells = [nn.OptimizedLSTMCell(self.lstm_units, name=f"lstm_{i}_{direction}")
-                     for direction in ("forward", "backward")]
-            x = nn.Bidirectional(nn.RNN(cells[0]), nn.RNN(cells[1]), name=f"bilstm_{i}")(
-                x, seq_lengths=lengths)
-            x = nn.Dropout(self.dropout)(x, deterministic=deterministic)
+        x = bidirectional_lstm(x, lengths, units=self.lstm_units, num_layers=self.lstm_layers,
+                               dropout=self.dropout, deterministic=deterministic)
         init = nn.initializers.truncated_normal(self.initializer_range)
         return nn.Dense(self.num_labels, kernel_init=init, name="classifier")(x)
 

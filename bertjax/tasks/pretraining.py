@@ -2,6 +2,11 @@
 prediction over phases of growing sequence length, held-out MLM evaluation, and the export of
 the final model as a bertjax checkpoint directory.
 
+`config.objective` (bertjax.train.configs.objective) picks the paper's Table 5 variants:
+"mlm_nsp"; "mlm" (No NSP, packed rows); "ltr" (a left-to-right LM on packed rows: causal
+attention, and the masked-LM head scores every position p against the token at p + 1 —
+`next_token_targets` — so the MLM loss, accuracy and perplexity are next-token ones).
+
 Data arrives through `make_input(phase, per_host_batch_size, split="train" | "eval")`, an
 iterator of per-host NumPy batches with `save(prefix)` / `restore(prefix)` (the tf.data reader
 lives in data_pipeline/, wired in by `python -m bertjax.pretrain`). With
@@ -31,12 +36,14 @@ Batch = dict[str, jax.Array]
 
 
 def batch_spec(
-    batch_size: int, seq_len: int, max_predictions: int, packed: bool = False
+    batch_size: int, seq_len: int, max_predictions: int, packed: bool = False,
+    ltr: bool = False,
 ) -> dict[str, jax.ShapeDtypeStruct]:
     """Shapes and dtypes of a pre-training batch (the reference TFRecord features).
 
     packed: rows of several examples (data_pipeline/packed_input.py): `packing_ids`
-    [batch, seq] instead of `next_sentence_labels` (no NSP).
+    [batch, seq] instead of `next_sentence_labels` (no NSP). ltr: unmasked packed rows (no
+    masked_lm_* features; the targets are the next tokens).
     """
     i32, f32 = jnp.int32, jnp.float32
     spec = {
@@ -48,10 +55,30 @@ def batch_spec(
         "masked_lm_weights": jax.ShapeDtypeStruct((batch_size, max_predictions), f32),
         "next_sentence_labels": jax.ShapeDtypeStruct((batch_size,), i32),
     }
-    if packed:
+    if packed or ltr:
         del spec["next_sentence_labels"]
         spec["packing_ids"] = jax.ShapeDtypeStruct((batch_size, seq_len), i32)
+    if ltr:
+        for key in ("masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+            del spec[key]
     return spec
+
+
+def next_token_targets(batch: Batch) -> Batch:
+    """Left-to-right LM targets in the masked-LM layout: position p predicts the token at p + 1.
+
+    batch: input_ids, input_mask, packing_ids [batch, seq]. Returns masked_lm_positions
+    [batch, seq - 1] (0 .. seq - 2), masked_lm_ids [batch, seq - 1] (the next tokens) and
+    masked_lm_weights [batch, seq - 1] float32: 1 where both tokens are real and in the same
+    packed example (an example's last token predicts nothing).
+    """
+    ids = batch["input_ids"]
+    real = batch["input_mask"].astype(bool)
+    same = batch["packing_ids"][:, 1:] == batch["packing_ids"][:, :-1]
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1] - 1, dtype=jnp.int32),
+                                 (ids.shape[0], ids.shape[1] - 1))
+    return {"masked_lm_positions": positions, "masked_lm_ids": ids[:, 1:],
+            "masked_lm_weights": (real[:, 1:] & real[:, :-1] & same).astype(jnp.float32)}
 
 
 def init_params(model: BertForPreTraining, rng: jax.Array) -> Any:
@@ -80,22 +107,32 @@ def loss_and_metrics(outputs, batch: Batch, nsp_weight: float, packed: bool):
     return loss, {k: v for k, v in metrics.items() if not k.startswith("nsp_")}
 
 
-def loss_fn(params, batch: Batch, rng, *, model, nsp_weight: float, packed: bool):
-    """The train step's loss (bertjax.train.step.LossFn); rng None = no dropout."""
+def loss_fn(params, batch: Batch, rng, *, model, nsp_weight: float, packed: bool,
+            ltr: bool = False):
+    """The train step's loss (bertjax.train.step.LossFn); rng None = no dropout. ltr: the
+    next-token loss of a (causal) model on unmasked packed rows."""
+    if ltr:
+        batch = dict(batch, **next_token_targets(batch))
     kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
     outputs = model_outputs(model, params, batch, packed, **kwargs)
     return loss_and_metrics(outputs, batch, nsp_weight, packed)
 
 
-def step_fns(model: BertForPreTraining, nsp_weight: float = 1.0, packed: bool = False):
+def step_fns(model: BertForPreTraining, nsp_weight: float = 1.0, packed: bool = False,
+             ltr: bool = False):
     """(init_params(rng), loss_fn(params, batch, rng)) for bertjax.train.step."""
     return (functools.partial(init_params, model),
-            functools.partial(loss_fn, model=model, nsp_weight=nsp_weight, packed=packed))
+            functools.partial(loss_fn, model=model, nsp_weight=nsp_weight, packed=packed,
+                              ltr=ltr))
 
 
-def eval_sums(params, batch: Batch, *, model, nsp_weight: float, packed: bool):
+def eval_sums(params, batch: Batch, *, model, nsp_weight: float, packed: bool,
+              ltr: bool = False):
     """Sums over a batch, so that batches combine into exact weighted means."""
-    _, metrics = loss_fn(params, batch, None, model=model, nsp_weight=nsp_weight, packed=packed)
+    _, metrics = loss_fn(params, batch, None, model=model, nsp_weight=nsp_weight, packed=packed,
+                         ltr=ltr)
+    if ltr:
+        batch = dict(batch, **next_token_targets(batch))
     weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
     sums = {
         "mlm_loss_sum": metrics["mlm_loss"] * (weight + 1e-5),
@@ -145,15 +182,21 @@ class PretrainingJob:
 
     def __init__(self, config, make_input: Callable[..., Any]):
         self.config = config
-        self.packed = configs.packing_enabled(config)  # checked before anything is written
-        self.model_config = configs.resolve_model_config(config.model)
+        # Checked before anything is written.
+        self.objective = configs.objective(config)
+        self.packed = configs.packing_enabled(config)
+        self.ltr = self.objective == "ltr"
+        configs.masking_mix(config)
+        # The LTR model attends left to right; its exported config.json records causal=True.
+        self.model_config = configs.resolve_model_config(
+            dict(config.model, causal=True) if self.ltr else config.model)
         self.model = BertForPreTraining(self.model_config)
         self.phases = configs.plan_phases(config)
         self.batch_size = config.train.batch_size
         self.grad_accum_steps = config.train.grad_accum_steps
         self.total_steps = config.train.num_train_steps
         self.make_input = make_input
-        nsp = dict(nsp_weight=config.train.nsp_weight, packed=self.packed)
+        nsp = dict(nsp_weight=config.train.nsp_weight, packed=self.packed, ltr=self.ltr)
         self.init_params, self.loss = step_fns(self.model, **nsp)
         self._eval_sums = jax.jit(functools.partial(eval_sums, model=self.model, **nsp))
         self.stages = [self._stage(p) for p in self.phases]
@@ -165,13 +208,15 @@ class PretrainingJob:
             name=phase.name, start=phase.start, end=phase.end,
             make_input=lambda: self.make_input(phase, per_host),
             batch_spec=batch_spec(self.batch_size, phase.seq_len, phase.max_predictions,
-                                  self.packed),
+                                  self.packed, self.ltr),
             flops_per_example=flops_lib.train_flops_per_sequence(
-                self.model_config, phase.seq_len, phase.max_predictions),
+                self.model_config, phase.seq_len,
+                phase.seq_len - 1 if self.ltr else phase.max_predictions),
             tokens_per_example=phase.seq_len,
             description=(f"Phase {phase.name}: steps {phase.start}..{phase.end}, seq "
                          f"{phase.seq_len}, {phase.max_predictions} predictions, data "
-                         f"{phase.data or '(none)'}" + (", packed" if self.packed else "")),
+                         f"{phase.data or '(none)'}" + (", packed" if self.packed else "")
+                         + f", objective {self.objective}"),
             eval_every=every, log_extra={"phase_seq_len": phase.seq_len})
 
     def optimizer(self):

@@ -38,6 +38,7 @@ from bertjax import paths as file_paths
 from bertjax.errors import ConfigError, DataError
 from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert import dense
+from bertjax.models.bilstm import BiLSTMHead
 from bertjax.tasks import squad_metrics
 from bertjax.tasks.base import Splits, Task
 
@@ -45,9 +46,14 @@ Array = jax.Array
 
 
 class BertForQuestionAnswering(nn.Module):
-    """params: {"bert": BertModel params, "qa_outputs": {kernel [hidden, 2], bias [2]}}."""
+    """params: {"bert": BertModel params, "qa_outputs": {kernel [hidden, 2], bias [2]}}.
+
+    bilstm_units > 0: "+ BiLSTM" (paper Table 5): a randomly initialised BiLSTM ("bilstm")
+    between the encoder and qa_outputs (kernel [2 * bilstm_units, 2]).
+    """
 
     config: BertConfig
+    bilstm_units: int = 0
 
     @nn.compact
     def __call__(self, input_ids: Array, segment_ids: Array | None = None,
@@ -57,8 +63,12 @@ class BertForQuestionAnswering(nn.Module):
         each [batch, seq] float32."""
         outputs = BertModel(self.config, name="bert")(
             input_ids, segment_ids, input_mask, deterministic=deterministic)
+        sequence = outputs["sequence_output"]
+        if self.bilstm_units:
+            sequence = BiLSTMHead(self.bilstm_units, self.config.initializer_range,
+                                  self.config.dtype, name="bilstm")(sequence, input_mask)
         logits = dense(self.config, 2, ("embed", "classes"), "qa_outputs")(
-            outputs["sequence_output"]).astype(jnp.float32)
+            sequence).astype(jnp.float32)
         logits = nn.with_logical_constraint(logits, ("batch", "length", "classes"))
         return logits[..., 0], logits[..., 1]
 
@@ -277,6 +287,7 @@ class SquadTask(Task):
         self.n_best_size, self.max_answer_length = task.n_best_size, task.max_answer_length
         self.null_threshold = task.get("null_threshold")
         self.num_workers = task.get("num_workers", 1)
+        self.bilstm_units = int(task.get("bilstm_units", 0))  # 0: the paper's head
         self.threshold = 0.0 if self.null_threshold is None else float(self.null_threshold)
         if self.version_2:
             self.metric_names = ("exact", "f1", "HasAns_exact", "HasAns_f1", "NoAns_exact",
@@ -364,7 +375,7 @@ class SquadTask(Task):
                 f"(doc_stride {self.doc_stride}, max_query_length {self.max_query_length})")
 
     def model(self, model_config):
-        return BertForQuestionAnswering(model_config)
+        return BertForQuestionAnswering(model_config, self.bilstm_units)
 
     def init_inputs(self) -> tuple:
         ids = jnp.zeros((1, 8), jnp.int32)

@@ -26,6 +26,7 @@ from etils import epath
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert import dense
+from bertjax.models.bilstm import BiLSTMHead
 from bertjax.tasks import tagging_metrics
 from bertjax.tasks.base import Splits, Task
 
@@ -38,10 +39,12 @@ CONLL2003_FILES = {"train": ("eng.train", "train.txt"), "dev": ("eng.testa", "va
 
 class BertForTokenClassification(nn.Module):
     """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}}
-    (transformers' BertForTokenClassification: dropout, then one dense layer per position)."""
+    (transformers' BertForTokenClassification: dropout, then one dense layer per position).
+    bilstm_units > 0: "+ BiLSTM", a randomly initialised BiLSTM ("bilstm") before the dropout."""
 
     config: BertConfig
     num_labels: int
+    bilstm_units: int = 0
 
     @nn.compact
     def __call__(self, input_ids: Array, segment_ids: Array | None = None,
@@ -49,8 +52,11 @@ class BertForTokenClassification(nn.Module):
         """input_ids, segment_ids, input_mask: [batch, seq] → logits [batch, seq, num_labels]."""
         outputs = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask,
                                                       deterministic=deterministic)
-        hidden = nn.Dropout(self.config.hidden_dropout_prob)(outputs["sequence_output"],
-                                                             deterministic=deterministic)
+        hidden = outputs["sequence_output"]
+        if self.bilstm_units:
+            hidden = BiLSTMHead(self.bilstm_units, self.config.initializer_range,
+                                self.config.dtype, name="bilstm")(hidden, input_mask)
+        hidden = nn.Dropout(self.config.hidden_dropout_prob)(hidden, deterministic=deterministic)
         return tagging_head(self.config, self.num_labels, hidden)
 
 
@@ -88,6 +94,7 @@ class TokenClassificationTask(Task):
         self.min_bucket_length = config.min_bucket_length
         self.train_batch_size = config.train.batch_size
         self.scheme = config.task.label_scheme
+        self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head
         self._features: dict[int, object] = {}  # id(examples) → features (write_outputs)
 
     # ---- data
@@ -214,7 +221,7 @@ class TokenClassificationTask(Task):
     # ---- model
 
     def model(self, model_config):
-        return BertForTokenClassification(model_config, len(self.labels))
+        return BertForTokenClassification(model_config, len(self.labels), self.bilstm_units)
 
     def init_inputs(self) -> tuple:
         ids = jnp.zeros((1, 8), jnp.int32)

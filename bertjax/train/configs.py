@@ -118,9 +118,25 @@ def _check_phase(field: str, phase, max_positions: int | None) -> None:
                           f"[1, seq_len={seq_len}]")
 
 
+OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
+
+
+def objective(config) -> str:
+    """config.objective (default "mlm_nsp"): masked LM + NSP on sentence pairs; "mlm": masked LM
+    alone on packed single-segment rows (the paper's "No NSP"); "ltr": a left-to-right LM on
+    packed rows, causal attention, every next token predicted ("LTR & No NSP")."""
+    value = config.get("objective", "mlm_nsp")
+    if value not in OBJECTIVES:
+        raise ConfigError(f"config.objective={value!r} is not one of {' | '.join(OBJECTIVES)}")
+    return value
+
+
 def packing_enabled(config) -> bool:
-    """Whether pre-training batches are packed rows; packing has no sentence pairs, so NSP
-    must be off."""
+    """Whether pre-training batches are packed rows: always for the "mlm" and "ltr"
+    objectives, and with config.packing.enabled. Packing has no sentence pairs, so NSP must be
+    off."""
+    if objective(config) != "mlm_nsp":
+        return True
     packed = bool(config.get("packing") and config.packing.get("enabled"))
     if packed and config.train.nsp_weight != 0:
         raise ConfigError(
@@ -128,3 +144,18 @@ def packing_enabled(config) -> bool:
             f"no sentence pairs), got {config.train.nsp_weight}"
         )
     return packed
+
+
+def masking_mix(config) -> tuple[float, float, float]:
+    """(mask, same, random) shares of config.masking (default 0.8 / 0.1 / 0.1), each in [0, 1]
+    and summing to 1."""
+    masking = config.get("masking") or {}
+    mix = tuple(masking.get(name, default)
+                for name, default in (("mask", 0.8), ("same", 0.1), ("random", 0.1)))
+    for name, share in zip(("mask", "same", "random"), mix):
+        if not 0.0 <= share <= 1.0:
+            raise ConfigError(f"config.masking.{name}={share} is not in [0, 1]")
+    if abs(sum(mix) - 1.0) > 1e-6:
+        raise ConfigError(f"config.masking.mask/same/random = {mix[0]}/{mix[1]}/{mix[2]} sum to "
+                          f"{sum(mix):g}, not 1")
+    return mix
