@@ -290,7 +290,7 @@ def _create_main(w, t, **flags):
                   masked_lm_prob=0.15, short_seq_prob=0.1, dupe_factor=1,
                   do_whole_word_mask=False, random_seed=1, masking="dynamic", num_shards=1,
                   num_workers=1, task_index=0, num_tasks=1, pool_size=10, shuffle_buffer=10,
-                  do_lower_case=None)
+                  do_lower_case=None, mask_prob=0.8, same_prob=0.1, random_prob=0.1)
     values.update(flags)
     import types
 
