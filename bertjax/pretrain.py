@@ -4,6 +4,9 @@ r"""Pre-train BERT.
       --config.phases.phase1.data='gs://bucket/data/seq128/*.tfrecord' \
       --config.phases.phase2.data='gs://bucket/data/seq512/*.tfrecord'
   python -m bertjax.pretrain --config=experiments/pretrain.py:large --dry_run
+  python -m bertjax.pretrain --config=experiments/pretrain.py:large --dry_run --topology=v5p-32
+  python -m bertjax.pretrain --config=experiments/pretrain.py:large --dry_run --topology=v5p-32 \
+      --sweep
 
 Runs resume automatically from the latest checkpoint in --workdir. On a TPU pod slice, start
 the same command on every host with --distributed (one process per host).
@@ -29,6 +32,13 @@ _CONFIG, _WORKDIR = cli.define_job_flags("experiments/pretrain.py:base")
 _DRY_RUN = flags.DEFINE_bool(
     "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
 )
+_TOPOLOGY = flags.DEFINE_string(
+    "topology", None, "With --dry_run: compile for this Cloud TPU slice with the TPU compiler, "
+    "on any machine (needs the tpu extra): v4-32, v5p-128, v5litepod-16, v6e-64, v5p:4x4x4.")
+_SWEEP = flags.DEFINE_bool(
+    "sweep", False, "With --dry_run --topology: try meshes, batch sizes, remat and scan; list "
+    "those that fit, fastest first, with their flags.")
+_SWEEP_SECONDS = flags.DEFINE_integer("sweep_seconds", 600, "Compile-time budget of --sweep.")
 
 def check_data(config) -> None:
     """Every phase's data and eval_data pattern must match files, checked before step 0 (a bad
@@ -148,8 +158,15 @@ def main(argv):
         from bertjax.train import dry_run, loop
 
         if _DRY_RUN.value:
-            dry_run.run(PretrainingJob(config, make_input_fn(config)), config)
+            def make_job(config):
+                return PretrainingJob(config, make_input_fn(config))
+
+            if not dry_run.on_slice(make_job, config, _TOPOLOGY.value, _SWEEP.value,
+                                    _SWEEP_SECONDS.value):
+                dry_run.run(make_job(config), config)
             return
+        if _TOPOLOGY.value or _SWEEP.value:
+            raise ConfigError("--topology and --sweep need --dry_run")
         cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
         check_data(config)
         cli.initialize_distributed()  # before anything touches a JAX backend
