@@ -385,7 +385,8 @@ def _try(make_job, config, slice_, devices, mesh, remat, scan, batch_size) -> Ca
     config = config.copy_and_resolve_references()
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
     config.train.batch_size = batch_size
-    config.model.remat_policy, config.model.scan_layers = remat, scan
+    with config.unlocked():  # fine-tuning's config.model holds only the fields it overrides
+        config.model.remat_policy, config.model.scan_layers = remat, scan
     costs = _compile_job(make_job(config), config, slice_, devices, until_misfit=True)
     return Candidate(mesh, remat, scan, batch_size, costs)
 
