@@ -209,6 +209,10 @@ def compile_stage(job, stage, train_step, abstract_state, state_sharding, batch_
     common = dict(name=stage.name, seq_len=stage.tokens_per_example,
                   steps=stage.end - stage.start, batch_size=batch,
                   model_flops=stage.flops_per_example * batch)
+    # A TPU executable compiled without a TPU client cannot be read back from JAX's persistent
+    # compilation cache (a warning per entry): keep it out of the cache.
+    caching = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
     try:
         compiled = train_step.lower(abstract_state, spec).compile()
     except jax.errors.JaxRuntimeError as e:
@@ -220,6 +224,8 @@ def compile_stage(job, stage, train_step, abstract_state, state_sharding, batch_
         return StageCost(**common, argument_bytes=args, temp_bytes=temp, total_bytes=args + temp,
                          hbm_bytes=available or slice_.hbm_bytes, fits=False, xla_flops=None,
                          step_seconds=None, message=message)
+    finally:
+        jax.config.update("jax_enable_compilation_cache", caching)
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
