@@ -142,17 +142,13 @@ def test_tiny_train_step_compiles_for_4_chips_and_memory_grows_with_the_batch():
 def test_tiny_train_step_compiles_for_8_chips_and_fsdp_shrinks_the_state_per_chip():
     import jax
 
-    job, data = _compile("v5p-16", 32, {"data": 8, "fsdp": 1}, **SMALL)
-    _, fsdp = _compile("v5p-16", 32, {"data": 1, "fsdp": 8}, **SMALL)
-    assert data.fits and fsdp.fits
-    tx, _ = job.optimizer()
+    job, fsdp = _compile("v5p-16", 32, {"data": 1, "fsdp": 8}, **SMALL)
+    assert fsdp.fits and fsdp.step_seconds > 0
     state = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
         jax.eval_shape(job.init_params, jax.random.key(0))))
-    # Data parallel: every chip holds params + two Adam moments. FSDP splits every matrix with an
-    # `embed` axis over the 8 chips (all but LayerNorm scales and biases).
-    assert data.argument_bytes >= 3 * state
-    assert fsdp.argument_bytes < 0.5 * data.argument_bytes
-    # At most twice an eighth of the state: LayerNorm scales, biases and the batch shard stay.
+    # Data parallel, every chip holds params + two Adam moments (3 x state, as the 4-chip test
+    # shows). FSDP splits every matrix with an `embed` axis over the 8 chips: at most twice an
+    # eighth of that remains (LayerNorm scales, biases and the batch shard stay whole).
     assert fsdp.argument_bytes < 2 * 3 * state / 8
 
 
