@@ -153,6 +153,7 @@ class StageCost:
     xla_flops: float | None  # FLOPs of the compiled step per chip (loops unrolled, see below)
     step_seconds: float | None  # XLA's cost model (`optimal_seconds`)
     message: str = ""  # the compiler's out-of-memory message
+    roofline: bool = False  # step time from FLOPs and HBM traffic, not the cost model
 
     @property
     def sequences_per_second(self) -> float | None:
@@ -233,7 +234,14 @@ def compile_stage(job, stage, train_step, abstract_state, state_sharding, batch_
     temp = float(memory.temp_size_in_bytes)
     total = args + memory.output_size_in_bytes - memory.alias_size_in_bytes + temp
     flops = float(cost.get("flops", 0.0)) or None
-    seconds = float(cost.get("optimal_seconds", 0.0)) or None
+    seconds = float(cost.get("optimal_seconds", 0.0))
+    roofline = not seconds > 0  # libtpu's v4 cost model returns negative times
+    if roofline and flops:
+        # The roofline instead: the step takes at least its FLOPs at peak and its HBM traffic
+        # at full bandwidth.
+        seconds = max(flops / slice_.peak_flops,
+                      float(cost.get("bytes accessed", 0.0)) / (slice_.chip.hbm_gbps * 1e9))
+    seconds = seconds or None
     # XLA's cost analysis counts a loop body once: scanned layers count one layer, gradient
     # accumulation one micro-batch. Add the other layers' FLOPs and scale the time alike.
     accum = job.grad_accum_steps
@@ -247,7 +255,7 @@ def compile_stage(job, stage, train_step, abstract_state, state_sharding, batch_
         flops, seconds = flops * accum, seconds * accum
     return StageCost(**common, argument_bytes=args, temp_bytes=temp, total_bytes=total,
                      hbm_bytes=slice_.hbm_bytes, fits=total <= slice_.hbm_bytes,
-                     xla_flops=flops, step_seconds=seconds)
+                     xla_flops=flops, step_seconds=seconds, roofline=roofline)
 
 
 def _duration(seconds: float | None) -> str:
@@ -327,6 +335,9 @@ def run_on_slice(job, config, topology: str, print_fn=print) -> list[StageCost]:
     for line in stage_table(costs, slice_):
         print_fn(line)
     for c in costs:
+        if c.roofline and c.step_seconds:
+            print_fn(f"  {c.name}: no cost-model time from the compiler; step time is the "
+                     "roofline max(FLOPs / peak, HBM bytes / bandwidth)")
         if not c.fits:
             print_fn(f"  {c.name} does not fit: {c.total_bytes / GIB:.2f} GiB per chip needed, "
                      f"{c.hbm_bytes / GIB:.2f} GiB available"
