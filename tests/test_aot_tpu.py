@@ -170,3 +170,45 @@ def test_bert_large_phase2_batch_4096_on_v5e_4_does_not_fit_and_says_so():
     assert 15 * 1024**3 < cost.hbm_bytes <= 16 * 1024**3  # what the compiler says is available
     lines = dry_run.stage_table(costs, slice_)
     assert lines[1].split()[:3] == ["phase2", "512", "4096"] and " NO " in lines[1]
+
+
+def test_sweep_meshes_cover_data_fsdp_and_tensor_parallelism():
+    from bertjax.train import dry_run
+
+    assert dry_run.mesh_candidates(16, 16) == [(16, 1, 1), (1, 16, 1), (8, 1, 2), (1, 8, 2),
+                                               (4, 1, 4), (1, 4, 4)]
+    # Tensor parallelism only where it divides the heads (and the chips); no duplicates.
+    assert dry_run.mesh_candidates(4, 2) == [(4, 1, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2)]
+    assert dry_run.mesh_candidates(1, 12) == [(1, 1, 1)]
+
+
+def test_sweep_ranks_by_sequences_over_the_whole_run_and_prints_its_flags():
+    from bertjax.train import dry_run
+
+    def stage(name, steps, batch, seconds, fits=True):
+        return dry_run.StageCost(name, 128, steps, batch, 1.0, 1.0, 2.0, 4.0, fits, 1e12, 1e9,
+                                 seconds)
+
+    # 900 steps of 0.1 s and 100 of 0.5 s for 256 sequences each: 256,000 in 140 s.
+    run = dry_run.Candidate((4, 2, 1), "dots", True, 256,
+                            [stage("phase1", 900, 256, 0.1), stage("phase2", 100, 256, 0.5)])
+    assert run.fits and run.sequences_per_second == pytest.approx(256_000 / 140)
+    assert run.flags() == ("--config.mesh.data=4 --config.mesh.fsdp=2 --config.mesh.tensor=1 "
+                           "--config.train.batch_size=256 --config.model.remat_policy=dots "
+                           "--config.model.scan_layers=true")
+    misfit = dry_run.Candidate((8, 1, 1), "none", False, 512,
+                               [stage("phase2", 100, 512, None, fits=False)])
+    assert not misfit.fits and misfit.sequences_per_second is None
+
+
+def test_out_of_memory_figures_are_read_from_the_compiler_message():
+    from bertjax.train import dry_run
+
+    gib = 1024.0**3
+    assert dry_run._oom_sizes(
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
+        "temporaries (1.53T) exceeds available HBM (15.75G).") == (1.53 * 1024 * gib,
+                                                                   15.75 * gib)
+    assert dry_run._oom_sizes("Used 20.5G of 15.75G hbm. Exceeded hbm capacity by 4.75G.") == (
+        20.5 * gib, 15.75 * gib)
+    assert dry_run._oom_sizes("RESOURCE_EXHAUSTED: no sizes") == (None, None)
