@@ -211,7 +211,9 @@ def compile_stage(job, stage, train_step, abstract_state, state_sharding, batch_
                   steps=stage.end - stage.start, batch_size=batch,
                   model_flops=stage.flops_per_example * batch)
     # A TPU executable compiled without a TPU client cannot be read back from JAX's persistent
-    # compilation cache (a warning per entry): keep it out of the cache.
+    # compilation cache (a warning per entry): keep it out of the cache. (JAX decides once per
+    # process, at its first compile: this holds where the TPU compile comes first, as in the
+    # commands.)
     caching = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     try:
