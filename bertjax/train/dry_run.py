@@ -443,10 +443,13 @@ def sweep(make_job: Callable[[Any], Any], config, topology: str, print_fn=print,
                 print_fn(f"  skipped mesh {mesh} batch {batch}: {e}")
                 continue
             speed = candidate.sequences_per_second
+            worst = max(candidate.costs, key=lambda c: c.total_bytes / c.hbm_bytes)
+            verdict = (f"{speed:,.0f} seq/s" if speed else
+                       f"{worst.name} does not fit ({worst.total_bytes / GIB:.1f} of "
+                       f"{worst.hbm_bytes / GIB:.1f} GiB)")
             print_fn(f"  mesh data/fsdp/tensor {'x'.join(map(str, mesh)):<8} batch {batch:>6} "
-                     f"remat {remat:<4} scan {str(scan):<5}: "
-                     + (f"{speed:,.0f} seq/s" if speed else "does not fit")
-                     + f" ({time.time() - tic:.0f} s)")
+                     f"remat {remat:<4} scan {str(scan):<5}: {verdict} "
+                     f"({time.time() - tic:.0f} s)")
             results.append(candidate)
             if candidate.fits:
                 break
