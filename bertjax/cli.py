@@ -19,6 +19,30 @@ from collections.abc import Callable, Sequence
 # Before anything imports TensorFlow (data_pipeline does, lazily).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+
+def _skip_absent_tpu() -> None:
+    """With libtpu installed (the `tpu` extra, for ahead-of-time TPU compiles), JAX tries a TPU
+    backend at start-up even on machines without one, and libtpu prints warnings meant for TPU
+    VMs. Where no accelerator is attached (no Google, NVIDIA or AMD PCI device), JAX_PLATFORMS
+    =cpu skips that probe; a JAX_PLATFORMS set by the user wins."""
+    import glob
+    import importlib.util
+
+    if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
+        return
+    accelerators = {"0x1ae0", "0x10de", "0x1002"}  # Google (TPU), NVIDIA, AMD
+    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
+        try:
+            with open(path) as f:
+                if f.read().strip() in accelerators:
+                    return
+        except OSError:
+            continue
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
+
+_skip_absent_tpu()
+
 from absl import app, flags, logging  # noqa: E402
 
 from bertjax.errors import BertjaxError  # noqa: E402

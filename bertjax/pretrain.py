@@ -4,6 +4,9 @@ r"""Pre-train BERT.
       --config.phases.phase1.data='gs://bucket/data/seq128/*.tfrecord' \
       --config.phases.phase2.data='gs://bucket/data/seq512/*.tfrecord'
   python -m bertjax.pretrain --config=experiments/pretrain.py:large --dry_run
+  python -m bertjax.pretrain --config=experiments/pretrain.py:large --dry_run --topology=v5p-32
+  python -m bertjax.pretrain --config=experiments/pretrain.py:large --dry_run --topology=v5p-32 \
+      --sweep
 
 Runs resume automatically from the latest checkpoint in --workdir. On a TPU pod slice, start
 the same command on every host with --distributed (one process per host).
@@ -126,8 +129,16 @@ def main(argv):
 
         if _DRY_RUN.value:
             validate.pretraining(config, workdir=None)
-            dry_run.run(PretrainingJob(config, make_input_fn(config)), config)
+
+            def make_job(config):
+                return PretrainingJob(config, make_input_fn(config))
+
+            if not dry_run.on_slice(make_job, config, _TOPOLOGY.value, _SWEEP.value,
+                                    _SWEEP_SECONDS.value):
+                dry_run.run(make_job(config), config)
             return
+        if _TOPOLOGY.value or _SWEEP.value:
+            raise ConfigError("--topology and --sweep need --dry_run")
         cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
         # Config, every phase's data, vocab, init checkpoint and workdir: before any step or
         # file write (a bad phase-2 pattern must not surface after all of phase 1).
@@ -147,4 +158,12 @@ if __name__ == "__main__":
     _DRY_RUN = flags.DEFINE_bool(
         "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
     )
+    _TOPOLOGY = flags.DEFINE_string(
+        "topology", None, "With --dry_run: compile for this Cloud TPU slice with the TPU "
+        "compiler, on any machine (needs the tpu extra): v4-32, v5p-128, v5litepod-16, v6e-64, "
+        "v5p:4x4x4.")
+    _SWEEP = flags.DEFINE_bool(
+        "sweep", False, "With --dry_run --topology: try meshes, batch sizes, remat and scan; "
+        "list those that fit, fastest first, with their flags.")
+    _SWEEP_SECONDS = flags.DEFINE_integer("sweep_seconds", 600, "Compile-time budget of --sweep.")
     cli.run(main)
