@@ -77,7 +77,9 @@ def _check_config_file() -> None:
     if "config" not in flags.FLAGS or not flags.FLAGS["config"].present:
         return
     try:
-        flags.FLAGS.config.get("seed")
+        config = flags.FLAGS.config
+        if not isinstance(config, str):  # `bertjax.tpu --config` is the job's, passed on
+            config.get("seed")
     except OSError as e:
         reason = [line.strip() for line in str(e).splitlines() if line.strip()][-1]
         sys.exit(f"error: --config={flags.FLAGS['config'].serialize().split('=', 1)[-1]}: "

@@ -149,6 +149,8 @@ def test_bad_file_is_one_line_and_nothing_written(checkpoint, tmp_path):
         "-m", "bertjax.finetune", "--config=experiments/squad.py:v1",
         f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
         f"--config.data.train={tmp_path / 'bad.json'}", f"--config.data.validation={train}",
+        "--config.max_seq_length=64", "--config.task.doc_stride=16",
+        "--config.task.max_query_length=10",
     ], timeout=120)
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]

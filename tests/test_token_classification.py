@@ -151,13 +151,13 @@ def test_conll2003_layout_end_to_end_cli(checkpoint, tmp_path):
     assert test_f1 >= 0.95
 
 
-def test_bad_file_is_one_error_line_from_the_cli(tmp_path):
+def test_bad_file_is_one_error_line_from_the_cli(checkpoint, tmp_path):
     (tmp_path / "train.conll").write_text("a O\nb B-PER\n\nc I-PER\n\n")
     (tmp_path / "dev.conll").write_text("a O\n\n")
     result = run_python([
         "-m", "bertjax.finetune", "--config=experiments/ner.py:files",
-        f"--config.init_checkpoint={tmp_path}", f"--workdir={tmp_path / 'run'}",
-        f"--config.data.train={tmp_path / 'train.conll'}",
+        f"--config.init_checkpoint={checkpoint}", f"--workdir={tmp_path / 'run'}",
+        "--config.max_seq_length=32", f"--config.data.train={tmp_path / 'train.conll'}",
         f"--config.data.validation={tmp_path / 'dev.conll'}"], timeout=120)
     assert result.returncode != 0
     lines = [line for line in result.stderr.splitlines() if line.strip()]
