@@ -81,17 +81,8 @@ def apply_set(config, item: str) -> None:
         raise ConfigError(f"--set={item}: the grid config has no field {key!r}")
     current = node[leaf]
     try:
-        if isinstance(current, bool):
-            value = {"true": True, "false": False}[text.lower()]
-        elif isinstance(current, int):
-            value = int(text)
-        elif isinstance(current, float):
-            value = float(text)
-        elif isinstance(current, str):
-            value = text
-        else:
-            value = json.loads(text)
-    except (KeyError, ValueError):
+        value = cli.typed_like(current, text)
+    except ValueError:
         raise ConfigError(f"--set={item}: {text!r} is not a valid "
                           f"{type(current).__name__}") from None
     node[leaf] = value

@@ -11,6 +11,7 @@ status 1; `--verbose` or BERTJAX_TRACEBACK=1 shows its traceback instead (for bu
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -102,6 +103,20 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         culprit = _offending_flag(message, argv)
         where = f"{culprit}: " if culprit else ""
         sys.exit(f"error: bad config override {where}{message}")
+
+
+def typed_like(current, text: str):
+    """`text` parsed as the type of the config value `current` (bool: true/false/1/0; a list
+    or dict: JSON); ValueError when it is not one."""
+    if isinstance(current, bool):
+        if text.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(text)
+        return text.lower() in ("true", "1")
+    if isinstance(current, int | float):
+        return type(current)(text)
+    if isinstance(current, str):
+        return text
+    return json.loads(text)  # json.JSONDecodeError is a ValueError
 
 
 def define_job_flags(example: str):

@@ -128,20 +128,11 @@ def set_value(config, key: str, text: str) -> None:
     for part in parents:
         node = node[part]
     current = node[leaf]
+    if not isinstance(current, bool | int | float | str):
+        raise ConfigError(f"--grid: {key!r} is a {type(current).__name__} field; only "
+                          "numbers, booleans and strings can be searched")
     try:
-        if isinstance(current, bool):
-            if text.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(text)
-            value = text.lower() in ("true", "1")
-        elif isinstance(current, int):
-            value = int(text)
-        elif isinstance(current, float):
-            value = float(text)
-        elif isinstance(current, str):
-            value = text
-        else:
-            raise ConfigError(f"--grid: {key!r} is a {type(current).__name__} field; only "
-                              "numbers, booleans and strings can be searched")
+        value = cli.typed_like(current, text)
     except ValueError:
         raise ConfigError(f"--grid: {key}={text!r} is not a valid "
                           f"{type(current).__name__}") from None
