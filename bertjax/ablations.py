@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -502,7 +503,10 @@ def load_grid(table: str, scale: str, sets: list[str]):
         raise ConfigError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
     if scale not in SCALES:
         raise ConfigError(f"--scale={scale} is not one of {' | '.join(SCALES)}")
-    grid = cli.load_config(f"experiments/ablations/{table}.py:{scale}")
+    # The grids ship next to bertjax (experiments/ is installed with it), so the command works
+    # from any directory.
+    grids = os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments", "ablations")
+    grid = cli.load_config(f"{os.path.join(grids, table)}.py:{scale}")
     for item in sets:
         apply_set(grid, item)
     return grid

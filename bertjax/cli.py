@@ -46,7 +46,7 @@ _skip_absent_tpu()
 
 from absl import app, flags, logging  # noqa: E402
 
-from bertjax.errors import BertjaxError  # noqa: E402
+from bertjax.errors import BertjaxError, ConfigError  # noqa: E402
 
 
 def _offending_flag(message: str, argv: Sequence[str]) -> str | None:
@@ -260,4 +260,7 @@ def load_config(spec: str):
     never imports experiments/ as a package; commands take configs as files)."""
     from ml_collections import config_flags
 
+    path = spec.split(":", 1)[0]
+    if not os.path.isfile(path):
+        raise ConfigError(f"{path}: no such config file")
     return config_flags.config_flags.ConfigFileFlagParser(name="config").parse(spec)
