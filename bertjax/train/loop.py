@@ -276,15 +276,16 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
             throughput.reset(step)
             log(stage.description)
             while step < stage.end:
-                kept = f"step {last_saved}" if last_saved is not None else "none"
                 try:
                     batch = watch.next()
                 except _InputStalled:
+                    kept = f"step {last_saved}" if last_saved is not None else "none"
                     raise TrainingError(
                         f"the input of {stage.name} gave no batch for {input_timeout:g} s "
                         f"(config.train.input_timeout_s) before step {step + 1}; stopping "
                         f"without saving (last checkpoint: {kept})") from None
                 if batch is None:
+                    kept = f"step {last_saved}" if last_saved is not None else "none"
                     log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
                         f"without saving (last checkpoint: {kept})")
                     status = "preempted"
