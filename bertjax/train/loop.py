@@ -113,6 +113,10 @@ def _host_metrics(metrics) -> dict[str, float]:
     return {k: float(v) for k, v in jax.device_get(metrics).items()}
 
 
+def _kept(last_saved: int | None) -> str:
+    return f"step {last_saved}" if last_saved is not None else "none"
+
+
 def _write_json(path: epath.Path, value: Any) -> None:
     """Writes `path` whole or not at all (a temporary file renamed over it)."""
     if jax.process_index() == 0:
@@ -279,15 +283,13 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                 try:
                     batch = watch.next()
                 except _InputStalled:
-                    kept = f"step {last_saved}" if last_saved is not None else "none"
                     raise TrainingError(
                         f"the input of {stage.name} gave no batch for {input_timeout:g} s "
                         f"(config.train.input_timeout_s) before step {step + 1}; stopping "
-                        f"without saving (last checkpoint: {kept})") from None
+                        f"without saving (last checkpoint: {_kept(last_saved)})") from None
                 if batch is None:
-                    kept = f"step {last_saved}" if last_saved is not None else "none"
                     log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
-                        f"without saving (last checkpoint: {kept})")
+                        f"without saving (last checkpoint: {_kept(last_saved)})")
                     status = "preempted"
                     break
                 state, metrics = train_step(state, runner.to_global(batch))
@@ -302,7 +304,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                     if not math.isfinite(host["loss"]):
                         raise TrainingError(
                             f"loss is {host['loss']} at step {step}; stopping without saving "
-                            f"(last good checkpoint: {kept}); lower "
+                            f"(last good checkpoint: {_kept(last_saved)}); lower "
                             "config.optimizer.learning_rate")
                 if log_now:
                     host.update(throughput.measure(step, job.batch_size,
