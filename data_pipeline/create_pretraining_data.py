@@ -72,10 +72,7 @@ class CreateConfig:
     def __post_init__(self):
         if self.masking not in ("static", "dynamic"):
             raise ConfigError(f"--masking must be 'static' or 'dynamic', got {self.masking!r}")
-        try:
-            masking.check_mix(self.masking_mix)
-        except ValueError as e:
-            raise ConfigError(f"--mask_prob/--same_prob/--random_prob: {e}") from None
+        masking.check_mix(self.masking_mix, names=("--mask_prob", "--same_prob", "--random_prob"))
         for name in ("num_shards", "num_workers", "num_tasks", "shuffle_buffer"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name} must be >= 1, got {getattr(self, name)}")

@@ -33,6 +33,8 @@ import dataclasses
 
 import numpy as np
 
+from bertjax.errors import ConfigError
+
 # (MASK, SAME, RANDOM): the shares of chosen words replaced by [MASK], kept unchanged, and
 # replaced by a random token (the paper's 80/10/10).
 DEFAULT_MIX = (0.8, 0.1, 0.1)
@@ -41,18 +43,18 @@ DEFAULT_MIX = (0.8, 0.1, 0.1)
 MIX_RESOLUTION = 1000
 
 
-def check_mix(mix) -> tuple[float, float, float]:
-    """(mask, same, random) as floats, each in [0, 1] and summing to 1; ValueError otherwise."""
-    names = ("mask", "same", "random")
+def check_mix(mix, names=("mask", "same", "random")) -> tuple[float, float, float]:
+    """(mask, same, random) as floats, each in [0, 1] and summing to 1. `names` are what the
+    user set them as (flags, config fields), so the ConfigError names them."""
     if len(mix) != 3:
-        raise ValueError(f"the masking mix needs 3 shares (mask, same, random), got {mix}")
+        raise ConfigError(f"{'/'.join(names)} need 3 shares, got {mix}")
     mix = tuple(float(x) for x in mix)
     for name, share in zip(names, mix):
         if not 0.0 <= share <= 1.0:
-            raise ValueError(f"masking share {name}={share} is not in [0, 1]")
+            raise ConfigError(f"{name}={share} is not in [0, 1]")
     if abs(sum(mix) - 1.0) > 1e-6:
-        raise ValueError(f"masking shares mask={mix[0]}, same={mix[1]}, random={mix[2]} sum "
-                         f"to {sum(mix):g}, not 1")
+        raise ConfigError(f"{' + '.join(names)} = {mix[0]:g} + {mix[1]:g} + {mix[2]:g} = "
+                          f"{sum(mix):g}, not 1")
     return mix
 
 

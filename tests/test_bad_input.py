@@ -321,6 +321,8 @@ corpus_case("predictions_over_length", "--max_predictions_per_seq", max_predicti
 corpus_case("shards_0", "--num_shards must be >= 1", num_shards=0)
 corpus_case("missing_vocab", "--vocab: no such file or directory", vocab="{t}/nope/vocab.txt")
 corpus_case("masking_mode", "--masking must be 'static' or 'dynamic'", masking="random")
+corpus_case("masking_mix", "--mask_prob + --same_prob + --random_prob = 0.9 + 0.1 + 0.1 = 1.1",
+            mask_prob=0.9)
 
 
 @case("corpus", "segments_empty_corpus", "empty.txt: no documents", known=(ValueError,))

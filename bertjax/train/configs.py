@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig
+from data_pipeline import masking as masking_lib
 
 
 def compute_dtype(dtype: str) -> str:
@@ -150,12 +151,6 @@ def masking_mix(config) -> tuple[float, float, float]:
     """(mask, same, random) shares of config.masking (default 0.8 / 0.1 / 0.1), each in [0, 1]
     and summing to 1."""
     masking = config.get("masking") or {}
-    mix = tuple(masking.get(name, default)
-                for name, default in (("mask", 0.8), ("same", 0.1), ("random", 0.1)))
-    for name, share in zip(("mask", "same", "random"), mix):
-        if not 0.0 <= share <= 1.0:
-            raise ConfigError(f"config.masking.{name}={share} is not in [0, 1]")
-    if abs(sum(mix) - 1.0) > 1e-6:
-        raise ConfigError(f"config.masking.mask/same/random = {mix[0]}/{mix[1]}/{mix[2]} sum to "
-                          f"{sum(mix):g}, not 1")
-    return mix
+    names = ("mask", "same", "random")
+    mix = tuple(masking.get(name, default) for name, default in zip(names, masking_lib.DEFAULT_MIX))
+    return masking_lib.check_mix(mix, names=tuple(f"config.masking.{n}" for n in names))
