@@ -11,6 +11,7 @@ from __future__ import annotations
 import builtins
 import glob as _glob
 import io
+import json
 import os
 import re
 from typing import IO
@@ -87,6 +88,23 @@ def open(path, mode: str = "r", encoding: str | None = None,  # noqa: A001 (the 
         return io.StringIO(data, newline=newline)
     initial = epath.Path(path).read_bytes() if "a" in mode and exists(path) else b""
     return (_BytesUpload if "b" in mode else _TextUpload)(path, initial)
+
+
+def read_json_object(path, error: type[Exception], name: str | None = None) -> dict:
+    """The JSON object in the file at `path` (local or remote). Anything else raises
+    `error("NAME: invalid JSON (why)")` or `error("NAME: expected a JSON object, got list")`;
+    NAME is `name` (e.g. "--input DIR/config.json") or the path."""
+    name = name or str(path)
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read())
+    except json.JSONDecodeError as e:
+        raise error(f"{name}: invalid JSON ({e})") from None
+    except UnicodeDecodeError:
+        raise error(f"{name}: invalid JSON (not UTF-8)") from None
+    if not isinstance(value, dict):
+        raise error(f"{name}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 class _Upload:

@@ -35,6 +35,7 @@ import numpy as np
 from absl import logging
 from etils import epath
 
+from bertjax import paths
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.models.layout import to_layout
@@ -335,12 +336,7 @@ def load_config(directory: str | epath.Path) -> BertConfig:
         raise CheckpointError(f"{directory} is not a bertjax checkpoint (no {PARAMS_DIR}/){hint}")
     if not config_file.exists():
         raise CheckpointError(f"{config_file} does not exist")
-    try:
-        fields = json.loads(config_file.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{config_file}: invalid JSON ({e})") from None
-    if not isinstance(fields, dict):
-        raise CheckpointError(f"{config_file}: expected a JSON object")
+    fields = paths.read_json_object(config_file, CheckpointError)
     try:
         return BertConfig.from_dict(fields)
     except (ConfigError, TypeError) as e:

@@ -89,15 +89,7 @@ def read(file_pattern: str) -> tuple[str, dict] | None:
     files = metadata_files(file_pattern)
     if not files:
         return None
-    with paths.open(files[0], "rb") as f:
-        try:
-            meta = json.loads(f.read())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            reason = e.msg if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-            raise DataError(f"{files[0]}: invalid JSON ({reason})") from None
-    if not isinstance(meta, dict):
-        raise DataError(f"{files[0]}: expected a JSON object, got {type(meta).__name__}")
-    return files[0], meta
+    return files[0], paths.read_json_object(files[0], DataError)
 
 
 # --------------------------------------------------------------------------------- checking

@@ -608,7 +608,7 @@ def _(w, t):
     return _convert(["from_hf", f"--input={hf}", f"--output={t}/out"])
 
 
-@case("checkpoints", "hf_config_malformed", "hf/config.json is not valid JSON")
+@case("checkpoints", "hf_config_malformed", "hf/config.json: invalid JSON")
 def _(w, t):
     hf = _hf_dir(w, t)
     _write(f"{hf}/config.json", "{")

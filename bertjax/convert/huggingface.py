@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from bertjax import paths
 from bertjax.convert.mapping import (
     HF_ACTIVATIONS,
     ConversionError,
@@ -130,12 +131,7 @@ def read_config(directory: epath.Path) -> BertConfig:
     path = directory / "config.json"
     if not path.exists():
         raise ConversionError(f"--input {directory}: no config.json")
-    try:
-        values = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConversionError(f"--input {path} is not valid JSON ({e})") from None
-    if not isinstance(values, dict):
-        raise ConversionError(f"--input {path}: expected a JSON object")
+    values = paths.read_json_object(path, ConversionError, f"--input {path}")
     return config_from_reference(values, str(path), HF_ACTIVATIONS)
 
 

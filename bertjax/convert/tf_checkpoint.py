@@ -7,13 +7,13 @@ start-up noise held back unless TF_CPP_MIN_LOG_LEVEL=0.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
 from etils import epath
 
+from bertjax import paths
 from bertjax.convert.mapping import (
     TF_ACTIVATIONS,
     ConversionError,
@@ -63,10 +63,7 @@ def read_config(path: str | epath.Path) -> BertConfig:
     path = epath.Path(path)
     if not path.exists():
         raise ConversionError(f"--config {path} does not exist")
-    try:
-        values = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ConversionError(f"--config {path} is not valid JSON ({e})") from e
+    values = paths.read_json_object(path, ConversionError, f"--config {path}")
     return config_from_reference(values, str(path), TF_ACTIVATIONS)
 
 
