@@ -4,8 +4,8 @@ r"""`make demo`: pre-train a tiny BERT on real English on a CPU, end to end, in 
 
 1. Splits the BBC News corpus (from `make corpus`) into training and held-out documents.
 2. Trains an 8,000-piece uncased WordPiece vocabulary on the training documents.
-3. Writes unmasked sentence-pair TFRecords at 128 and 256 tokens (masked on the fly).
-4. Runs `python -m bertjax.pretrain --config=experiments/pretrain_demo.py` (phase 1 at 128
+3. Writes unmasked sentence-pair TFRecords at each phase's length (masked on the fly).
+4. Runs `python -m bertjax.pretrain --config=experiments/pretrain_demo.py` (phase 1 at 64
    tokens, phase 2 at 256), evaluating on the held-out documents.
 5. Prints held-out MLM accuracy next to the unigram baseline: always predicting the token
    that is most frequent among the training targets.
@@ -116,23 +116,26 @@ def main(argv):
              "--output", vocab_dir])
     with open(f"{vocab_dir}/vocab.txt", encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
+    config = cli.load_config(_CONFIG)
+    phases = [config.phases[name] for name in sorted(config.phases)]
     for split, text, dupe in (("train", train_text, _DUPE.value), ("eval", eval_text, 1)):
-        for seq_len, max_predictions in ((128, 20), (256, 40)):
-            out = f"{data}/pretrain_{split}_{seq_len}"
+        for phase in phases:
+            out = f"{data}/pretrain_{split}_{phase.seq_len}"
             if os.path.exists(out):
                 continue
             run([python, "-m", "data_pipeline.create_pretraining_data", f"--input={text}",
-                 f"--output_dir={out}", f"--vocab={vocab_dir}", f"--max_seq_length={seq_len}",
-                 f"--max_predictions_per_seq={max_predictions}", f"--dupe_factor={dupe}",
+                 f"--output_dir={out}", f"--vocab={vocab_dir}",
+                 f"--max_seq_length={phase.seq_len}",
+                 f"--max_predictions_per_seq={phase.max_predictions}", f"--dupe_factor={dupe}",
                  "--num_shards=2", "--num_workers=2"])
 
-    config = cli.load_config(_CONFIG)
     overrides = {"model.vocab_size": vocab_size, "vocab": f"{vocab_dir}/vocab.txt"}
     if _STEPS.value:
         overrides["train.num_train_steps"] = _STEPS.value
-    for key in ("phases.phase1.data", "phases.phase1.eval_data", "phases.phase2.data",
-                "phases.phase2.eval_data"):
-        overrides[key] = config[key].replace("data/demo", data)
+    for name in sorted(config.phases):
+        for field in ("data", "eval_data"):
+            key = f"phases.{name}.{field}"
+            overrides[key] = config[key].replace("data/demo", data)
     run([python, "-m", "bertjax.pretrain", f"--config={_CONFIG}", f"--workdir={_WORKDIR.value}",
          *[f"--config.{k}={v}" for k, v in overrides.items()]])
     config.update_from_flattened_dict(overrides)
@@ -144,21 +147,22 @@ def main(argv):
                 evals[record["step"]] = record
     if not evals:
         sys.exit("error: the run wrote no evaluation metrics")
-    first_phase_end = max(s for s, r in evals.items() if r.get("seq_len", 128) == 128)
+    first_len = phases[0].seq_len
+    first_phase_end = max(s for s, r in evals.items() if r.get("seq_len") == first_len)
     final = evals[first_phase_end]
     baseline, token_id = unigram_baseline(config)
     with open(f"{vocab_dir}/vocab.txt", encoding="utf-8") as f:
         token = f.read().splitlines()[token_id]
-    print("\nHeld-out masked-LM accuracy (phase 1, 128 tokens, same masking rules):")
-    print(f"  tiny BERT after {first_phase_end} steps  {final['mlm_accuracy']:.3f}  "
-          f"(perplexity {final['perplexity']:.1f})")
-    print(f"  unigram baseline (always {token!r})  {baseline:.3f}")
-    print(f"  ratio  {final['mlm_accuracy'] / max(baseline, 1e-9):.1f}x")
+    print(f"\nHeld-out accuracy (phase 1, {first_len} tokens, same masking rules):")
+    print(f"  tiny BERT after {first_phase_end} steps  MLM {final['mlm_accuracy']:.3f}  "
+          f"(perplexity {final['perplexity']:.1f}), NSP {final['nsp_accuracy']:.3f}")
+    print(f"  unigram baseline (always {token!r})  MLM {baseline:.3f}; NSP chance 0.5")
+    print(f"  MLM ratio  {final['mlm_accuracy'] / max(baseline, 1e-9):.1f}x")
     last = evals[max(evals)]
-    print(f"After phase 2 (256 tokens), step {max(evals)}: held-out MLM accuracy "
-          f"{last['mlm_accuracy']:.3f}, NSP accuracy {last['nsp_accuracy']:.3f}")
+    print(f"After phase 2 ({phases[-1].seq_len} tokens), step {max(evals)}: held-out MLM "
+          f"accuracy {last['mlm_accuracy']:.3f}, NSP accuracy {last['nsp_accuracy']:.3f}")
     summary = {"step": first_phase_end, "mlm_accuracy": final["mlm_accuracy"],
-               "unigram_baseline_accuracy": baseline, "first_train_loss": None,
+               "nsp_accuracy": final["nsp_accuracy"], "unigram_baseline_accuracy": baseline, "first_train_loss": None,
                "last_train_loss": None}
     with open(os.path.join(_WORKDIR.value, "metrics.jsonl")) as f:
         losses = [json.loads(line)["loss"] for line in f if '"split": "train"' in line]

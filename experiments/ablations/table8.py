@@ -4,8 +4,9 @@ becomes: [MASK] (MASK), itself (SAME) or a random token (RND).
   python -m bertjax.ablations table8 --scale=demo --workdir=runs/table8
 
 Each mix is its own pre-training (config.masking.mask/same/random, dynamic masking). Columns:
-paper scale MNLI-m fine-tuning, CoNLL-2003 NER fine-tuning and feature-based (dev); demo and
-small scales Rotten Tomatoes, POS tagging fine-tuned and feature-based.
+paper scale MNLI-m fine-tuning, CoNLL-2003 NER fine-tuning and feature-based (dev); small
+scale Rotten Tomatoes, POS tagging fine-tuned and feature-based; demo scale Rotten Tomatoes and
+POS feature-based.
 """
 
 from experiments.ablations import common
@@ -44,5 +45,10 @@ def get_config(scale: str = "demo"):
         config.paper = {mix_name(mix): dict(zip(COLUMNS, values))
                         for mix, values in zip(MIXES, PAPER_VALUES)}
     else:
-        common.set_demo_tasks(config, scale, "rotten_tomatoes", "pos", "pos_feature_based")
+        # Demo: POS fine-tuned is left out to keep the table near an hour on 2 CPU cores (the
+        # paper's fine-tuned NER spread, 0.6 F1, is below what a demo can resolve; the
+        # feature-based column moves most); the small scale has it.
+        tasks = ("rotten_tomatoes", "pos_feature_based") if scale == "demo" else (
+            "rotten_tomatoes", "pos", "pos_feature_based")
+        common.set_demo_tasks(config, scale, *tasks)
     return config
