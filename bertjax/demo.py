@@ -162,8 +162,8 @@ def main(argv):
     print(f"After phase 2 ({phases[-1].seq_len} tokens), step {max(evals)}: held-out MLM "
           f"accuracy {last['mlm_accuracy']:.3f}, NSP accuracy {last['nsp_accuracy']:.3f}")
     summary = {"step": first_phase_end, "mlm_accuracy": final["mlm_accuracy"],
-               "nsp_accuracy": final["nsp_accuracy"], "unigram_baseline_accuracy": baseline, "first_train_loss": None,
-               "last_train_loss": None}
+               "nsp_accuracy": final["nsp_accuracy"], "unigram_baseline_accuracy": baseline,
+               "first_train_loss": None, "last_train_loss": None}
     with open(os.path.join(_WORKDIR.value, "metrics.jsonl")) as f:
         losses = [json.loads(line)["loss"] for line in f if '"split": "train"' in line]
     summary["first_train_loss"], summary["last_train_loss"] = losses[0], losses[-1]
