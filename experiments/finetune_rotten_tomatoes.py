@@ -12,10 +12,11 @@ r"""The demo fine-tuning task: Rotten Tomatoes sentences, binary (score > 0) or 
 `arg` = binary (dev accuracy, F1, MCC; compare with the majority class, ~51%) | regression
 (dev Pearson, Spearman against the mean human score on [-4, 4]). About 8.5k training
 sentences. The paper's recipe (batch 32, warmup over 10% of the steps then linear decay,
-dropout 0.1, weight decay 0.01) sized for the tiny demo model on a CPU: two epochs, sequences
-of 64 tokens (99% of the sentences fit with the demo vocabulary), and the largest learning
-rate of the search used for Google's small BERTs (3e-5 ... 3e-4, google-research/bert README):
-small, briefly pre-trained models want larger steps than BERT-base.
+weight decay 0.01) sized for the tiny demo model on a CPU: no dropout (as it was pre-trained),
+two epochs, sequences of 64 tokens (99% of the sentences fit with the demo vocabulary), and the
+largest learning rate of the search used for Google's small BERTs (3e-5 ... 3e-4,
+google-research/bert README): small, briefly pre-trained models want larger steps than
+BERT-base.
 """
 
 import ml_collections
@@ -49,4 +50,8 @@ def get_config(arg: str = "binary") -> ml_collections.ConfigDict:
     config.eval.batch_size = 128
     config.log_every_steps = 50
     config.model.dtype = "float32"
+    # The demo model is pre-trained without dropout (experiments/pretrain_demo.py); fine-tuned
+    # without it too, dev accuracy was 0.714 / 0.719 (seeds 0, 1) against 0.688 / 0.701 with
+    # the paper's 0.1.
+    config.model.update(hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
     return config
