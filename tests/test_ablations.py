@@ -131,6 +131,37 @@ def test_ltr_checkpoint_fine_tunes_with_causal_attention(tmp_path):
         assert np.abs(np.asarray(start2)[:, j] - np.asarray(start)[:, j]).max() > 1e-6
 
 
+def test_ltr_classifier_pools_the_last_real_token():
+    """A causal model's [CLS] sees only itself, so a classifier on it could not read the
+    sentence; the pooled vector comes from the last real token instead, which sees it all."""
+    from bertjax.models import BertModel
+    from bertjax.tasks.classification import BertForSequenceClassification
+
+    cfg = BertConfig(**TINY, causal=True)
+    rng = np.random.default_rng(4)
+    ids = rng.integers(5, 97, (3, 12)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[0, 7:] = 0  # one padded row: its last real token is at 6
+    segments = np.zeros_like(ids)
+    bert = BertModel(cfg)
+    params = bert.init(jax.random.PRNGKey(5), ids, segments, mask)["params"]
+    out = bert.apply({"params": params}, ids, segments, mask)
+    last = np.array([6, 11, 11])
+    tokens = np.asarray(out["sequence_output"])[np.arange(3), last]
+    dense = params["pooler"]["dense"]
+    kernel, bias = (np.asarray(nn.unbox(dense[k])) for k in ("kernel", "bias"))
+    np.testing.assert_allclose(np.asarray(out["pooled_output"]), np.tanh(tokens @ kernel + bias),
+                               rtol=1e-5, atol=1e-6)
+    # The classifier now depends on a word in the middle of the sentence.
+    model = BertForSequenceClassification(cfg, num_labels=2)
+    cls_params = model.init(jax.random.PRNGKey(6), ids, segments, mask)["params"]
+    logits = np.asarray(model.apply({"params": cls_params}, ids, segments, mask))
+    changed = ids.copy()
+    changed[:, 3] = (changed[:, 3] + 11) % 97
+    logits2 = np.asarray(model.apply({"params": cls_params}, changed, segments, mask))
+    assert np.abs(logits2 - logits).min() > 1e-6
+
+
 # ------------------------------------------------------------------------- masking mixes
 
 TABLE8_MIXES = [(0.8, 0.1, 0.1), (1.0, 0.0, 0.0), (0.8, 0.0, 0.2), (0.8, 0.2, 0.0),

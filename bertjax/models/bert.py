@@ -261,16 +261,21 @@ class Encoder(nn.Module):
 
 
 class Pooler(nn.Module):
-    """dense + tanh on the first ([CLS]) token."""
+    """dense + tanh on one token per row: [CLS], or for a causal (left-to-right) model, whose
+    [CLS] sees nothing after it, the last real token (the final [SEP]), which sees the whole
+    input (as GPT classifies from its last token)."""
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, sequence_output: Array) -> Array:
-        """[batch, seq, hidden] → [batch, hidden]."""
+    def __call__(self, sequence_output: Array, index: Array | None = None) -> Array:
+        """[batch, seq, hidden], index [batch] int (None: position 0) → [batch, hidden]."""
+        if index is None:
+            token = sequence_output[:, 0]
+        else:
+            token = jnp.take_along_axis(sequence_output, index[:, None, None], axis=1)[:, 0]
         # ("embed", "embed_out"): a square matrix cannot put `embed` on both axes.
-        first = sequence_output[:, 0]
-        pooled = dense(self.config, self.config.hidden_size, ("embed", "embed_out"), "dense")(first)
+        pooled = dense(self.config, self.config.hidden_size, ("embed", "embed_out"), "dense")(token)
         return jnp.tanh(pooled)
 
 
@@ -320,9 +325,14 @@ class BertModel(nn.Module):
         sequence_output, per_layer = self.encoder(
             embedded, mask, deterministic, return_all_layers
         )
+        pool_at = None
+        if cfg.causal:
+            last = input_ids.shape[1] - 1
+            pool_at = (jnp.full(input_ids.shape[:1], last) if input_mask is None
+                       else jnp.maximum(jnp.sum(input_mask, axis=-1) - 1, 0))
         outputs = {
             "sequence_output": sequence_output,
-            "pooled_output": self.pooler(sequence_output),
+            "pooled_output": self.pooler(sequence_output, pool_at),
         }
         if return_all_layers:
             outputs["hidden_states"] = jnp.concatenate([embedded[None], per_layer], axis=0)
