@@ -400,21 +400,27 @@ def train_losses(directory) -> list[tuple[int, float]]:
 
 def format_cell(cell: dict[str, Any]) -> str:
     """"84.1 ± 0.2" (a fine-tuning metric, as a percentage) or "3.99 ± 0.01" (perplexity);
-    "–" when no run finished."""
+    the value alone from one run; "–" when no run finished."""
     if not cell["n"]:
         return "–"
     digits = 2 if "metric" not in cell else 1
     scale = cell["scale"]
+    if cell["n"] == 1:
+        return f"{cell['mean'] * scale:.{digits}f}"
     return f"{cell['mean'] * scale:.{digits}f} ± {cell['std'] * scale:.{digits}f}"
 
 
 def table_markdown(results: dict[str, Any], grid) -> str:
     """The paper's layout: a row per variant, a column per task (and pre-training metric)."""
     paper = results["paper"]
+    seeds = ",".join(map(str, results["seeds"]))
+    restarts = "" if grid.get("pretrain_per_seed", True) else "fine-tuning "
+    spread = (f"one run (seed {seeds}; --seeds=0,1,2 gives mean ± std)"
+              if len(results["seeds"]) == 1
+              else f"mean ± sample std over {restarts}seeds {seeds}")
     lines = [f"# {results['title']}", "",
              f"Scale `{results['scale']}`; fine-tuning columns: the dev metric in percent (at "
-             "the best learning rate of the grid); all cells: mean ± sample std over seeds "
-             f"{','.join(map(str, results['seeds']))}."]
+             f"the best learning rate of the grid); all cells: {spread}."]
     if paper:
         lines.append("In parentheses: the paper's number (Devlin et al., 2018, BERT-base dev).")
     lines.append("")

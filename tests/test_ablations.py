@@ -368,6 +368,16 @@ def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypat
     assert (workdir / "loss_curves.png").stat().st_size > 1000
 
 
+def test_cells_show_the_value_alone_from_one_run_and_the_spread_from_several():
+    from bertjax import ablations
+
+    one = dict(n=1, mean=0.7141, std=0.0, scale=100.0, metric="accuracy")
+    assert ablations.format_cell(one) == "71.4"
+    assert ablations.format_cell(dict(one, n=3, std=0.0123)) == "71.4 ± 1.2"
+    assert ablations.format_cell(dict(n=2, mean=5.841, std=0.02, scale=1.0)) == "5.84 ± 0.02"
+    assert ablations.format_cell(dict(one, n=0)) == "–"
+
+
 # ------------------------------------------------------------------ the paper's recipe
 
 
