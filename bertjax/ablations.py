@@ -81,12 +81,7 @@ def apply_set(config, item: str) -> None:
     if not hasattr(node, "keys") or leaf not in node:
         raise ConfigError(f"--set={item}: the grid config has no field {key!r}")
     current = node[leaf]
-    try:
-        value = cli.typed_like(current, text)
-    except ValueError:
-        raise ConfigError(f"--set={item}: {text!r} is not a valid "
-                          f"{type(current).__name__}") from None
-    node[leaf] = value
+    node[leaf] = cli.typed_like(current, text, f"--set={item}: ")
 
 
 def slug(name: str) -> str:

@@ -105,18 +105,22 @@ def parse_flags(argv: Sequence[str]) -> list[str]:
         sys.exit(f"error: bad config override {where}{message}")
 
 
-def typed_like(current, text: str):
+def typed_like(current, text: str, where: str):
     """`text` parsed as the type of the config value `current` (bool: true/false/1/0; a list
-    or dict: JSON); ValueError when it is not one."""
-    if isinstance(current, bool):
-        if text.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(text)
-        return text.lower() in ("true", "1")
-    if isinstance(current, int | float):
-        return type(current)(text)
-    if isinstance(current, str):
-        return text
-    return json.loads(text)  # json.JSONDecodeError is a ValueError
+    or dict: JSON); otherwise ConfigError "<where><text> is not a valid <type>" (`where`
+    names the flag, e.g. "--grid: lr=")."""
+    try:
+        if isinstance(current, bool):
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(text)
+            return text.lower() in ("true", "1")
+        if isinstance(current, int | float):
+            return type(current)(text)
+        if isinstance(current, str):
+            return text
+        return json.loads(text)  # json.JSONDecodeError is a ValueError
+    except ValueError:
+        raise ConfigError(f"{where}{text!r} is not a valid {type(current).__name__}") from None
 
 
 def define_job_flags(example: str):

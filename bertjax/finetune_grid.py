@@ -131,12 +131,7 @@ def set_value(config, key: str, text: str) -> None:
     if not isinstance(current, bool | int | float | str):
         raise ConfigError(f"--grid: {key!r} is a {type(current).__name__} field; only "
                           "numbers, booleans and strings can be searched")
-    try:
-        value = cli.typed_like(current, text)
-    except ValueError:
-        raise ConfigError(f"--grid: {key}={text!r} is not a valid "
-                          f"{type(current).__name__}") from None
-    node[leaf] = value
+    node[leaf] = cli.typed_like(current, text, f"--grid: {key}=")
 
 
 def run_config(config, combination: Combination, seed: int):

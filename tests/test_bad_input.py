@@ -119,12 +119,7 @@ def pretrain_config(world, **overrides):
             "phases.phase2.data": "synthetic", "phases.phase1.seq_len": SEQ,
             "phases.phase1.max_predictions": 5, "phases.phase2.seq_len": 64,
             "phases.phase2.max_predictions": 10}
-    for key, value in {**base, **overrides}.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    config.update_from_flattened_dict({**base, **overrides})
     return config
 
 
@@ -133,12 +128,7 @@ def finetune_config(world, kind="classification", **overrides):
     base = {"init_checkpoint": world["ckpt"], "data.train": f"{world['root']}/files/train.csv",
             "data.validation": f"{world['root']}/files/dev.csv", "max_seq_length": 32,
             "train.batch_size": 2}
-    for key, value in {**base, **overrides}.items():
-        node = config
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
+    config.update_from_flattened_dict({**base, **overrides})
     return config
 
 
