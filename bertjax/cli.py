@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 
@@ -219,6 +221,16 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
             os._exit(130)
 
     app.run(quiet_main, flags_parser=parse_flags)
+
+
+def run_command(args: list[str]) -> None:
+    """Runs one of bertjax's own commands as a step of a demo: printed first, TensorFlow's
+    info logs off. A failed step has already printed its own `error:` line; this adds one
+    line naming the step instead of a traceback."""
+    print("\n$ " + shlex.join(args), flush=True)
+    code = subprocess.run(args, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")).returncode
+    if code:
+        raise BertjaxError(f"the step above failed (exit {code}): {shlex.join(args[1:3])}")
 
 
 def run_flags_command(main: Callable[[flags.FlagValues], None],

@@ -21,8 +21,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import shlex
-import subprocess
 import sys
 
 from absl import flags
@@ -39,12 +37,6 @@ _FINETUNE_DATA = flags.DEFINE_string(
     "finetune_data", "data/rotten_tomatoes", "Rotten Tomatoes JSONL (empty: no fine-tuning).")
 _CONFIG = "experiments/pretrain_demo.py"
 HELD_OUT_EVERY = 20  # every 20th document is held out
-
-
-def run(args: list[str]) -> None:
-    print("\n$ " + shlex.join(args), flush=True)
-    # TensorFlow (used only by the data pipeline) is chatty on stderr; keep its errors.
-    subprocess.run(args, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
 
 
 def split_documents(corpus: str, train_path: str, eval_path: str) -> tuple[int, int]:
@@ -111,9 +103,10 @@ def main(argv):
         print(f"{n_train} training documents, {n_eval} held-out documents")
     vocab_dir = f"{data}/vocab"
     if not os.path.exists(f"{vocab_dir}/vocab.txt"):
-        run([python, "-m", "bertjax.tokenization", "train", "--input", train_text,
-             "--vocab_size", str(_VOCAB_SIZE.value), "--model_type", "wordpiece", "--lowercase",
-             "--output", vocab_dir])
+        cli.run_command([
+            python, "-m", "bertjax.tokenization", "train", "--input", train_text,
+            "--vocab_size", str(_VOCAB_SIZE.value), "--model_type", "wordpiece", "--lowercase",
+            "--output", vocab_dir])
     with open(f"{vocab_dir}/vocab.txt", encoding="utf-8") as f:
         vocab_size = sum(1 for _ in f)
     config = cli.load_config(_CONFIG)
@@ -123,11 +116,11 @@ def main(argv):
             out = f"{data}/pretrain_{split}_{phase.seq_len}"
             if os.path.exists(out):
                 continue
-            run([python, "-m", "data_pipeline.create_pretraining_data", f"--input={text}",
-                 f"--output_dir={out}", f"--vocab={vocab_dir}",
-                 f"--max_seq_length={phase.seq_len}",
-                 f"--max_predictions_per_seq={phase.max_predictions}", f"--dupe_factor={dupe}",
-                 "--num_shards=2", "--num_workers=2"])
+            cli.run_command([
+                python, "-m", "data_pipeline.create_pretraining_data", f"--input={text}",
+                f"--output_dir={out}", f"--vocab={vocab_dir}", f"--max_seq_length={phase.seq_len}",
+                f"--max_predictions_per_seq={phase.max_predictions}", f"--dupe_factor={dupe}",
+                "--num_shards=2", "--num_workers=2"])
 
     overrides = {"model.vocab_size": vocab_size, "vocab": f"{vocab_dir}/vocab.txt"}
     if _STEPS.value:
@@ -136,8 +129,9 @@ def main(argv):
         for field in ("data", "eval_data"):
             key = f"phases.{name}.{field}"
             overrides[key] = config[key].replace("data/demo", data)
-    run([python, "-m", "bertjax.pretrain", f"--config={_CONFIG}", f"--workdir={_WORKDIR.value}",
-         *[f"--config.{k}={v}" for k, v in overrides.items()]])
+    cli.run_command([
+        python, "-m", "bertjax.pretrain", f"--config={_CONFIG}", f"--workdir={_WORKDIR.value}",
+        *[f"--config.{k}={v}" for k, v in overrides.items()]])
     config.update_from_flattened_dict(overrides)
     evals = {}
     with open(os.path.join(_WORKDIR.value, "metrics.jsonl")) as f:
@@ -181,9 +175,9 @@ def finetune_demo(checkpoint: str) -> None:
         print(f"\n(skipping fine-tuning: {data}/train.jsonl not found; `make rotten_tomatoes`)")
         return
     workdir = _WORKDIR.value + "_rotten_tomatoes"
-    run([sys.executable, "-m", "bertjax.finetune",
-         "--config=experiments/finetune_rotten_tomatoes.py:binary",
-         f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}"])
+    cli.run_command([sys.executable, "-m", "bertjax.finetune",
+                     "--config=experiments/finetune_rotten_tomatoes.py:binary",
+                     f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}"])
     with open(os.path.join(workdir, "results.json")) as f:
         best = json.load(f)["best"]
     labels = collections.Counter()

@@ -16,8 +16,6 @@ import collections
 import json
 import os
 import re
-import shlex
-import subprocess
 import sys
 
 from absl import flags
@@ -63,8 +61,7 @@ def main(argv):
             f"--config.max_seq_length={seq}", f"--config.task.doc_stride={min(128, seq // 3)}",
             f"--config.train.num_epochs={_EPOCHS.value}",
             f"--config.optimizer.learning_rate={_LR.value}"]
-    print("\n$ " + shlex.join(args), flush=True)
-    subprocess.run(args, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    cli.run_command(args)
     with open(os.path.join(_WORKDIR.value, "results.json")) as f:
         best = json.load(f)["best"]
     examples = read_squad_json(dev)

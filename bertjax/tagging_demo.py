@@ -32,7 +32,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import subprocess
 import sys
 
 from absl import flags
@@ -104,8 +103,7 @@ def run(config: str, workdir: str, train: str, extra: list[str]) -> dict:
                f"--config.train.num_epochs={_EPOCHS.value}",
                f"--config.max_seq_length={_MAX_LEN.value}",
                "--config.log_every_steps=50", *extra]
-    print("+", " ".join(command), flush=True)
-    subprocess.run(command, check=True)
+    cli.run_command(command)
     with open(os.path.join(workdir, "results.json")) as f:
         return json.load(f)
 

@@ -14,32 +14,42 @@ def get_config(arg: str = "tiny"):
     config.model.vocab_size = 8000  # the demo WordPiece vocabulary (bertjax.demo checks it)
     config.model.dtype = "float32"
     config.vocab = "data/demo/vocab/vocab.txt"
-    # Sized to pre-train in ~8 minutes on 2 CPU cores, where learning is limited by the tokens
-    # seen, not by the step size (lr 2e-3 ... 6e-3 and 2 or 4 heads gave the same held-out
-    # curve): 64-token pairs for phase 1 (twice the steps per second of 128, the same tokens
-    # per second), batch 64 (more held-out accuracy per token than 32), then 5% of the steps
-    # at 256 tokens so that positions up to 256 are trained.
+    # Sized to pre-train in ~8 minutes on 2 CPU cores. Measured on held-out pairs (a GPU sweep
+    # of ~80 recipes at 1,200 steps, one to three seeds each): learning is limited by the
+    # predictions seen, and held-out MLM accuracy jumps (from ~0.14 to ~0.25) once the model
+    # starts to use its context; the recipe below brings that jump from ~1,800 steps to ~800.
+    #  - 40% of the tokens masked, not 15% (Wettig et al., 2023, "Should You Mask 15% in
+    #    Masked Language Modeling?"): 2.6x the predictions per sequence for ~10% more time.
+    #  - FFN width 128 instead of 512: the MLM output layer dominates the step at this size,
+    #    and the narrower FFN paid for the extra predictions at no measurable cost in accuracy.
+    #  - 64-token pairs for phase 1 (twice the steps per second of 128), batch 64, then 4% of
+    #    the steps at 256 tokens so that positions up to 256 are trained (predictions capped at
+    #    40 there: a 256-token step costs ~5x a 64-token one).
+    #  - No dropout (it only slows learning when little is seen twice), initial weights at 0.06
+    #    instead of BERT-base's 0.02 (~0.7/sqrt(128) for the 128-wide model: attention patterns
+    #    form sooner), bias-corrected AdamW, lr 3e-3, b1 0.8, b2 0.98, 200 warmup steps.
+    # NSP stays at 0.55-0.65 within this budget: it rises only after the MLM jump, and reached
+    # 0.74-0.81 in the sweep at twice the steps (6 seeds at 1,200 steps: MLM 0.225-0.237 at
+    # this masking rate, NSP 0.57-0.63; 2 seeds at 2,400 steps: NSP 0.74 and 0.77).
+    config.model.intermediate_size = 128
+    config.masking.masked_lm_prob = 0.4
     config.train.batch_size = 64
-    config.train.num_train_steps = 1200
+    config.train.num_train_steps = 1100
     data = "data/demo/pretrain_{split}_{seq}/*.tfrecord"
     config.phases.phase1.update(
         data=data.format(split="train", seq=64), eval_data=data.format(split="eval", seq=64),
-        seq_len=64, max_predictions=10, fraction=0.95)
+        seq_len=64, max_predictions=27, fraction=0.96)
     config.phases.phase2.update(
         data=data.format(split="train", seq=256), eval_data=data.format(split="eval", seq=256),
-        seq_len=256, max_predictions=40, fraction=0.05)
-    # A few minutes of training: no dropout (it only slows learning when nothing is seen
-    # twice), and the initial weights at 0.06 instead of BERT-base's 0.02 (~0.7/sqrt(128) for
-    # the 128-wide model; 0.02 suits 768): attention logits start ~10x larger, so attention
-    # patterns form sooner. Bias-corrected AdamW with beta2 0.98 and a large step; the
-    # reference optimizer (no bias correction) takes early steps up to ~3x larger.
+        seq_len=256, max_predictions=40, fraction=0.04)
     config.model.hidden_dropout_prob = 0.0
     config.model.attention_dropout_prob = 0.0
     config.model.initializer_range = 0.06
     config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 3e-3
+    config.optimizer.b1 = 0.8
     config.optimizer.b2 = 0.98
-    config.optimizer.warmup_steps = 60
+    config.optimizer.warmup_steps = 200
     config.checkpoint.every_steps = 300
     config.eval.every_steps = 300
     config.eval.num_batches = 10  # ~all 600-1200 held-out pairs at batch 64

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -741,3 +742,12 @@ def test_create_pretraining_data_command_refuses_an_empty_corpus(tmp_path):
         f"error: {tmp_path}/empty.txt: no documents in 1 file(s) (empty corpus?); nothing "
         "written"]
     assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_demo_step_is_one_line_naming_the_step(capsys):
+    # The step prints its own `error:` line; the demo adds one naming the step, no traceback.
+    with pytest.raises(cli.BertjaxError) as raised:
+        cli.run_command([sys.executable, "-c", "import sys; sys.exit(3)"])
+    assert str(raised.value) == "the step above failed (exit 3): -c 'import sys; sys.exit(3)'"
+    assert "$ " in capsys.readouterr().out
+    cli.run_command([sys.executable, "-c", "pass"])  # a step that succeeds returns quietly
