@@ -196,7 +196,8 @@ def report_errors(fn: Callable[[], object], known: tuple[type[BaseException], ..
 
 def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | None = None
         ) -> None:
-    """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet.
+    """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet, and a
+    known failure (KNOWN_ERRORS) is one `error:` line (report_errors).
 
     define_flags: defines the command's flags first (commands that define them in a function,
     so that modules imported together, e.g. by pytest, do not compete for flag names).
@@ -210,7 +211,7 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
     def quiet_main(argv):
         logging.set_verbosity(logging.WARNING)  # they would drown the progress line
         try:
-            return main(argv)
+            return report_errors(lambda: main(argv))
         except KeyboardInterrupt:
             if show_tracebacks():
                 raise
