@@ -14,10 +14,9 @@ def get_config(arg: str = "tiny"):
     config.model.vocab_size = 8000  # the demo WordPiece vocabulary (bertjax.demo checks it)
     config.model.dtype = "float32"
     config.vocab = "data/demo/vocab/vocab.txt"
-    # Sized to pre-train in ~8 minutes on 2 CPU cores. Measured on held-out pairs (a GPU sweep
-    # of ~80 recipes at 1,200 steps, one to three seeds each): learning is limited by the
-    # predictions seen, and held-out MLM accuracy jumps (from ~0.14 to ~0.25) once the model
-    # starts to use its context; the recipe below brings that jump from ~1,800 steps to ~800.
+    # Sized to pre-train in ~8 minutes on 2 CPU cores, chosen by a sweep of ~80 recipes on
+    # held-out pairs: held-out MLM accuracy jumps (from ~0.14 to ~0.25) once the model starts
+    # to use its context, and this recipe brings that jump from ~1,800 steps to ~800.
     #  - 40% of the tokens masked, not 15% (Wettig et al., 2023, "Should You Mask 15% in
     #    Masked Language Modeling?"): 2.6x the predictions per sequence for ~10% more time.
     #  - FFN width 128 instead of 512: the MLM output layer dominates the step at this size,
@@ -28,9 +27,8 @@ def get_config(arg: str = "tiny"):
     #  - No dropout (it only slows learning when little is seen twice), initial weights at 0.06
     #    instead of BERT-base's 0.02 (~0.7/sqrt(128) for the 128-wide model: attention patterns
     #    form sooner), bias-corrected AdamW, lr 3e-3, b1 0.8, b2 0.98, 200 warmup steps.
-    # NSP stays at 0.55-0.65 within this budget: it rises only after the MLM jump, and reached
-    # 0.74-0.81 in the sweep at twice the steps (6 seeds at 1,200 steps: MLM 0.225-0.237 at
-    # this masking rate, NSP 0.57-0.63; 2 seeds at 2,400 steps: NSP 0.74 and 0.77).
+    # NSP rises only after the MLM jump: 6 seeds at 1,200 steps gave NSP 0.57-0.63 (MLM
+    # 0.225-0.237 at this masking rate), 2 seeds at 2,400 steps NSP 0.74 and 0.77.
     config.model.intermediate_size = 128
     config.masking.masked_lm_prob = 0.4
     config.train.batch_size = 64
