@@ -540,19 +540,15 @@ def main(argv):
         sys.exit(f"error: name one table ({', '.join(TABLES)}), e.g. "
                  "python -m bertjax.ablations table5 --scale=demo --workdir=runs/table5")
     workdir = cli.require(FLAGS.workdir, "--workdir", "runs/table5")
+    import jax
 
-    def run():
-        import jax
-
-        # The cells of a grid compile the same train and eval steps again and again (seeds,
-        # variants of equal shape): compile each once, into the workdir.
-        jax.config.update("jax_compilation_cache_dir", f"{workdir}/jax_cache")
-        grid = load_grid(argv[1], FLAGS.scale, FLAGS.set)
-        seeds = parse_seeds(FLAGS.seeds) if FLAGS.seeds else [int(s) for s in grid.seeds]
-        tasks = [t for t in FLAGS.tasks.split(",") if t] if FLAGS.tasks else None
-        run_table(grid, workdir, seeds, tasks, log=functools.partial(print, flush=True))
-
-    cli.report_errors(run)
+    # The cells of a grid compile the same train and eval steps again and again (seeds,
+    # variants of equal shape): compile each once, into the workdir.
+    jax.config.update("jax_compilation_cache_dir", f"{workdir}/jax_cache")
+    grid = load_grid(argv[1], FLAGS.scale, FLAGS.set)
+    seeds = parse_seeds(FLAGS.seeds) if FLAGS.seeds else [int(s) for s in grid.seeds]
+    tasks = [t for t in FLAGS.tasks.split(",") if t] if FLAGS.tasks else None
+    run_table(grid, workdir, seeds, tasks, log=functools.partial(print, flush=True))
 
 
 if __name__ == "__main__":

@@ -63,21 +63,17 @@ def main(argv):
     del argv
     config = cli.require(_CONFIG.value, "--config", "experiments/glue.py:mrpc")
     if _DRY_RUN.value:
-        def dry_run():
-            from bertjax.train import dry_run as dry_run_lib
+        from bertjax.train import dry_run as dry_run_lib
 
-            if not dry_run_lib.on_slice(dry_run_job, config, _TOPOLOGY.value, _SWEEP.value,
-                                        _SWEEP_SECONDS.value):
-                dry_run_lib.run(dry_run_job(config), config)
-
-        cli.report_errors(dry_run)
+        if not dry_run_lib.on_slice(dry_run_job, config, _TOPOLOGY.value, _SWEEP.value,
+                                    _SWEEP_SECONDS.value):
+            dry_run_lib.run(dry_run_job(config), config)
         return
     if _TOPOLOGY.value or _SWEEP.value:
         sys.exit("error: --topology and --sweep need --dry_run")
     workdir = cli.require(_WORKDIR.value, "--workdir", "runs/mrpc")
     cli.initialize_distributed()
-    summary = cli.report_errors(
-        lambda: train_and_evaluate(config, workdir, log=functools.partial(print, flush=True)))
+    summary = train_and_evaluate(config, workdir, log=functools.partial(print, flush=True))
     print(f"Fine-tuning {summary['status']}.", flush=True)
 
 

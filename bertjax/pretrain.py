@@ -123,32 +123,29 @@ def main(argv):
     del argv
     config = cli.require(_CONFIG.value, "--config", "experiments/pretrain.py:base")
 
-    def run():
-        from bertjax.tasks.pretraining import PretrainingJob
-        from bertjax.train import dry_run, loop
+    from bertjax.tasks.pretraining import PretrainingJob
+    from bertjax.train import dry_run, loop
 
-        if _DRY_RUN.value:
-            validate.pretraining(config, workdir=None)
+    if _DRY_RUN.value:
+        validate.pretraining(config, workdir=None)
 
-            def make_job(config):
-                return PretrainingJob(config, make_input_fn(config))
+        def make_job(config):
+            return PretrainingJob(config, make_input_fn(config))
 
-            if not dry_run.on_slice(make_job, config, _TOPOLOGY.value, _SWEEP.value,
-                                    _SWEEP_SECONDS.value):
-                dry_run.run(make_job(config), config)
-            return
-        if _TOPOLOGY.value or _SWEEP.value:
-            raise ConfigError("--topology and --sweep need --dry_run")
-        cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
-        # Config, every phase's data, vocab, init checkpoint and workdir: before any step or
-        # file write (a bad phase-2 pattern must not surface after all of phase 1).
-        validate.pretraining(config, _WORKDIR.value)
-        cli.initialize_distributed()  # before anything touches a JAX backend
-        job = PretrainingJob(config, make_input_fn(config))
-        summary = loop.train(job, config, _WORKDIR.value, log=functools.partial(print, flush=True))
-        print(f"Training {summary['status']}.", flush=True)
-
-    cli.report_errors(run)
+        if not dry_run.on_slice(make_job, config, _TOPOLOGY.value, _SWEEP.value,
+                                _SWEEP_SECONDS.value):
+            dry_run.run(make_job(config), config)
+        return
+    if _TOPOLOGY.value or _SWEEP.value:
+        raise ConfigError("--topology and --sweep need --dry_run")
+    cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
+    # Config, every phase's data, vocab, init checkpoint and workdir: before any step or
+    # file write (a bad phase-2 pattern must not surface after all of phase 1).
+    validate.pretraining(config, _WORKDIR.value)
+    cli.initialize_distributed()  # before anything touches a JAX backend
+    job = PretrainingJob(config, make_input_fn(config))
+    summary = loop.train(job, config, _WORKDIR.value, log=functools.partial(print, flush=True))
+    print(f"Training {summary['status']}.", flush=True)
 
 
 if __name__ == "__main__":

@@ -285,7 +285,7 @@ def execute(commands: Sequence[Sequence[str]], print_only: bool) -> None:
 
 
 def main(argv: Sequence[str]) -> None:
-    commands = cli.report_errors(lambda: commands_for(argv))
+    commands = commands_for(argv)
     execute(commands, flags.FLAGS.print_only)
 
 

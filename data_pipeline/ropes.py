@@ -104,19 +104,15 @@ def main(argv):
     from bertjax import cli
 
     source = cli.require(_SOURCE.value, "--source", "data/bigbench-1.0.0.tar.gz")
-
-    def run():
-        splits = convert(read_task(source))
-        os.makedirs(_OUTPUT.value, exist_ok=True)
-        for name, data in splits.items():
-            path = os.path.join(_OUTPUT.value, f"{name}.json")
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(data, f, ensure_ascii=False)
-            os.replace(path + ".tmp", path)  # whole file or nothing
-            count = sum(len(p["qas"]) for a in data["data"] for p in a["paragraphs"])
-            print(f"wrote {path}: {count} questions")
-
-    cli.report_errors(run)
+    splits = convert(read_task(source))
+    os.makedirs(_OUTPUT.value, exist_ok=True)
+    for name, data in splits.items():
+        path = os.path.join(_OUTPUT.value, f"{name}.json")
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            json.dump(data, f, ensure_ascii=False)
+        os.replace(path + ".tmp", path)  # whole file or nothing
+        count = sum(len(p["qas"]) for a in data["data"] for p in a["paragraphs"])
+        print(f"wrote {path}: {count} questions")
 
 
 if __name__ == "__main__":
