@@ -6,6 +6,12 @@ r"""Convert BERT checkpoints to and from bertjax checkpoint directories.
   python -m bertjax.convert from_hf --input hf/bert-base-uncased --output checkpoints/base
   python -m bertjax.convert to_hf --input checkpoints/base --output hf/base \
       [--architecture BertForPreTraining|BertForMaskedLM|BertModel]
+  python -m bertjax.convert to_hf --input runs/mrpc --output hf/mrpc   # a fine-tuning workdir
+
+A fine-tuning workdir is written as its task's transformers class (BertForSequenceClassification
+with the label names, BertForMultipleChoice, BertForTokenClassification,
+BertForQuestionAnswering) from its best checkpoint, or with --architecture=BertModel as the
+fine-tuned encoder alone.
 
 from_tf and from_hf also take --do_lower_case/--nodo_lower_case, --seed and --overwrite;
 to_hf takes --dtype and --overwrite. Every source tensor is either converted or listed as
@@ -41,7 +47,7 @@ def define_flags() -> None:
     flags.DEFINE_string("config", None, "from_tf: PATH/bert_config.json.")
     flags.DEFINE_string("vocab", None, "from_tf: PATH/vocab.txt; from_hf: default INPUT/vocab.txt.")
     flags.DEFINE_string("input", None, "from_hf: directory with config.json and weights; "
-                        "to_hf: bertjax checkpoint directory.")
+                        "to_hf: bertjax checkpoint directory or fine-tuning workdir.")
     flags.DEFINE_string("output", None, "Directory to write (from_*: a bertjax checkpoint, "
                         "to_hf: a Hugging Face directory).")
     flags.DEFINE_bool("do_lower_case", None, "from_*: default: the source's "
@@ -49,9 +55,10 @@ def define_flags() -> None:
                       "tokens: cased).")
     flags.DEFINE_integer("seed", 0, "from_*: seed for heads the source lacks (they are listed).")
     flags.DEFINE_bool("overwrite", False, "Replace the weights already in --output.")
-    flags.DEFINE_enum("architecture", "BertForPreTraining",
+    flags.DEFINE_enum("architecture", None,
                       ["BertForPreTraining", "BertForMaskedLM", "BertModel"], "to_hf: the model "
-                      "class to write.")
+                      "class to write (default: BertForPreTraining; a fine-tuning workdir: its "
+                      "task's class).")
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16", "float64"],
                       "to_hf: dtype of the written weights.")
 
@@ -130,16 +137,55 @@ def to_hf(args) -> None:
     from bertjax.convert import huggingface
 
     directory = epath.Path(args.input)
+    if (directory / "checkpoints").is_dir():
+        return _finetuned_to_hf(args, directory)
+    architecture = args.architecture or "BertForPreTraining"
     config = pretrained.load_config(directory)
     config = BertConfig.from_dict({**config.to_dict(), "scan_layers": False})
     params = pretrained.load_params(directory, config)
     notes = huggingface.write_hf_checkpoint(
         args.output, config, params, pretrained.vocab_path(directory),
-        pretrained.load_do_lower_case(directory), args.architecture, args.dtype, args.overwrite,
+        pretrained.load_do_lower_case(directory), architecture, args.dtype, args.overwrite,
     )
-    print(f"wrote {args.output}: {args.architecture} ({args.dtype}) from {directory}")
+    _wrote(args, architecture, directory, notes)
+
+
+def _wrote(args, architecture: str, source, notes) -> None:
+    print(f"wrote {args.output}: {architecture} ({args.dtype}) from {source}")
     for note in notes:
         print(f"note: {note}")
+
+
+def _finetuned_to_hf(args, workdir: epath.Path) -> None:
+    """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes."""
+    from bertjax import paths
+    from bertjax.convert import huggingface
+    from bertjax.models import layout
+    from bertjax.train.checkpoints import read_params
+    from bertjax.train.loop import EXPORT_FILE, RESULTS_FILE
+
+    unfinished = (f"--input {workdir}: the fine-tuning run has not finished (no {{}}); run its "
+                  "command again (a finished run only rewrites its outputs)")
+    for name in (RESULTS_FILE, EXPORT_FILE):
+        if not (workdir / name).exists():
+            raise ConversionError(unfinished.format(name))
+    record = paths.read_json_object(workdir / EXPORT_FILE, ConversionError)
+    if record.get("architecture") is None:
+        raise ConversionError(f"--input {workdir}: {record.get('why', 'not exportable')}")
+    architecture = args.architecture or record["architecture"]
+    if architecture not in (record["architecture"], "BertModel"):
+        raise ConversionError(f"--architecture={architecture}: a {record['architecture']} "
+                              "fine-tuning run is written as that class or as BertModel")
+    step = paths.read_json_object(workdir / RESULTS_FILE, ConversionError).get("best_step")
+    if step is None:
+        raise ConversionError(unfinished.format(f"best_step in {RESULTS_FILE}"))
+    config = BertConfig.from_dict({**record["model"], "scan_layers": False})
+    params = layout.to_layout(read_params(str(workdir), int(step)), scan_layers=False)
+    notes = huggingface.write_hf_checkpoint(
+        args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
+        architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
+        problem_type=record.get("problem_type"))
+    _wrote(args, architecture, f"{workdir} (best step {step})", notes)
 
 
 # command → (function, required flags, optional flags)

@@ -10,7 +10,7 @@ safetensors that transformers loads. torch is needed only for pytorch_model.bin.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,6 +42,9 @@ ARCHITECTURES = {
     "BertForTokenClassification": ("encoder", "classifier"),
     # transformers' BertForQuestionAnswering has no pooler either.
     "BertForQuestionAnswering": ("encoder", "qa_outputs"),
+    # A dense layer on the pooled [CLS] vector: num_labels outputs, or one score per choice.
+    "BertForSequenceClassification": ("encoder", "bert/pooler", "classifier"),
+    "BertForMultipleChoice": ("encoder", "bert/pooler", "classifier"),
 }
 # The tied MLM decoder as transformers names it: copy name → the name it must equal.
 TIED = {
@@ -235,8 +238,13 @@ def write_hf_checkpoint(
     architecture: str = "BertForPreTraining",
     dtype: str = "float32",
     overwrite: bool = False,
+    labels: Sequence[str] = (),
+    problem_type: str | None = None,
 ) -> list[str]:
     """Writes config.json, model.safetensors, the vocabulary and tokenizer_config.json.
+
+    labels: the classifier's label names (config id2label; default LABEL_i); problem_type:
+    transformers' "regression" | "single_label_classification" (how it computes the loss).
 
     Returns notes to show the user (e.g. a SentencePiece vocabulary BertTokenizer cannot read).
     """
@@ -251,8 +259,14 @@ def write_hf_checkpoint(
     hf_config["dtype"] = dtype
     if "classifier" in ARCHITECTURES.get(architecture, ()):
         num_labels = np.shape(params["classifier"]["bias"])[0]
-        hf_config["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-        hf_config["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        names = list(labels) or [f"LABEL_{i}" for i in range(num_labels)]
+        if len(names) != num_labels:
+            raise ConversionError(f"{len(names)} label names for a classifier of {num_labels} "
+                                  "outputs")
+        hf_config["id2label"] = dict(enumerate(names))
+        hf_config["label2id"] = {name: i for i, name in enumerate(names)}
+    if problem_type:
+        hf_config["problem_type"] = problem_type
     output.mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     # transformers refuses safetensors files without a "format" entry in the metadata.

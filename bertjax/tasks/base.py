@@ -15,12 +15,15 @@ and declares only what is its own:
   predict(outputs, batch)       -> {name: [batch, ...]} per-example predictions (jitted)
   metrics(predictions, features, split) -> {metric: float}
   write_outputs(predictions, examples, split, workdir, log)   (test predictions, files)
+  hf_head()                     -> how `bertjax.convert to_hf` exports the model (hf_head)
   metric_names, primary_metric  (the primary one selects the best checkpoint)
 
 `FineTuningJob` turns a task into a job for bertjax.train.loop.train: it loads the pre-trained
 encoder (params only, no optimizer state), counts steps from epochs, applies the paper's warmup
 proportion, feeds epochs with a saveable position (so a resumed run sees the same batches), and
-evaluates every dev split; the loop does the rest.
+evaluates every dev split; the loop does the rest. At the end it writes `workdir/export.json`
+(EXPORT_FILE): the model config, vocabulary and head that `python -m bertjax.convert to_hf
+--input=WORKDIR` needs to write the best checkpoint as a Hugging Face model.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,8 +42,22 @@ from etils import epath
 
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.train import configs
-from bertjax.train.loop import Stage
+from bertjax.train.loop import EXPORT_FILE, Stage, write_json
 from bertjax.train.optimizer import make_optimizer
+
+
+def hf_head(architecture: str, labels=(), problem_type: str | None = None,
+            bilstm_units: int = 0) -> dict[str, Any]:
+    """A task's export record for `to_hf`: the transformers class, the label names (config
+    id2label) and problem_type; a "+ BiLSTM" head has no transformers class."""
+    if bilstm_units:
+        return unexportable("the + BiLSTM head (config.task.bilstm_units) has no Hugging Face "
+                            "BERT class")
+    return {"architecture": architecture, "labels": list(labels), "problem_type": problem_type}
+
+
+def unexportable(why: str) -> dict[str, Any]:
+    return {"architecture": None, "why": why}
 
 
 @dataclasses.dataclass
@@ -101,6 +119,11 @@ class Task:
 
     def describe(self, features) -> str:
         return ""
+
+    def hf_head(self) -> dict[str, Any]:
+        """The export record of the trained model (called after `read`): hf_head(...) or
+        unexportable(why)."""
+        return unexportable(f"{type(self).__name__} has no Hugging Face BERT class")
 
     def initial_params(self, model_config, encoder) -> dict[str, Any]:
         """Param groups loaded from the pre-trained checkpoint (called before `encode`): the
@@ -164,6 +187,7 @@ class FineTuningJob:
                               "directory")
         self.splits = task.read(config)
         self.model_config, pretrained, tokenizer = load_pretrained_model(config)
+        self.do_lower_case = tokenizer.do_lower_case
         self._pretrained = task.initial_params(self.model_config, pretrained["bert"])
         max_len = config.max_seq_length
         if max_len > self.model_config.max_position_embeddings:
@@ -238,11 +262,23 @@ class FineTuningJob:
         return results
 
     def finish(self, params, runner, workdir: epath.Path, log) -> None:
-        """Test predictions from the best checkpoint's params, written by the task."""
+        """Test predictions from the best checkpoint's params, written by the task; the
+        export record (EXPORT_FILE)."""
         for name, features in self.test_features.items():
             predicted = self.predictions(params, features, runner)
             if jax.process_index() == 0:
                 self.task.write_outputs(predicted, self.splits.test[name], name, workdir, log)
+        write_json(workdir / EXPORT_FILE, self.export_record())
+
+    def export_record(self) -> dict[str, Any]:
+        from bertjax import pretrained
+
+        checkpoint = self.config.init_checkpoint
+        if "://" not in checkpoint:
+            checkpoint = os.path.abspath(checkpoint)
+        return {**self.task.hf_head(), "model": self.model_config.to_dict(),
+                "vocab": str(pretrained.vocab_path(checkpoint)),
+                "do_lower_case": self.do_lower_case, "init_checkpoint": checkpoint}
 
 
 def _loss(params, batch, rng, *, task: Task, model):

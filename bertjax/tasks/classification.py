@@ -23,7 +23,7 @@ from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert import dense
 from bertjax.models.bilstm import BiLSTMHead
 from bertjax.tasks import metrics as metrics_lib
-from bertjax.tasks.base import Splits, Task
+from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.submission import write_submission
 
 Array = jax.Array
@@ -201,6 +201,14 @@ class SequenceTask(Task):
         padding = finetune_data.padding_fraction(features, self.train_batch_size, self.buckets)
         return (f"; padding is {100 * padding:.1f}% of the train tokens computed "
                 f"(buckets {self.buckets})")
+
+    def hf_head(self):
+        if self.kind == "multiple_choice":
+            return hf_head("BertForMultipleChoice")
+        if self.kind == "regression":
+            return hf_head("BertForSequenceClassification", (), "regression", self.bilstm_units)
+        return hf_head("BertForSequenceClassification", self.label_names,
+                       "single_label_classification", self.bilstm_units)
 
     def model(self, model_config):
         from bertjax.tasks.multiple_choice import BertForMultipleChoice

@@ -41,6 +41,7 @@ from etils import epath
 
 from bertjax.errors import ConfigError, DataError
 from bertjax.models.bilstm import bidirectional_lstm
+from bertjax.tasks.base import unexportable
 from bertjax.tasks.token_classification import TokenClassificationTask
 
 Array = jax.Array
@@ -276,6 +277,10 @@ class FeatureBasedTask(TokenClassificationTask):
             (batch_size, max_seq_length, len(self.layers), self.model_config.hidden_size),
             jnp.float32)
         return spec
+
+    def hf_head(self):
+        return unexportable("the feature-based tagger reads frozen layers into its own BiLSTM; "
+                            "it has no Hugging Face BERT class")
 
     def model(self, model_config):
         self._encoder = None  # every split is cached by now: host memory back

@@ -40,7 +40,7 @@ from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert import dense
 from bertjax.models.bilstm import BiLSTMHead
 from bertjax.tasks import squad_metrics
-from bertjax.tasks.base import Splits, Task
+from bertjax.tasks.base import Splits, Task, hf_head
 
 Array = jax.Array
 
@@ -373,6 +373,9 @@ class SquadTask(Task):
     def describe(self, features) -> str:
         return (f"; {len(features)} train windows of {features.input_ids.shape[1]} tokens "
                 f"(doc_stride {self.doc_stride}, max_query_length {self.max_query_length})")
+
+    def hf_head(self):
+        return hf_head("BertForQuestionAnswering", bilstm_units=self.bilstm_units)
 
     def model(self, model_config):
         return BertForQuestionAnswering(model_config, self.bilstm_units)

@@ -28,7 +28,7 @@ from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert import dense
 from bertjax.models.bilstm import BiLSTMHead
 from bertjax.tasks import tagging_metrics
-from bertjax.tasks.base import Splits, Task
+from bertjax.tasks.base import Splits, Task, hf_head
 
 Array = jax.Array
 
@@ -219,6 +219,10 @@ class TokenClassificationTask(Task):
                 f"{100 * padding:.1f}% of the tokens computed")
 
     # ---- model
+
+    def hf_head(self):
+        return hf_head("BertForTokenClassification", self.labels,
+                       "single_label_classification", self.bilstm_units)
 
     def model(self, model_config):
         return BertForTokenClassification(model_config, len(self.labels), self.bilstm_units)

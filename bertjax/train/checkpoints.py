@@ -284,3 +284,30 @@ class Checkpointer:
             logging.getLogger("absl").removeFilter(self._log_filter)
             if self._previous_handler is not None:
                 signal.signal(signal.SIGTERM, self._previous_handler)
+
+
+def read_params(workdir: str, step: int) -> Any:
+    """The params of checkpoint `step` in `workdir` as host NumPy arrays, on any machine (the
+    mesh it was saved from does not matter): for exporting a trained model."""
+    import numpy as np
+
+    path = epath.Path(workdir if "://" in str(workdir) else os.path.abspath(workdir))
+    path = path / "checkpoints" / str(step) / "state"
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such checkpoint")
+    checkpointer = ocp.StandardCheckpointer()
+    host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)  # "no _CHECKPOINT_METADATA": it is the step's, above
+    try:
+        with _QuietAsyncio():
+            tree = checkpointer.metadata(path).item_metadata
+            target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype,
+                                                                 sharding=host), tree)
+            state = checkpointer.restore(path, target)
+    except Exception as e:
+        raise UnreadableCheckpoint(path, short_reason(e)) from None
+    finally:
+        absl_logger.setLevel(level)
+    return jax.tree.map(np.asarray, state["params"])

@@ -50,6 +50,7 @@ from bertjax.train import step as step_lib
 from bertjax.train.checkpoints import Checkpointer
 
 RESULTS_FILE = "results.json"
+EXPORT_FILE = "export.json"  # a fine-tuning job's record for `bertjax.convert to_hf`
 CONFIG_FILE = "config.json"
 # Config fields a resumed run must share with the run recorded in its workdir: they fix the
 # checkpoint's shapes, the optimizer state, and what a saved input position means. (The
@@ -117,7 +118,7 @@ def _kept(last_saved: int | None) -> str:
     return f"step {last_saved}" if last_saved is not None else "none"
 
 
-def _write_json(path: epath.Path, value: Any) -> None:
+def write_json(path: epath.Path, value: Any) -> None:
     """Writes `path` whole or not at all (a temporary file renamed over it)."""
     if jax.process_index() == 0:
         tmp = path.parent / (path.name + ".tmp")
@@ -261,7 +262,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                 state = step_lib.replace_params(state, pretrained, state_sharding)
                 log(f"Initialised parameters from {config.init_checkpoint} (optimizer state "
                     "fresh)")
-        _write_json(workdir_path / CONFIG_FILE, config_record)
+        write_json(workdir_path / CONFIG_FILE, config_record)
         input_timeout = float(config.get("train", {}).get("input_timeout_s",
                                                           DEFAULT_INPUT_TIMEOUT_S))
         step = int(state.step)
@@ -351,7 +352,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                 params = checkpointer.restore(best["step"], abstract, state_sharding)[0].params
         job.finish(params, runner, workdir_path, log)
         if job.best_metric:
-            _write_json(workdir_path / RESULTS_FILE, summary)
+            write_json(workdir_path / RESULTS_FILE, summary)
         return summary
     finally:
         if watch is not None:
