@@ -347,12 +347,17 @@ def collect(grid, workdir: str, seeds: list[int], tasks: list[str]) -> dict[str,
     rows = []
     for row in grid.rows:
         cells: dict[str, Any] = {}
+        total = next(r["total_steps"] for (name, _), r in pre_results.items()
+                     if name == row["pretraining"])
+        step = row.get("step") or total
         for column in grid.get("pretrain_columns", []):
-            values = [float(r["final"][column["metric"]]) for (name, _), r in pre_results.items()
-                      if name == row["pretraining"] and column["metric"] in r["final"]]
+            values = [pretrain_metric(r["history"], column["metric"], step,
+                                      column.get("seq_len"))
+                      for (name, _), r in pre_results.items() if name == row["pretraining"]]
+            values = [v for v in values if v is not None]
             mean, std = mean_std(values)
             cells[column["name"]] = {"mean": mean, "std": std, "n": len(values), "values": values,
-                                     "scale": 1.0}
+                                     "scale": column.get("scale", 1.0)}
         for task in tasks:
             candidates = [(lr, v) for (name, t, lr), v in by_cell.items()
                           if name == row["name"] and t == task]
@@ -363,16 +368,23 @@ def collect(grid, workdir: str, seeds: list[int], tasks: list[str]) -> dict[str,
                                               "values": values, "learning_rate": lr,
                                               "metric": grid.tasks[task].metric,
                                               "scale": grid.tasks[task].get("scale", 100.0)}
-        total = next(r["total_steps"] for (name, _), r in pre_results.items()
-                     if name == row["pretraining"])
-        rows.append({"name": row["name"], "pretraining": row["pretraining"],
-                     "step": row.get("step") or total, "cells": cells})
+        rows.append({"name": row["name"], "pretraining": row["pretraining"], "step": step,
+                     "cells": cells})
     columns = ([c["name"] for c in grid.get("pretrain_columns", [])]
                + [grid.tasks[t].column for t in tasks])
     losses = {name: train_losses(d) for name, seed, d, _ in pretrains if seed == seeds[0]}
     return {"table": grid.table, "title": grid.title, "scale": grid.scale, "seeds": seeds,
             "columns": columns, "rows": rows, "paper": paper_numbers(grid),
             "loss_curves": losses}
+
+
+def pretrain_metric(history: list[dict[str, float]], metric: str, step: int,
+                    seq_len: int | None = None) -> float | None:
+    """A held-out pre-training metric of the model at `step`: the last evaluation at or before
+    it (of `seq_len`-token inputs when given: phase 2 evaluates at another length)."""
+    evals = [h for h in history if metric in h and h["step"] <= step
+             and (seq_len is None or h.get("seq_len") == seq_len)]
+    return float(evals[-1][metric]) if evals else None
 
 
 def paper_numbers(grid) -> dict[str, dict[str, float]]:

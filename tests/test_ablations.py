@@ -368,6 +368,20 @@ def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypat
     assert (workdir / "loss_curves.png").stat().st_size > 1000
 
 
+def test_pretraining_columns_read_the_evaluation_at_the_rows_step():
+    from bertjax.ablations import pretrain_metric
+
+    history = [{"step": 300, "mlm_accuracy": 0.10, "seq_len": 64},
+               {"step": 600, "mlm_accuracy": 0.20, "seq_len": 64},
+               {"step": 1056, "mlm_accuracy": 0.25, "seq_len": 64},
+               {"step": 1100, "mlm_accuracy": 0.15, "seq_len": 256}]
+    assert pretrain_metric(history, "mlm_accuracy", 1100) == 0.15  # the final evaluation
+    assert pretrain_metric(history, "mlm_accuracy", 1100, seq_len=64) == 0.25
+    assert pretrain_metric(history, "mlm_accuracy", 599, seq_len=64) == 0.10
+    assert pretrain_metric(history, "mlm_accuracy", 299) is None
+    assert pretrain_metric(history, "nsp_accuracy", 1100) is None
+
+
 def test_cells_show_the_value_alone_from_one_run_and_the_spread_from_several():
     from bertjax import ablations
 

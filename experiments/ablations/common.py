@@ -48,7 +48,9 @@ def grid(table: str, title: str, scale: str) -> ml_collections.ConfigDict:
     config.pretrain = pretraining(scale)
     config.data_hint = "set the data paths with --set" if scale == "paper" else DEMO_DATA_HINT
     config.export_steps = []  # pre-training steps exported for fine-tuning (the steps grid)
-    config.pretrain_columns = []  # [dict(name=..., metric=...)] from held-out evaluation
+    # Columns from held-out pre-training evaluation at the row's step: [dict(name=..., metric=...,
+    # optional scale= (x100 for a percentage), seq_len= (only evaluations at that length))].
+    config.pretrain_columns = []
     config.paper = {}  # row name → {column: the paper's number}
     config.row_header = "Variant"
     return config

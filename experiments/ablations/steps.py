@@ -21,6 +21,10 @@ def get_config(scale: str = "demo"):
     total = config.pretrain.train.num_train_steps
     points = {"paper": 5, "small": 4, "demo": 4, "test": 2}[scale]
     config.export_steps = [total * i // points for i in range(1, points)]
+    # The model's own held-out LM accuracy at each point (the masked or the next token), from
+    # the last phase-1 evaluation at or before it.
+    config.pretrain_columns = [dict(name="LM acc (%)", metric="mlm_accuracy", scale=100.0,
+                                    seq_len=config.pretrain.phases.phase1.seq_len)]
     config.rows = [dict(name=f"{LABELS[name]} @ {step}", pretraining=name,
                         step=step if step < total else 0, finetune={})
                    for name in LABELS for step in [*config.export_steps, total]]
