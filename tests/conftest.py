@@ -21,6 +21,27 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def write_tiny_checkpoint(root: Path, vocab: list[str], max_positions: int = 64,
+                          num_layers: int = 2) -> str:
+    """A tiny random BERT (hidden 32, 4 heads) with `vocab`, saved as a bertjax checkpoint
+    directory root/ckpt (its vocabulary root/vocab.txt); returns the directory."""
+    import flax.linen as nn
+    import jax
+    import numpy as np
+
+    from bertjax.models import BertConfig, BertForPreTraining
+    from bertjax.pretrained import save_pretrained
+
+    (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_layers=num_layers, num_heads=4,
+                     intermediate_size=64, max_position_embeddings=max_positions)
+    ids = np.zeros((1, 4), np.int32)
+    params = jax.jit(BertForPreTraining(cfg).init)(jax.random.key(0), ids, ids, ids,
+                                                    np.zeros((1, 1), np.int32))
+    save_pretrained(root / "ckpt", cfg, nn.unbox(params["params"]), str(root / "vocab.txt"))
+    return str(root / "ckpt")
+
+
 def run_python(args, env=None, timeout=600):
     """Runs `python <args>` from the project root; returns the CompletedProcess."""
     full_env = dict(os.environ, **(env or {}))

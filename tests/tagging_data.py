@@ -7,12 +7,7 @@ sentences hold words of two or more sub-tokens.
 
 import random
 
-import flax.linen as nn
-import jax
-import numpy as np
-
-from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.pretrained import save_pretrained
+from conftest import write_tiny_checkpoint
 
 TYPES = ("PER", "LOC", "ORG")
 FILLERS = [f"w{i}" for i in range(24)]
@@ -25,14 +20,7 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS,
 
 def write_checkpoint(root, max_positions=64, num_layers=2) -> str:
     """A tiny random BERT (hidden 32) with VOCAB; returns its directory."""
-    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=num_layers, num_heads=4,
-                     intermediate_size=64, max_position_embeddings=max_positions)
-    ids = np.zeros((1, 4), np.int32)
-    params = jax.jit(BertForPreTraining(cfg).init)(jax.random.key(0), ids, ids, ids,
-                                                    np.zeros((1, 1), np.int32))
-    save_pretrained(root / "ckpt", cfg, nn.unbox(params["params"]), str(root / "vocab.txt"))
-    return str(root / "ckpt")
+    return write_tiny_checkpoint(root, VOCAB, max_positions, num_layers)
 
 
 def _word(rng, word):

@@ -7,14 +7,8 @@ official layouts."""
 import json
 import random
 
-import flax.linen as nn
-import jax
-import numpy as np
 import pytest
-from conftest import run_python
-
-from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.pretrained import save_pretrained
+from conftest import run_python, write_tiny_checkpoint
 
 FILLERS = [f"filler{i}" for i in range(30)]
 # An answer is "first<i> [middle<j>]* last<k>": its ends are learnable from the tokens alone.
@@ -25,15 +19,7 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, *FIRST, *MIDDLE
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tiny_qa")
-    (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
-    cfg = BertConfig(vocab_size=len(VOCAB), hidden_size=32, num_layers=2, num_heads=4,
-                     intermediate_size=64, max_position_embeddings=64)
-    ids = np.zeros((1, 4), np.int32)
-    params = jax.jit(BertForPreTraining(cfg).init)(jax.random.key(0), ids, ids, ids,
-                                                    np.zeros((1, 1), np.int32))
-    save_pretrained(root / "ckpt", cfg, nn.unbox(params["params"]), str(root / "vocab.txt"))
-    return str(root / "ckpt")
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qa"), VOCAB)
 
 
 def generate(path, n, seed, impossible_rate=0.0):
