@@ -30,13 +30,13 @@ import dataclasses
 import functools
 import itertools
 import multiprocessing
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 from absl import logging
+from etils import epath
 
 from bertjax import cli, paths
 from bertjax.errors import ConfigError, DataError
@@ -189,7 +189,7 @@ def create_shard(cfg: CreateConfig, shard: int, tokenizer) -> dict:
     mcfg = cfg.masking_config(tokenizer) if cfg.masking == "static" else None
     if mcfg is not None:
         tables = (mcfg.special_table(), mcfg.continuation_table(), mcfg.replacement_ids())
-    path = os.path.join(cfg.output_dir, tfrecords.shard_name(shard, cfg.num_shards))
+    path = paths.join(cfg.output_dir, tfrecords.shard_name(shard, cfg.num_shards))
     with tfrecords.ShardWriter(path) as writer:
         for chunk in batches(stream, WRITE_BATCH):
             tokens, segments, lengths = pad_instances(chunk, cfg.max_seq_length)
@@ -260,13 +260,16 @@ def output_directory(path: str, owned: bool = True):
     """Creates `path` for a run's shards; when the run fails (a bad line deep in the corpus)
     and `path` is new and `owned` (no other task writes there), it is removed again with
     whatever was written, so a failed run leaves nothing behind."""
-    created = owned and not os.path.exists(path)
-    os.makedirs(path, exist_ok=True)
+    created = owned and not paths.exists(path)
+    paths.makedirs(path)
     try:
         yield
     except BaseException:
         if created:
-            shutil.rmtree(path, ignore_errors=True)
+            if paths.is_remote(path):
+                epath.Path(path).rmtree(missing_ok=True)
+            else:
+                shutil.rmtree(path, ignore_errors=True)
         raise
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import multiprocessing
-import os
 import time
 from collections.abc import Callable
 
@@ -76,7 +75,7 @@ def create_segments_shard(cfg: SegmentsConfig, shard: int, tokenizer) -> dict:
 
     # Consecutive examples of a document would otherwise sit side by side in the file.
     rng = np.random.default_rng([cfg.random_seed, shard, cfg.num_shards])
-    path = os.path.join(cfg.output_dir, tfrecords.shard_name(shard, cfg.num_shards))
+    path = paths.join(cfg.output_dir, tfrecords.shard_name(shard, cfg.num_shards))
     with tfrecords.ShardWriter(path) as writer:
         for body in instances.shuffle_buffer(examples(), cfg.shuffle_buffer, rng):
             tokens = np.concatenate([[tokenizer.cls_id], body, [tokenizer.sep_id]])
@@ -157,7 +156,7 @@ def main(f) -> None:
           f"{c['text_bytes'] / 1e6:.2f} MB of text, in {meta['seconds']:.1f} s → {cfg.output_dir}")
     from data_pipeline.packed_input import padding_stats  # the reader: TensorFlow
 
-    pattern = os.path.join(cfg.output_dir, tfrecords.SHARD_PATTERN)
+    pattern = paths.join(cfg.output_dir, tfrecords.SHARD_PATTERN)
     for seq_len in sorted({cfg.max_seq_length, *f.report_seq_len}):
         if seq_len >= cfg.max_seq_length:
             print(padding_stats(pattern, seq_len=seq_len, num_open_rows=f.num_open_rows)

@@ -60,17 +60,22 @@ def tokenizer_fields(tokenizer) -> dict:
 
 
 def write_json_atomic(path: str, obj: dict) -> None:
-    """Writes `obj` as sorted, indented JSON to `<path>.tmp`, then renames it to `path`."""
+    """Writes `obj` as sorted, indented JSON to `<path>.tmp`, then renames it to `path` (on an
+    object store, gs://, the object is written whole at once)."""
+    text = json.dumps(obj, indent=1, sort_keys=True) + "\n"
+    if paths.is_remote(path):
+        with paths.open(path, "w") as f:
+            f.write(text)
+        return
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.write("\n")
+        f.write(text)
     os.replace(tmp, path)
 
 
 def write(output_dir: str, meta: dict, task_index: int = 0, num_tasks: int = 1) -> str:
     """Writes the metadata of `output_dir`'s shards (atomically); returns its path."""
-    path = os.path.join(output_dir, file_name(task_index, num_tasks))
+    path = paths.join(output_dir, file_name(task_index, num_tasks))
     write_json_atomic(path, meta)
     return path
 

@@ -16,13 +16,16 @@ can name the file and byte offset of a truncated or corrupted record (tf.data na
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import struct
 
 import google_crc32c
 import numpy as np
+from etils import epath
 
+from bertjax import paths
 from data_pipeline import metadata
 
 SHARD_PATTERN = "part-*.tfrecord"
@@ -190,12 +193,18 @@ def tfrecord_frame(record: bytes) -> bytes:
 
 
 class ShardWriter:
-    """Writes one TFRecord shard atomically: `<path>.tmp` while writing, renamed on close."""
+    """Writes one TFRecord shard whole or not at all: locally `<path>.tmp` while writing,
+    renamed on close; on an object store (gs://) streamed to the object itself, which appears
+    only when the upload completes, and deleted again if the writer is aborted."""
 
     def __init__(self, path: str):
         self.path = path
-        self._tmp = path + ".tmp"
-        self._file = open(self._tmp, "wb")
+        self._remote = paths.is_remote(path)
+        self._tmp = path if self._remote else path + ".tmp"
+        self._files = contextlib.ExitStack()
+        # epath's own writer: streamed (a resumable upload on GCS), not held in memory.
+        self._file = self._files.enter_context(
+            epath.Path(path).open("wb") if self._remote else open(self._tmp, "wb"))
         self.count = 0
 
     def write(self, serialized: bytes) -> None:
@@ -207,13 +216,14 @@ class ShardWriter:
         self.count += len(records)
 
     def close(self) -> None:
-        self._file.close()
-        os.replace(self._tmp, self.path)
+        self._files.close()
+        if not self._remote:
+            os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
-        self._file.close()
-        if os.path.exists(self._tmp):
-            os.remove(self._tmp)
+        self._files.close()
+        if paths.exists(self._tmp):
+            epath.Path(self._tmp).unlink()
 
     def __enter__(self):
         return self
@@ -265,7 +275,7 @@ def frames(f):
 def first_problem(path: str) -> str | None:
     """'truncated record ... at byte N' or 'corrupted record ... at byte N' for the first bad
     record of a TFRecord file; None when every record checks out."""
-    with open(path, "rb") as f:
+    with paths.open(path, "rb") as f:
         try:
             for _ in frames(f):
                 pass

@@ -18,6 +18,7 @@ from etils import epath
 from etils.epath import backend as epath_backend
 
 from bertjax import paths
+from bertjax.errors import DataError
 from bertjax.tasks import squad, submission
 from bertjax.tokenization import load_tokenizer
 from bertjax.tokenization.wordpiece import WordPieceTokenizer
@@ -149,3 +150,50 @@ def test_outputs_written_to_gcs(gcs, tmp_path):
         "predictions.json", "nbest_predictions.json", "null_odds.json"]
     assert json.loads(epath.Path(written[0]).read_text()) == {"q1": "Paris"}
     assert json.loads(epath.Path(written[2]).read_text()) == {"q1": -4.0}
+
+
+@pytest.mark.parametrize("writer", ["pairs", "segments"])
+def test_pretraining_tfrecords_written_to_gcs_equal_local_ones(gcs, tmp_path, writer):
+    import functools
+
+    from data_pipeline import create_pretraining_data as cpd
+    from data_pipeline import create_segments
+
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "##s", "."]
+    vocab = WordPieceTokenizer(tokens, True, source="test").save(str(tmp_path / "vocab"))
+    rng = np.random.default_rng(0)
+    docs = ["\n".join(" ".join(rng.choice(tokens[5:], 6)) for _ in range(4)) for _ in range(12)]
+    (tmp_path / "corpus.txt").write_text("\n\n".join(docs) + "\n")
+    factory = functools.partial(cpd.load_tokenizer, vocab, None)
+
+    def write(output_dir):
+        common = dict(input=str(tmp_path / "corpus.txt"), output_dir=output_dir,
+                      max_seq_length=16, num_shards=2, shuffle_buffer=10)
+        if writer == "pairs":
+            cfg = cpd.CreateConfig(**common, max_predictions_per_seq=3, dupe_factor=2)
+            return cpd.create_pretraining_data(cfg, factory)
+        return create_segments.create_segments(create_segments.SegmentsConfig(**common),
+                                               factory)
+
+    local, remote = write(str(tmp_path / "out")), write(f"{gcs}/out")
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert sorted(p.name for p in epath.Path(f"{gcs}/out").iterdir()) == names
+    assert sum(name.endswith(".tfrecord") for name in names) == 2  # and no *.tmp left
+    for name in names:
+        if name.endswith(".tfrecord"):
+            assert epath.Path(f"{gcs}/out/{name}").read_bytes() == (tmp_path / "out" /
+                                                                    name).read_bytes()
+    found, meta = metadata.read(f"{gcs}/out/*.tfrecord")
+
+    def counts(meta):  # without the timings
+        return {k: v for k, v in meta["counts"].items() if "seconds" not in k}
+
+    assert counts(meta) == counts(local) == counts(remote)
+    assert local["counts"]["instances"] > 0
+
+    # A bad line deep in the corpus: the new remote directory is removed with its shards.
+    with open(tmp_path / "corpus.txt", "ab") as f:
+        f.write(b"\n\nthe cat \xff sat .\n")
+    with pytest.raises(DataError, match=r"corpus.txt:\d+: invalid UTF-8"):
+        write(f"{gcs}/failed")
+    assert not epath.Path(f"{gcs}/failed").exists()
