@@ -197,3 +197,31 @@ def test_pretraining_tfrecords_written_to_gcs_equal_local_ones(gcs, tmp_path, wr
     with pytest.raises(DataError, match=r"corpus.txt:\d+: invalid UTF-8"):
         write(f"{gcs}/failed")
     assert not epath.Path(f"{gcs}/failed").exists()
+
+
+def test_metrics_on_gcs_are_written_in_batches_and_all_at_close(gcs, monkeypatch):
+    import types
+
+    import tensorflow as tf
+    from tensorboard.summary.writer import event_file_writer
+
+    from bertjax.train.metrics import MetricsWriter
+
+    # TensorBoard's writer opens its files through tf.io.gfile itself: onto the fake gs:// too.
+    monkeypatch.setattr(event_file_writer, "tf", types.SimpleNamespace(
+        io=types.SimpleNamespace(gfile=_RamForGcs(tf.io.gfile))))
+    run = f"{gcs}/run"
+    path = epath.Path(f"{run}/metrics.jsonl")
+    writer = MetricsWriter(run, enabled=True)
+    assert writer.flush_seconds == 60.0  # local workdirs: 0, every line at once
+    writer.flush_seconds = 3600.0
+    for step in (10, 20, 30):
+        writer.write(step, {"loss": 1.0 / step})
+    # The first line is written at once (the run is visibly alive), the next ones are not.
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [10]
+    writer.close()
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(r["step"], r["split"], r["loss"]) for r in lines] == [
+        (s, "train", 1.0 / s) for s in (10, 20, 30)]
+    events = list(epath.Path(f"{run}/tensorboard/train").iterdir())
+    assert len(events) == 1 and events[0].stat().length > 0

@@ -10,6 +10,7 @@ e.g. gs://, keep TensorFlow's file systems).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -28,13 +29,23 @@ class MetricsWriter:
     Only process 0 writes. Each `write` is one JSON line: {"step": ..., "split": ..., name: value}.
     A line left half-written by a crash (a full disk) is cut off before the next run appends;
     a failed write raises one TrainingError naming the file.
+
+    Both files are written at once on a local disk. On an object store (gs://) an append
+    rewrites the whole object, so there they are written at most every `flush_seconds` (and at
+    `close`): the training loop does not wait on a growing upload at every log step.
     """
 
-    def __init__(self, workdir: str, enabled: bool | None = None):
+    def __init__(self, workdir: str, enabled: bool | None = None,
+                 flush_seconds: float | None = None):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.workdir = epath.Path(workdir)
+        if flush_seconds is None:
+            flush_seconds = 60.0 if "://" in str(workdir) else 0.0
+        self.flush_seconds = flush_seconds
         self._writers: dict[str, Any] = {}
         self._repaired = False
+        self._lines: list[str] = []  # metrics.jsonl lines not written yet
+        self._flushed = -math.inf  # time.monotonic() of the last flush
 
     def _event_writer(self, split: str):
         if split not in self._writers:
@@ -58,24 +69,44 @@ class MetricsWriter:
         summary = summary_pb2.Summary(
             value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
         )
+        try:
+            self._event_writer(split).add_event(
+                event_pb2.Event(wall_time=time.time(), step=int(step), summary=summary))
+        except OSError as e:
+            raise self._error(e) from None
+        self._lines.append(json.dumps({"step": int(step), "split": split, **values}) + "\n")
+        if time.monotonic() - self._flushed >= self.flush_seconds:
+            self.flush()
+
+    def flush(self) -> None:
+        """Writes what `write` has buffered (TensorBoard events and metrics.jsonl lines)."""
+        if not self.enabled:
+            return
         path = self.workdir / "metrics.jsonl"
         try:
-            writer = self._event_writer(split)
-            writer.add_event(event_pb2.Event(wall_time=time.time(), step=int(step),
-                                             summary=summary))
-            writer.flush()
+            for writer in self._writers.values():
+                writer.flush()
             if not self._repaired:
                 _cut_partial_line(path)
                 self._repaired = True
-            with path.open("a") as f:
-                f.write(json.dumps({"step": int(step), "split": split, **values}) + "\n")
+            if self._lines:
+                with path.open("a") as f:
+                    f.write("".join(self._lines))
+                self._lines = []
         except OSError as e:
-            raise TrainingError(f"writing metrics to {self.workdir} failed ({e.strerror or e}); "
-                                "the checkpoints saved so far are kept") from None
+            raise self._error(e) from None
+        self._flushed = time.monotonic()
+
+    def _error(self, e: OSError) -> TrainingError:
+        return TrainingError(f"writing metrics to {self.workdir} failed ({e.strerror or e}); "
+                             "the checkpoints saved so far are kept")
 
     def close(self) -> None:
-        for writer in self._writers.values():
-            writer.close()
+        try:
+            self.flush()
+        finally:
+            for writer in self._writers.values():
+                writer.close()
 
 
 def _cut_partial_line(path: epath.Path) -> None:
