@@ -54,4 +54,9 @@ def get_config(scale: str = "demo"):
                         for size, values in zip(PAPER_SIZES, PAPER_VALUES)}
     else:
         common.set_demo_tasks(config, scale, "rotten_tomatoes")
+        if scale == "demo":
+            # The demo's Rotten Tomatoes lr (3e-4) was tuned for the demo model; at 3e-4 the
+            # other sizes were still at chance after the first of the two epochs (measured).
+            # Like the paper, pick each size's lr on dev.
+            config.tasks.rotten_tomatoes.learning_rates = [3e-4, 1e-3]
     return config
