@@ -215,7 +215,7 @@ def test_runs_without_a_transformers_class_or_not_finished_are_one_line(checkpoi
     with pytest.raises(SystemExit, match=r"^error: --input .*run: the \+ BiLSTM head "):
         export(workdir, tmp_path / "hf")
     (workdir / "export.json").unlink()
-    with pytest.raises(SystemExit, match=r"has not finished \(no export.json\); run its command"):
+    with pytest.raises(SystemExit, match=r"no export.json: the fine-tuning run has not finished"):
         export(workdir, tmp_path / "hf")
     with pytest.raises(SystemExit, match="^error: --architecture=BertForMaskedLM: a "):
         (workdir / "export.json").write_text(json.dumps(

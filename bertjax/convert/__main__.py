@@ -164,8 +164,9 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     from bertjax.train.checkpoints import read_params
     from bertjax.train.loop import EXPORT_FILE, RESULTS_FILE
 
-    unfinished = (f"--input {workdir}: the fine-tuning run has not finished (no {{}}); run its "
-                  "command again (a finished run only rewrites its outputs)")
+    unfinished = (f"--input {workdir}: no {{}}: the fine-tuning run has not finished or predates "
+                  "export.json; run its command again (a finished run only rewrites its "
+                  "outputs)")
     for name in (RESULTS_FILE, EXPORT_FILE):
         if not (workdir / name).exists():
             raise ConversionError(unfinished.format(name))
