@@ -120,12 +120,16 @@ class DataIteratorRestore(ocp.args.CheckpointArgs):
     iterator: Any
 
 
+def checkpoints_dir(workdir: str) -> epath.Path:
+    """workdir/checkpoints, absolute: orbax wants absolute paths (gs:// URLs already are)."""
+    root = workdir if "://" in str(workdir) else os.path.abspath(workdir)
+    return epath.Path(root) / "checkpoints"
+
+
 class Checkpointer:
     def __init__(self, workdir: str, max_to_keep: int = 3, async_save: bool = True,
                  best_metric: str | None = None):
-        # orbax wants absolute paths; gs:// and other URLs already are.
-        self.directory = epath.Path(
-            workdir if "://" in str(workdir) else os.path.abspath(workdir)) / "checkpoints"
+        self.directory = checkpoints_dir(workdir)
         policies = [checkpoint_managers.LatestN(max_to_keep)]
         if best_metric:
             policies.append(checkpoint_managers.BestN(
@@ -291,8 +295,7 @@ def read_params(workdir: str, step: int) -> Any:
     mesh it was saved from does not matter): for exporting a trained model."""
     import numpy as np
 
-    path = epath.Path(workdir if "://" in str(workdir) else os.path.abspath(workdir))
-    path = path / "checkpoints" / str(step) / "state"
+    path = checkpoints_dir(workdir) / str(step) / "state"
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
     checkpointer = ocp.StandardCheckpointer()
