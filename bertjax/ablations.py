@@ -5,6 +5,7 @@ r"""The paper's ablations (Devlin et al., 2018, Sec. 5 and App. C) as one-comman
       --set=pretrain.phases.phase1.data='gs://bucket/seq128/*' ...
   python -m bertjax.ablations steps --scale=small --workdir=runs/steps --seeds=0,1,2
   python -m bertjax.ablations table8 --scale=demo --workdir=runs/table8 --tasks=rotten_tomatoes
+  python -m bertjax.ablations table5 --scale=demo --workdir=runs/table5 --random_weights
 
 Tables (grids in experiments/ablations/<table>.py, `get_config(scale)`):
   table5  pre-training tasks: MLM+NSP, No NSP, LTR & No NSP, LTR & No NSP + BiLSTM;
@@ -23,6 +24,10 @@ cell resumes from its last checkpoint). Outputs: W/table.md (the paper's layout:
 std over the seeds of each cell's dev metric, at the best learning rate of the grid; at paper
 scale the paper's numbers beside ours), W/results.json (every number of the table and the
 cells behind it), W/loss_curves.png and, for `steps`, W/accuracy_vs_steps.png.
+
+--random_weights adds a reference row: the grid's model fine-tuned from its initial, random
+weights (W/pretrain/random_weights/seed_<s>/export, no pre-training). At small scales it shows
+which columns measure pre-training at all; added to a finished grid, only its cells run.
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ TABLES = ("table5", "table6", "steps", "table8")
 SCALES = ("paper", "small", "demo", "test")
 RESULTS_FILE = "results.json"
 DIVERGED_FILE = "diverged.json"
+RANDOM_WEIGHTS = "random_weights"  # the pre-training name of the --random_weights row
 
 
 # ---------------------------------------------------------------------------------------------
@@ -143,6 +149,28 @@ def pretrain_cell(config, workdir: str, export_steps: list[int], log) -> dict | 
     history = summary["history"]
     return {"status": "done", "total_steps": job.total_steps, "history": history,
             "final": history[-1] if history else {}, "exports": exports}
+
+
+def random_weights_cell(config, workdir: str) -> dict:
+    """The model of `config` at its initial weights (seed config.seed, as pre-training would
+    start), saved as `workdir/export`: the cell behind the --random_weights row."""
+    import jax
+    from etils import epath
+
+    from bertjax.pretrained import save_pretrained
+    from bertjax.tasks.pretraining import PretrainingJob
+
+    if not config.vocab:
+        raise ConfigError("pretrain.vocab is empty; the random-weights model needs the "
+                          "vocabulary the grid fine-tunes with")
+    job = PretrainingJob(config, make_input=None)
+    params = jax.device_get(job.init_params(jax.random.PRNGKey(config.seed)))
+    directory = epath.Path(workdir) / "export"
+    save_pretrained(directory, job.model_config, params, config.vocab, overwrite=True,
+                    provenance={"source": "bertjax.ablations (random weights, no "
+                                          f"pre-training, seed {config.seed})"})
+    return {"status": "done", "total_steps": 0, "history": [], "final": {},
+            "exports": {"0": str(directory)}}
 
 
 def export_step(job, config, workdir: str, step: int) -> str:
@@ -282,7 +310,12 @@ def run_table(grid, workdir: str, seeds: list[int], tasks: list[str] | None = No
     for i, (name, seed, directory, cfg) in enumerate(pretrains, 1):
         tag = f"[pretrain {i}/{len(pretrains)} {name} seed {seed}]"
         results_file = directory / RESULTS_FILE
-        if not results_file.exists():
+        if not results_file.exists() and name == RANDOM_WEIGHTS:
+            result = random_weights_cell(cfg, str(directory))
+            log(f"{tag} saved the initial weights in {result['exports']['0']}")
+            results_file.write_text(json.dumps(result, indent=2) + "\n")
+            ran += 1
+        elif not results_file.exists():
             log(f"{tag} {'resuming' if directory.exists() else 'starting'} in {directory}")
             result = pretrain_cell(cfg, str(directory), export_steps,
                                    log=lambda s, t=tag: log(f"{t} {s}"))
@@ -495,7 +528,10 @@ def plot_steps(results: dict[str, Any], path: str) -> None:
             points = [(r["step"], r["cells"][column]["scale"] * r["cells"][column]["mean"])
                       for r in rows
                       if r["cells"][column]["n"]]
-            if points:
+            if points and pretraining == RANDOM_WEIGHTS:  # a reference level, not a curve
+                ax.axhline(points[0][1], color="gray", linestyle="--",
+                           label=f"random weights: {column}")
+            elif points:
                 ax.plot(*zip(*points), marker="o", label=f"{pretraining}: {column}")
     ax.set_xlabel("pre-training steps")
     ax.set_ylabel("dev metric (%)")
@@ -525,6 +561,14 @@ def load_grid(table: str, scale: str, sets: list[str]):
     return grid
 
 
+def add_random_weights_row(grid) -> None:
+    """A last row fine-tuned from the grid's own model (grid.pretrain.model) at random weights."""
+    with grid.unlocked():
+        grid.pretrainings[RANDOM_WEIGHTS] = {}
+    grid.rows = [*grid.rows, dict(name="Random weights (no pre-training)",
+                                  pretraining=RANDOM_WEIGHTS, finetune={})]
+
+
 def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -544,6 +588,8 @@ def define_flags() -> None:
                         "the grid's).")
     flags.DEFINE_multi_string("set", [], "Grid config override key=value, e.g. "
                               "pretrain.train.num_train_steps=2000 (repeatable).")
+    flags.DEFINE_bool("random_weights", False, "Add a row fine-tuned from the grid's model at "
+                      "random weights (no pre-training): what each column owes to it.")
 
 
 def main(argv):
@@ -558,6 +604,8 @@ def main(argv):
     # variants of equal shape): compile each once, into the workdir.
     jax.config.update("jax_compilation_cache_dir", f"{workdir}/jax_cache")
     grid = load_grid(argv[1], FLAGS.scale, FLAGS.set)
+    if FLAGS.random_weights:
+        add_random_weights_row(grid)
     seeds = parse_seeds(FLAGS.seeds) if FLAGS.seeds else [int(s) for s in grid.seeds]
     tasks = [t for t in FLAGS.tasks.split(",") if t] if FLAGS.tasks else None
     run_table(grid, workdir, seeds, tasks, log=functools.partial(print, flush=True))

@@ -13,6 +13,7 @@ import pytest
 
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.pretrained import load_pretrained
 from bertjax.tasks import pretraining
 from bertjax.train import configs
 from data_pipeline import masking
@@ -337,6 +338,10 @@ def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypat
         done = {d: (tmp_path / d / "results.json").stat().st_mtime_ns for d in calls}
         monkeypatch.setattr(ablations, "finetune_cell", real_cell)
         summary = ablations.run_table(grid, str(workdir), seeds=[0, 1], log=lambda s: None)
+        # --random_weights on the finished grid: only its cells run.
+        ablations.add_random_weights_row(grid)
+        random_summary = ablations.run_table(grid, str(workdir), seeds=[0, 1],
+                                             log=lambda s: None)
     finally:
         jax.config.update("jax_compilation_cache_dir", None)
         compilation_cache.reset_cache()
@@ -366,6 +371,30 @@ def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypat
         assert line == (f"| {row['name']} | {100 * np.mean(values):.1f} ± "
                         f"{100 * np.std(values, ddof=1):.1f} |")
     assert (workdir / "loss_curves.png").stat().st_size > 1000
+
+    # The random-weights row: 1 export + 2 fine-tunings ran, the 3 earlier cells were kept,
+    # and its model is the grid's at its initial weights: the encoder's kernels have the std
+    # of a normal truncated at 2 sigma (0.8796 sigma) and none beyond 2 sigma.
+    assert (random_summary["ran"], random_summary["skipped"]) == (3, 3)
+    export = workdir / "pretrain" / ablations.RANDOM_WEIGHTS / "seed_0" / "export"
+    random_cell = json.loads((workdir / "finetune/random_weights_no_pre_training/"
+                              "rotten_tomatoes/lr_0.0003/seed_0/config.json").read_text())
+    assert random_cell["init_checkpoint"] == str(export)
+    _, params, _ = load_pretrained(export)
+    kernels = np.concatenate([np.ravel(leaf) for path, leaf in
+                              jax.tree_util.tree_leaves_with_path(params["bert"])
+                              if "kernel" in jax.tree_util.keystr(path)])
+    sigma = grid.pretrain.model.initializer_range
+    assert kernels.size > 5000
+    assert np.std(kernels) == pytest.approx(0.8796 * sigma, rel=0.03)
+    assert np.abs(kernels).max() <= 2 * sigma + 1e-6
+    random_results = json.loads((workdir / "results.json").read_text())
+    row = random_results["rows"][-1]
+    assert row["pretraining"] == ablations.RANDOM_WEIGHTS
+    assert row["cells"]["RT (acc)"]["values"] == [
+        cell_value(workdir / "finetune/random_weights_no_pre_training/rotten_tomatoes/"
+                   f"lr_0.0003/seed_{s}/results.json") for s in (0, 1)]
+    assert "| Random weights (no pre-training) |" in (workdir / "table.md").read_text()
 
 
 def test_pretraining_columns_read_the_evaluation_at_the_rows_step():
