@@ -159,12 +159,14 @@ def random_weights_cell(config, workdir: str) -> dict:
 
     from bertjax.pretrained import save_pretrained
     from bertjax.tasks.pretraining import PretrainingJob
+    from bertjax.train import step as step_lib
 
     if not config.vocab:
         raise ConfigError("pretrain.vocab is empty; the random-weights model needs the "
                           "vocabulary the grid fine-tunes with")
     job = PretrainingJob(config, make_input=None)
-    params = jax.device_get(job.init_params(jax.random.PRNGKey(config.seed)))
+    params = jax.device_get(step_lib.initial_params(job.init_params,
+                                                    jax.random.PRNGKey(config.seed)))
     directory = epath.Path(workdir) / "export"
     save_pretrained(directory, job.model_config, params, config.vocab, overwrite=True,
                     provenance={"source": "bertjax.ablations (random weights, no "

@@ -191,6 +191,26 @@ def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(
     assert steps_on_disk(corrupt) == ["2", "4", "6"]
 
 
+def test_read_params_gives_the_saved_params_alone(four_steps):
+    """The params of checkpoints 2 and 4 equal an independent replay of Adam on the job's
+    batches; nothing of the optimizer state comes with them."""
+    params_rng, _ = jax.random.split(jax.random.PRNGKey(0))  # seed 0: (params, dropout)
+    w = jax.random.normal(params_rng, (4, 2))
+    tx = optax.adam(0.05)
+    opt_state = tx.init(w)
+    batches = RegressionInput()
+    grad_fn = jax.grad(lambda w, x, y: jnp.mean((x @ w - y) ** 2))
+    for step in (1, 2, 3, 4):
+        batch = next(batches)
+        grad = grad_fn(w, batch["x"], batch["y"])
+        updates, opt_state = tx.update(grad, opt_state)
+        w = optax.apply_updates(w, updates)
+        if step % 2 == 0:
+            params = checkpoints.read_params(str(four_steps), step)
+            assert list(params) == ["w"] and isinstance(params["w"], np.ndarray)
+            np.testing.assert_allclose(params["w"], w, rtol=1e-6, atol=1e-6)
+
+
 def test_no_readable_checkpoint_fails_in_one_line_and_changes_nothing(four_steps, tmp_path):
     workdir = copy_of(four_steps, tmp_path, "run")
     truncate_state(workdir, 4)

@@ -298,17 +298,20 @@ def read_params(workdir: str, step: int) -> Any:
     path = checkpoints_dir(workdir) / str(step) / "state"
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint")
-    checkpointer = ocp.StandardCheckpointer()
+    checkpointer = ocp.PyTreeCheckpointer()
     host = jax.sharding.SingleDeviceSharding(jax.local_devices(backend="cpu")[0])
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)  # "no _CHECKPOINT_METADATA": it is the step's, above
     try:
         with _QuietAsyncio():
-            tree = checkpointer.metadata(path).item_metadata
-            target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype,
-                                                                 sharding=host), tree)
-            state = checkpointer.restore(path, target)
+            saved = checkpointer.metadata(path).item_metadata.tree["params"]
+            target = {"params": jax.tree.map(
+                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=host), saved)}
+            # The params alone: the optimizer's moments (2x the params) are never read.
+            state = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+                partial_restore=True))
     except Exception as e:
         raise UnreadableCheckpoint(path, short_reason(e)) from None
     finally:

@@ -37,9 +37,15 @@ class TrainState:
     rng: jax.Array  # base key; each step folds in `step` for dropout
 
 
+def initial_params(init_params: InitFn, rng):
+    """The (unboxed) params a run seeded with `rng` starts from."""
+    params_rng, _ = jax.random.split(rng)
+    return nn.unbox(init_params(params_rng))
+
+
 def _init_state(init_params: InitFn, tx, rng) -> TrainState:
-    params_rng, dropout_rng = jax.random.split(rng)
-    params = nn.unbox(init_params(params_rng))
+    params = initial_params(init_params, rng)
+    _, dropout_rng = jax.random.split(rng)
     return TrainState(
         step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng
     )
