@@ -9,6 +9,7 @@ import random
 
 import pytest
 from conftest import run_python, write_tiny_checkpoint
+from convert_cli import convert_main
 
 FILLERS = [f"filler{i}" for i in range(30)]
 # An answer is "first<i> [middle<j>]* last<k>": its ends are learnable from the tokens alone.
@@ -122,6 +123,14 @@ def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
     test = json.loads((tmp_path / "run" / "test_predictions.json").read_text())
     assert test == predictions
     assert json.loads((tmp_path / "run" / "test_null_odds.json").read_text()) == null_odds
+    # Exported to transformers, the model keeps the dev-chosen threshold: applied to the null
+    # odds it gives the run's predictions ("" where the null answer wins).
+    convert_main(["to_hf", "--input", tmp_path / "run", "--output", tmp_path / "hf"])
+    threshold = json.loads((tmp_path / "hf" / "config.json").read_text())[
+        "null_score_diff_threshold"]
+    assert threshold == best["best_f1_thresh"]
+    assert {q for q, odds in null_odds.items() if odds > threshold} == {
+        q for q, text in predictions.items() if text == ""}
 
 
 def test_bad_file_is_one_line_and_nothing_written(checkpoint, tmp_path):

@@ -185,7 +185,7 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     notes = huggingface.write_hf_checkpoint(
         args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
         architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
-        problem_type=record.get("problem_type"))
+        problem_type=record.get("problem_type"), extra_config=record.get("extra_config"))
     _wrote(args, architecture, f"{workdir} (best step {step})", notes)
 
 

@@ -240,11 +240,13 @@ def write_hf_checkpoint(
     overwrite: bool = False,
     labels: Sequence[str] = (),
     problem_type: str | None = None,
+    extra_config: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """Writes config.json, model.safetensors, the vocabulary and tokenizer_config.json.
 
     labels: the classifier's label names (config id2label; default LABEL_i); problem_type:
-    transformers' "regression" | "single_label_classification" (how it computes the loss).
+    transformers' "regression" | "single_label_classification" (how it computes the loss);
+    extra_config: more config.json fields (e.g. SQuAD v2.0's null_score_diff_threshold).
 
     Returns notes to show the user (e.g. a SentencePiece vocabulary BertTokenizer cannot read).
     """
@@ -267,6 +269,7 @@ def write_hf_checkpoint(
         hf_config["label2id"] = {name: i for i, name in enumerate(names)}
     if problem_type:
         hf_config["problem_type"] = problem_type
+    hf_config.update(extra_config or {})
     output.mkdir(parents=True, exist_ok=True)
     (output / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     # transformers refuses safetensors files without a "format" entry in the metadata.

@@ -47,13 +47,15 @@ from bertjax.train.optimizer import make_optimizer
 
 
 def hf_head(architecture: str, labels=(), problem_type: str | None = None,
-            bilstm_units: int = 0) -> dict[str, Any]:
+            bilstm_units: int = 0, extra_config: dict[str, Any] | None = None) -> dict[str, Any]:
     """A task's export record for `to_hf`: the transformers class, the label names (config
-    id2label) and problem_type; a "+ BiLSTM" head has no transformers class."""
+    id2label), problem_type and extra config.json fields the task's predictions need; a
+    "+ BiLSTM" head has no transformers class."""
     if bilstm_units:
         return unexportable("the + BiLSTM head (config.task.bilstm_units) has no Hugging Face "
                             "BERT class")
-    return {"architecture": architecture, "labels": list(labels), "problem_type": problem_type}
+    return {"architecture": architecture, "labels": list(labels), "problem_type": problem_type,
+            "extra_config": dict(extra_config or {})}
 
 
 def unexportable(why: str) -> dict[str, Any]:
@@ -121,8 +123,8 @@ class Task:
         return ""
 
     def hf_head(self) -> dict[str, Any]:
-        """The export record of the trained model (called after `read`): hf_head(...) or
-        unexportable(why)."""
+        """The export record of the trained model (called after the best checkpoint's outputs
+        are written): hf_head(...) or unexportable(why)."""
         return unexportable(f"{type(self).__name__} has no Hugging Face BERT class")
 
     def initial_params(self, model_config, encoder) -> dict[str, Any]:

@@ -375,7 +375,11 @@ class SquadTask(Task):
                 f"(doc_stride {self.doc_stride}, max_query_length {self.max_query_length})")
 
     def hf_head(self):
-        return hf_head("BertForQuestionAnswering", bilstm_units=self.bilstm_units)
+        # v2.0: the dev-chosen null threshold, under the name transformers' QA post-processing
+        # takes it by (null_score_diff_threshold).
+        extra = {"null_score_diff_threshold": self.threshold} if self.version_2 else None
+        return hf_head("BertForQuestionAnswering", bilstm_units=self.bilstm_units,
+                       extra_config=extra)
 
     def model(self, model_config):
         return BertForQuestionAnswering(model_config, self.bilstm_units)
