@@ -21,6 +21,19 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# A sentiment-like task for fine-tuning tests: filler words and a keyword that decides the label.
+FILLERS = [f"filler{i}" for i in range(30)]
+KEYWORD_VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, "good", "bad"]
+
+
+def filler_sentence(rng, keyword=None, count=1):
+    """3-10 filler words with `keyword` inserted `count` times at random places."""
+    words = [rng.choice(FILLERS) for _ in range(rng.randint(3, 10))]
+    for _ in range(count if keyword else 0):
+        words.insert(rng.randint(0, len(words)), keyword)
+    return " ".join(words)
+
+
 def write_tiny_checkpoint(root: Path, vocab: list[str], max_positions: int = 64,
                           num_layers: int = 2) -> str:
     """A tiny random BERT (hidden 32, 4 heads) with `vocab`, saved as a bertjax checkpoint

@@ -9,22 +9,13 @@ import random
 
 import numpy as np
 import pytest
-from conftest import run_python, write_tiny_checkpoint
-
-FILLERS = [f"filler{i}" for i in range(30)]
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, "good", "bad"]
+from conftest import KEYWORD_VOCAB, filler_sentence, run_python, write_tiny_checkpoint
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), VOCAB)
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), KEYWORD_VOCAB)
 
-
-def sentence(rng, keyword=None, count=1):
-    words = [rng.choice(FILLERS) for _ in range(rng.randint(3, 10))]
-    for _ in range(count if keyword else 0):
-        words.insert(rng.randint(0, len(words)), keyword)
-    return " ".join(words)
 
 
 def test_glue_sst2_layout_cli(checkpoint, tmp_path):
@@ -35,11 +26,12 @@ def test_glue_sst2_layout_cli(checkpoint, tmp_path):
     for name, n in (("train", 384), ("dev", 128)):
         labels = [int(rng.random() < 0.4) for _ in range(n)]  # 60/40: majority class = 0
         dev_labels = labels
-        rows = "".join(f"{sentence(rng, 'good' if y else 'bad')}\t{y}\n" for y in labels)
+        rows = "".join(f"{filler_sentence(rng, 'good' if y else 'bad')}\t{y}\n" for y in labels)
         (task_dir / f"{name}.tsv").write_text("sentence\tlabel\n" + rows)
     test_labels = [i % 3 == 0 for i in range(30)]
     (task_dir / "test.tsv").write_text("index\tsentence\n" + "".join(
-        f"{i}\t{sentence(rng, 'good' if y else 'bad')}\n" for i, y in enumerate(test_labels)))
+        f"{i}\t{filler_sentence(rng, 'good' if y else 'bad')}\n"
+        for i, y in enumerate(test_labels)))
     workdir = tmp_path / "run"
     result = run_python([
         "-m", "bertjax.finetune", "--config=experiments/glue.py:sst2",
@@ -94,7 +86,7 @@ def test_regression_from_jsonl_reaches_pearson_09(checkpoint, tmp_path):
         with open(tmp_path / f"{name}.jsonl", "w") as f:
             for _ in range(n):
                 count = rng.randint(0, 3)  # the score is the number of "good"s
-                text = sentence(rng, "good", count)
+                text = filler_sentence(rng, "good", count)
                 f.write(json.dumps({"text": text, "score": count + rng.uniform(-0.2, 0.2)})
                         + "\n")
     config = _files_config("regression", checkpoint, tmp_path, train=str(tmp_path /
@@ -117,8 +109,8 @@ def test_multiple_choice_from_csv_far_above_chance(checkpoint, tmp_path):
             writer.writerow(["context", "a", "b", "c", "d", "answer"])
             for _ in range(n):
                 answer = rng.randrange(4)  # the right ending is the one with "good"
-                endings = [sentence(rng, "good" if i == answer else "bad") for i in range(4)]
-                writer.writerow([sentence(rng), *endings, answer])
+                endings = [filler_sentence(rng, "good" if i == answer else "bad") for i in range(4)]
+                writer.writerow([filler_sentence(rng), *endings, answer])
     config = _files_config(
         "multiple_choice", checkpoint, tmp_path, train=str(tmp_path / "train.csv"),
         validation=str(tmp_path / "dev.csv"), test=str(tmp_path / "test.csv"),

@@ -9,25 +9,16 @@ import random
 import numpy as np
 import pytest
 import tagging_data as td
-from conftest import write_tiny_checkpoint
+from conftest import KEYWORD_VOCAB, filler_sentence, write_tiny_checkpoint
 from convert_cli import convert_main
 
 from bertjax.train.checkpoints import read_params
 
-FILLERS = [f"filler{i}" for i in range(30)]
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, "good", "bad"]
-
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), VOCAB)
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), KEYWORD_VOCAB)
 
-
-def sentence(rng, keyword=None):
-    words = [rng.choice(FILLERS) for _ in range(rng.randint(3, 10))]
-    if keyword:
-        words.insert(rng.randint(0, len(words)), keyword)
-    return " ".join(words)
 
 
 def finetune(config, checkpoint, workdir, **data):
@@ -77,7 +68,7 @@ def test_classification_run_is_a_transformers_classifier_with_its_labels(checkpo
             writer.writerow(["text", "label"])
             for _ in range(n):
                 label = rng.choice(["pos", "neg"])
-                writer.writerow([sentence(rng, "good" if label == "pos" else "bad"), label])
+                writer.writerow([filler_sentence(rng, "good" if label == "pos" else "bad"), label])
     workdir = tmp_path / "run"
     config = get_config("classification")
     config.train.num_epochs = 4
@@ -139,8 +130,9 @@ def test_regression_and_multiple_choice_runs_match_transformers(checkpoint, tmp_
             writer.writerow(["text", "a", "b", "label"])
             for _ in range(n):
                 label = rng.randrange(2)
-                writer.writerow([sentence(rng), sentence(rng, "good" if label == 0 else "bad"),
-                                 sentence(rng, "bad" if label == 0 else "good"),
+                good, bad = ("good", "bad") if label == 0 else ("bad", "good")
+                writer.writerow([filler_sentence(rng), filler_sentence(rng, good),
+                                 filler_sentence(rng, bad),
                                  label if kind == "multiple_choice" else rng.uniform(0, 5)])
     config = get_config(kind)
     config.train.num_epochs = 1
@@ -150,7 +142,7 @@ def test_regression_and_multiple_choice_runs_match_transformers(checkpoint, tmp_
              validation=str(tmp_path / "dev.csv"), **data)
     hf_config = export(workdir, tmp_path / "hf")
     model_config = load_pretrained(checkpoint)[0]
-    ids = np.random.default_rng(0).integers(5, len(VOCAB), (3, 2, 12)).astype(np.int32)
+    ids = np.random.default_rng(0).integers(5, len(KEYWORD_VOCAB), (3, 2, 12)).astype(np.int32)
     mask, segments = np.ones_like(ids), np.zeros_like(ids)
     mask[1, :, 8:] = 0
     segments[:, :, 6:] = 1
@@ -204,7 +196,7 @@ def test_runs_without_a_transformers_class_or_not_finished_are_one_line(checkpoi
     from experiments.finetune_files import get_config
 
     with open(tmp_path / "train.csv", "w") as f:
-        f.write("text,label\n" + "".join(f"{sentence(random.Random(i), 'good')},{i % 2}\n"
+        f.write("text,label\n" + "".join(f"{filler_sentence(random.Random(i), 'good')},{i % 2}\n"
                                           for i in range(32)))
     config = get_config("classification")
     config.task.bilstm_units = 4

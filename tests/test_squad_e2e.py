@@ -8,10 +8,9 @@ import json
 import random
 
 import pytest
-from conftest import run_python, write_tiny_checkpoint
+from conftest import FILLERS, run_python, write_tiny_checkpoint
 from convert_cli import convert_main
 
-FILLERS = [f"filler{i}" for i in range(30)]
 # An answer is "first<i> [middle<j>]* last<k>": its ends are learnable from the tokens alone.
 FIRST, MIDDLE, LAST = ([f"{kind}{i}" for i in range(6)] for kind in ("first", "middle", "last"))
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, *FIRST, *MIDDLE, *LAST, "who",
