@@ -20,10 +20,11 @@ Every cell is its own run in its own directory, in this process, one after anoth
   W/pretrain/<pre-training>/seed_<s>/    a `bertjax.pretrain` run (export/ is the model)
   W/finetune/<row>/<task>/lr_<lr>/seed_<s>/   a `bertjax.finetune` run of that model
 A cell whose results.json exists is skipped, so an interrupted grid resumes (an unfinished
-cell resumes from its last checkpoint). Outputs: W/table.md (the paper's layout: mean ± sample
-std over the seeds of each cell's dev metric, at the best learning rate of the grid; at paper
-scale the paper's numbers beside ours), W/results.json (every number of the table and the
-cells behind it), W/loss_curves.png and, for `steps`, W/accuracy_vs_steps.png.
+cell resumes from its last checkpoint); --list prints every cell's state and runs nothing.
+Outputs: W/table.md (the paper's layout: mean ± sample std over the seeds of each cell's dev
+metric, at the best learning rate of the grid; at paper scale the paper's numbers beside ours),
+W/results.json (every number of the table and the cells behind it), W/loss_curves.png and, for
+`steps`, W/accuracy_vs_steps.png.
 
 --random_weights adds a reference row: the grid's model fine-tuned from its initial, random
 weights (W/pretrain/random_weights/seed_<s>/export, no pre-training). At small scales it shows
@@ -32,6 +33,7 @@ which columns measure pre-training at all; added to a finished grid, only its ce
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
@@ -288,17 +290,40 @@ def finetune_config(grid, row, task: str, lr: float, seed: int, checkpoint: str)
     return config
 
 
+def grid_tasks(grid, tasks: list[str] | None) -> list[str]:
+    """The tasks asked for (default: all of the grid's, in its column order), checked."""
+    tasks = list(tasks or grid.get("task_order") or grid.tasks.keys())
+    for task in tasks:
+        if task not in grid.tasks:
+            raise ConfigError(f"--tasks: unknown task {task!r}; this grid has "
+                              f"{', '.join(grid.tasks.keys())}")
+    return tasks
+
+
+def cell_states(grid, workdir: str, seeds: list[int], tasks: list[str] | None = None
+                ) -> list[str]:
+    """One line per cell, in run order: done, diverged, started (an unfinished run to
+    resume) or to do, then what it is and its directory (--list)."""
+    pretrains, finetunes = plan(grid, workdir, seeds, grid_tasks(grid, tasks))
+
+    def state(directory) -> str:
+        for name, text in ((RESULTS_FILE, "done"), (DIVERGED_FILE, "diverged")):
+            if (directory / name).exists():
+                return text
+        return "started" if directory.exists() else "to do"
+
+    return ([f"{state(d):8}  pretrain {name} seed {seed}  {d}" for name, seed, d, _ in pretrains]
+            + [f"{state(d):8}  finetune {row['name']} / {task} lr {lr:g} seed {seed}  {d}"
+               for row, task, lr, seed, d, _, _ in finetunes])
+
+
 def run_table(grid, workdir: str, seeds: list[int], tasks: list[str] | None = None,
               log: Callable[[str], Any] = print) -> dict[str, Any]:
     """Runs (or resumes) every cell of `grid`, then writes table.md, results.json and the
     plots into `workdir`. Returns {"status", "ran", "skipped", "results"}."""
     from etils import epath
 
-    tasks = list(tasks or grid.get("task_order") or grid.tasks.keys())
-    for task in tasks:
-        if task not in grid.tasks:
-            raise ConfigError(f"--tasks: unknown task {task!r}; this grid has "
-                              f"{', '.join(grid.tasks.keys())}")
+    tasks = grid_tasks(grid, tasks)
     if not seeds:
         raise ConfigError("--seeds is empty")
     check_data(grid)
@@ -590,6 +615,8 @@ def define_flags() -> None:
                         "the grid's).")
     flags.DEFINE_multi_string("set", [], "Grid config override key=value, e.g. "
                               "pretrain.train.num_train_steps=2000 (repeatable).")
+    flags.DEFINE_bool("list", False, "Print every cell with its state (done, diverged, "
+                      "started, to do) and run nothing.")
     flags.DEFINE_bool("random_weights", False, "Add a row fine-tuned from the grid's model at "
                       "random weights (no pre-training): what each column owes to it.")
 
@@ -610,6 +637,12 @@ def main(argv):
         add_random_weights_row(grid)
     seeds = parse_seeds(FLAGS.seeds) if FLAGS.seeds else [int(s) for s in grid.seeds]
     tasks = [t for t in FLAGS.tasks.split(",") if t] if FLAGS.tasks else None
+    if FLAGS.list:
+        lines = cell_states(grid, workdir, seeds, tasks)
+        counts = collections.Counter(line[:8].strip() for line in lines)
+        print("\n".join(lines) + f"\n{len(lines)} cells: "
+              + ", ".join(f"{n} {state}" for state, n in counts.items()))
+        return
     run_table(grid, workdir, seeds, tasks, log=functools.partial(print, flush=True))
 
 
