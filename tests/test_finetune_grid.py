@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 import test_finetune_e2e as e2e
-from conftest import run_python
+from conftest import filler_sentence, run_python
 
 from bertjax.errors import ConfigError, TrainingError
 from bertjax.finetune_grid import (
@@ -130,7 +130,7 @@ def _write_task(directory):
         with open(directory / f"{name}.jsonl", "w") as f:
             for _ in range(n):
                 y = rng.random() < 0.5
-                f.write(json.dumps({"text": e2e.sentence(rng, "good" if y else "bad"),
+                f.write(json.dumps({"text": filler_sentence(rng, "good" if y else "bad"),
                                     "label": int(y)}) + "\n")
 
 

@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 import test_finetune_e2e as e2e
-from conftest import ROOT, run_python
+from conftest import ROOT, filler_sentence, run_python
 from test_trainer import _one_line_error, latest_checkpoint, pretrain_args, start, wait_for
 
 checkpoint = e2e.checkpoint  # the module-scoped tiny-checkpoint fixture
@@ -26,7 +26,7 @@ def write_task(directory):
         with open(directory / f"{name}.jsonl", "w") as f:
             for _ in range(n):
                 y = rng.random() < 0.5
-                f.write(json.dumps({"text": e2e.sentence(rng, "good" if y else "bad"),
+                f.write(json.dumps({"text": filler_sentence(rng, "good" if y else "bad"),
                                     "label": int(y)}) + "\n")
 
 
