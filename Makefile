@@ -3,6 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Huge pages for malloc: XLA:CPU maps every step's temporary buffers afresh, and 4 KiB page
+# faults took a third of a CPU training step (bertjax commands set this themselves, cli.py;
+# pytest and the benchmarks get it here). A value set by the user wins.
+export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
 .PHONY: install test demo bench lint clean
 

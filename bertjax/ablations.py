@@ -127,7 +127,8 @@ def check_data(grid) -> None:
 
 def pretrain_cell(config, workdir: str, export_steps: list[int], log) -> dict | None:
     """Pre-trains (or resumes) in `workdir`; exports the model at each of `export_steps` and
-    at the end. Returns the cell's results (None if preempted)."""
+    at the end. Returns the cell's results (None if preempted). Zero steps (the
+    --random_weights row) exports the model at its initial weights."""
     from etils import epath
 
     from bertjax import validate
@@ -138,6 +139,8 @@ def pretrain_cell(config, workdir: str, export_steps: list[int], log) -> dict | 
     if not config.vocab:
         raise ConfigError("pretrain.vocab is empty; the runner fine-tunes the exported model, "
                           "which needs its vocabulary")
+    if config.train.num_train_steps == 0:
+        return random_weights_cell(config, workdir)
     validate.pretraining(config, workdir)
     job = PretrainingJob(config, make_input_fn(config))
     summary = loop.train(job, config, workdir, log=log)
@@ -159,18 +162,17 @@ def random_weights_cell(config, workdir: str) -> dict:
     import jax
     from etils import epath
 
+    from bertjax.models import BertForPreTraining
     from bertjax.pretrained import save_pretrained
-    from bertjax.tasks.pretraining import PretrainingJob
+    from bertjax.tasks.pretraining import step_fns
+    from bertjax.train import configs
     from bertjax.train import step as step_lib
 
-    if not config.vocab:
-        raise ConfigError("pretrain.vocab is empty; the random-weights model needs the "
-                          "vocabulary the grid fine-tunes with")
-    job = PretrainingJob(config, make_input=None)
-    params = jax.device_get(step_lib.initial_params(job.init_params,
-                                                    jax.random.PRNGKey(config.seed)))
+    model_config = configs.resolve_model_config(config.model)
+    init_params, _ = step_fns(BertForPreTraining(model_config))
+    params = jax.device_get(step_lib.initial_params(init_params, jax.random.PRNGKey(config.seed)))
     directory = epath.Path(workdir) / "export"
-    save_pretrained(directory, job.model_config, params, config.vocab, overwrite=True,
+    save_pretrained(directory, model_config, params, config.vocab, overwrite=True,
                     provenance={"source": "bertjax.ablations (random weights, no "
                                           f"pre-training, seed {config.seed})"})
     return {"status": "done", "total_steps": 0, "history": [], "final": {},
@@ -301,9 +303,9 @@ def grid_tasks(grid, tasks: list[str] | None) -> list[str]:
 
 
 def cell_states(grid, workdir: str, seeds: list[int], tasks: list[str] | None = None
-                ) -> list[str]:
-    """One line per cell, in run order: done, diverged, started (an unfinished run to
-    resume) or to do, then what it is and its directory (--list)."""
+                ) -> list[tuple[str, str, str]]:
+    """(state, what the cell is, its directory) of every cell, in run order; the state is
+    done, diverged, started (an unfinished run to resume) or to do."""
     pretrains, finetunes = plan(grid, workdir, seeds, grid_tasks(grid, tasks))
 
     def state(directory) -> str:
@@ -312,9 +314,17 @@ def cell_states(grid, workdir: str, seeds: list[int], tasks: list[str] | None = 
                 return text
         return "started" if directory.exists() else "to do"
 
-    return ([f"{state(d):8}  pretrain {name} seed {seed}  {d}" for name, seed, d, _ in pretrains]
-            + [f"{state(d):8}  finetune {row['name']} / {task} lr {lr:g} seed {seed}  {d}"
+    return ([(state(d), f"pretrain {name} seed {seed}", str(d)) for name, seed, d, _ in pretrains]
+            + [(state(d), f"finetune {row['name']} / {task} lr {lr:g} seed {seed}", str(d))
                for row, task, lr, seed, d, _, _ in finetunes])
+
+
+def format_states(states: list[tuple[str, str, str]]) -> str:
+    """--list's output: a line per cell, then the count of cells in each state."""
+    counts = collections.Counter(state for state, _, _ in states)
+    lines = [f"{state:8}  {what}  {directory}" for state, what, directory in states]
+    return "\n".join([*lines, f"{len(states)} cells: "
+                       + ", ".join(f"{n} {state}" for state, n in counts.items())])
 
 
 def run_table(grid, workdir: str, seeds: list[int], tasks: list[str] | None = None,
@@ -337,12 +347,7 @@ def run_table(grid, workdir: str, seeds: list[int], tasks: list[str] | None = No
     for i, (name, seed, directory, cfg) in enumerate(pretrains, 1):
         tag = f"[pretrain {i}/{len(pretrains)} {name} seed {seed}]"
         results_file = directory / RESULTS_FILE
-        if not results_file.exists() and name == RANDOM_WEIGHTS:
-            result = random_weights_cell(cfg, str(directory))
-            log(f"{tag} saved the initial weights in {result['exports']['0']}")
-            results_file.write_text(json.dumps(result, indent=2) + "\n")
-            ran += 1
-        elif not results_file.exists():
+        if not results_file.exists():
             log(f"{tag} {'resuming' if directory.exists() else 'starting'} in {directory}")
             result = pretrain_cell(cfg, str(directory), export_steps,
                                    log=lambda s, t=tag: log(f"{t} {s}"))
@@ -590,8 +595,8 @@ def load_grid(table: str, scale: str, sets: list[str]):
 
 def add_random_weights_row(grid) -> None:
     """A last row fine-tuned from the grid's own model (grid.pretrain.model) at random weights."""
-    with grid.unlocked():
-        grid.pretrainings[RANDOM_WEIGHTS] = {}
+    with grid.unlocked():  # a pre-training of zero steps: the initial weights, exported
+        grid.pretrainings[RANDOM_WEIGHTS] = {"train": {"num_train_steps": 0}}
     grid.rows = [*grid.rows, dict(name="Random weights (no pre-training)",
                                   pretraining=RANDOM_WEIGHTS, finetune={})]
 
@@ -638,10 +643,7 @@ def main(argv):
     seeds = parse_seeds(FLAGS.seeds) if FLAGS.seeds else [int(s) for s in grid.seeds]
     tasks = [t for t in FLAGS.tasks.split(",") if t] if FLAGS.tasks else None
     if FLAGS.list:
-        lines = cell_states(grid, workdir, seeds, tasks)
-        counts = collections.Counter(line[:8].strip() for line in lines)
-        print("\n".join(lines) + f"\n{len(lines)} cells: "
-              + ", ".join(f"{n} {state}" for state, n in counts.items()))
+        print(format_states(cell_states(grid, workdir, seeds, tasks)))
         return
     run_table(grid, workdir, seeds, tasks, log=functools.partial(print, flush=True))
 

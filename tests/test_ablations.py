@@ -336,11 +336,15 @@ def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypat
         with pytest.raises(KeyboardInterrupt):
             ablations.run_table(grid, str(workdir), seeds=[0, 1], log=lambda s: None)
         done = {d: (tmp_path / d / "results.json").stat().st_mtime_ns for d in calls}
-        states = [(line[:8].strip(), line[10:].split()[0], line.split()[-1]) for line in
-                  ablations.cell_states(grid, str(workdir), seeds=[0, 1])]
-        assert states == [("done", "pretrain", str(workdir / "pretrain/ltr/seed_0")),
-                          ("done", "finetune", calls[0]),
-                          ("to do", "finetune", calls[0].replace("seed_0", "seed_1"))]
+        states = ablations.cell_states(grid, str(workdir), seeds=[0, 1])
+        assert [(state, what.split()[0], d) for state, what, d in states] == [
+            ("done", "pretrain", str(workdir / "pretrain/ltr/seed_0")),
+            ("done", "finetune", calls[0]),
+            ("to do", "finetune", calls[0].replace("seed_0", "seed_1"))]
+        listing = ablations.format_states(states).splitlines()
+        assert listing[0].split() == ["done", "pretrain", "ltr", "seed", "0",
+                                      str(workdir / "pretrain/ltr/seed_0")]
+        assert listing[-1] == "3 cells: 2 done, 1 to do"
         monkeypatch.setattr(ablations, "finetune_cell", real_cell)
         summary = ablations.run_table(grid, str(workdir), seeds=[0, 1], log=lambda s: None)
         # --random_weights on the finished grid: only its cells run.
