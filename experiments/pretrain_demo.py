@@ -14,7 +14,7 @@ def get_config(arg: str = "tiny"):
     config.model.vocab_size = 8000  # the demo WordPiece vocabulary (bertjax.demo checks it)
     config.model.dtype = "float32"
     config.vocab = "data/demo/vocab/vocab.txt"
-    # Sized to pre-train in ~11 minutes on 2 CPU cores, chosen by a sweep of ~80 recipes on
+    # Sized to pre-train in ~6 minutes on 2 CPU cores, chosen by a sweep of ~80 recipes on
     # held-out pairs: held-out MLM accuracy jumps (from ~0.14 to ~0.25) once the model starts
     # to use its context, and this recipe brings that jump from ~1,800 steps to ~800.
     #  - 40% of the tokens masked, not 15% (Wettig et al., 2023, "Should You Mask 15% in
@@ -27,8 +27,8 @@ def get_config(arg: str = "tiny"):
     #  - No dropout (it only slows learning when little is seen twice), initial weights at 0.06
     #    instead of BERT-base's 0.02 (~0.7/sqrt(128) for the 128-wide model: attention patterns
     #    form sooner), bias-corrected AdamW, lr 3e-3, b1 0.8, b2 0.98, 200 warmup steps.
-    # NSP rises only after the MLM jump: 6 seeds at 1,200 steps gave NSP 0.57-0.63; 2,000 steps
-    # give ~0.73 at 64 tokens and ~0.79 after the 256-token phase.
+    # NSP rises only after the MLM jump: 6 seeds at 1,200 steps gave NSP 0.57-0.63; 2 runs at 2,000
+    # steps 0.72-0.73 at 64 tokens and 0.77-0.79 after the 256-token phase.
     config.model.intermediate_size = 128
     config.masking.masked_lm_prob = 0.4
     config.train.batch_size = 64
