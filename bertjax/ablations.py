@@ -182,17 +182,16 @@ def random_weights_cell(config, workdir: str) -> dict:
 def export_step(job, config, workdir: str, step: int) -> str:
     """The params of checkpoint `step` of a finished pre-training run as a bertjax checkpoint
     directory `workdir/export_step_<step>` (for fine-tuning from part-way through)."""
-    import jax
-    import numpy as np
     from etils import epath
 
-    from bertjax.pretrained import save_pretrained
+    from bertjax.pretrained import PARAMS_DIR, save_pretrained
+    from bertjax.train import multihost
     from bertjax.train import sharding as sharding_lib
     from bertjax.train import step as step_lib
     from bertjax.train.checkpoints import Checkpointer
 
     directory = epath.Path(workdir) / f"export_step_{step}"
-    if (directory / "config.json").exists():
+    if (directory / PARAMS_DIR).exists():  # orbax's save appears whole, and last
         return str(directory)
     tx, _ = job.optimizer()
     mesh = sharding_lib.make_mesh(config.mesh)
@@ -206,8 +205,8 @@ def export_step(job, config, workdir: str, step: int) -> str:
         state, _ = checkpointer.restore(step, abstract, shardings)
     finally:
         checkpointer.close()
-    params = jax.tree.map(np.asarray, jax.device_get(state.params))
-    save_pretrained(directory, job.model_config, params, config.vocab, overwrite=True,
+    save_pretrained(directory, job.model_config, multihost.to_host(state.params), config.vocab,
+                    overwrite=True,
                     provenance={"source": f"bertjax.ablations (step {step})"})
     return str(directory)
 
@@ -215,17 +214,18 @@ def export_step(job, config, workdir: str, step: int) -> str:
 def finetune_cell(config, workdir: str, log) -> dict | None:
     """Fine-tunes (or resumes) in `workdir`; the loop writes results.json. A diverged run is
     recorded in diverged.json (a normal outcome of a learning-rate grid)."""
-    import jax
     from etils import epath
 
     from bertjax.finetune import train_and_evaluate
+    from bertjax.train import multihost
 
     try:
         summary = train_and_evaluate(config, workdir, log=log)
     except TrainingError as e:
         log(f"diverged: {e}")
-        if jax.process_index() == 0:
-            (epath.Path(workdir) / DIVERGED_FILE).write_text(json.dumps({"error": str(e)}))
+        record = json.dumps({"error": str(e)})
+        multihost.write_from_main(lambda: (epath.Path(workdir) / DIVERGED_FILE).write_text(
+            record))
         return None
     return summary if summary["status"] == "done" else None
 
@@ -333,6 +333,8 @@ def run_table(grid, workdir: str, seeds: list[int], tasks: list[str] | None = No
     plots into `workdir`. Returns {"status", "ran", "skipped", "results"}."""
     from etils import epath
 
+    from bertjax.train import multihost
+
     tasks = grid_tasks(grid, tasks)
     if not seeds:
         raise ConfigError("--seeds is empty")
@@ -354,7 +356,8 @@ def run_table(grid, workdir: str, seeds: list[int], tasks: list[str] | None = No
             if result is None:
                 log(f"preempted in {directory}; run the same command to continue")
                 return {"status": "preempted", "ran": ran, "skipped": skipped}
-            results_file.write_text(json.dumps(result, indent=2) + "\n")
+            multihost.write_from_main(functools.partial(
+                results_file.write_text, json.dumps(result, indent=2) + "\n"))
             ran += 1
         else:
             skipped += 1
@@ -511,15 +514,17 @@ def table_markdown(results: dict[str, Any], grid) -> str:
 
 
 def write_outputs(grid, results: dict[str, Any], root) -> None:
-    import jax
+    """results.json, table.md and the plots, from process 0 (every process calls this)."""
+    from bertjax.train import multihost
 
-    if jax.process_index() != 0:
-        return
-    (root / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
-    (root / "table.md").write_text(table_markdown(results, grid))
-    plot_loss_curves(results, str(root / "loss_curves.png"))
-    if grid.get("export_steps"):
-        plot_steps(results, str(root / "accuracy_vs_steps.png"))
+    def write():
+        (root / RESULTS_FILE).write_text(json.dumps(results, indent=2) + "\n")
+        (root / "table.md").write_text(table_markdown(results, grid))
+        plot_loss_curves(results, str(root / "loss_curves.png"))
+        if grid.get("export_steps"):
+            plot_steps(results, str(root / "accuracy_vs_steps.png"))
+
+    multihost.write_from_main(write)
 
 
 def _pyplot():
@@ -612,6 +617,7 @@ def parse_seeds(text: str) -> list[int]:
 
 
 def define_flags() -> None:
+    cli.define_distributed_flags()
     flags.DEFINE_enum("scale", "demo", SCALES, "paper | small | demo | test.")
     flags.DEFINE_string("workdir", None, "Directory of the grid's cells and outputs; a rerun "
                         "resumes it.")
@@ -645,6 +651,7 @@ def main(argv):
     if FLAGS.list:
         print(format_states(cell_states(grid, workdir, seeds, tasks)))
         return
+    cli.initialize_distributed()  # a pod slice runs each cell on every host
     run_table(grid, workdir, seeds, tasks, log=functools.partial(print, flush=True))
 
 

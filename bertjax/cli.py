@@ -165,13 +165,18 @@ def define_job_flags(example: str):
     config = config_flags.DEFINE_config_file("config", None, f"Config file, e.g. {example}.")
     workdir = flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, "
                                   "metrics and outputs; a rerun resumes from it.")
+    define_distributed_flags()
+    return config, workdir
+
+
+def define_distributed_flags() -> None:
+    """--distributed and the explicit multi-process flags (`initialize_distributed`)."""
     flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (one process "
                       "per host; auto-detected on TPU pod slices).")
     flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (without a "
                         "cluster to detect it, e.g. on CPUs).")
     flags.DEFINE_integer("num_processes", None, "Number of processes.")
     flags.DEFINE_integer("process_id", None, "This process's index.")
-    return config, workdir
 
 
 def initialize_distributed() -> None:

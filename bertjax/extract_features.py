@@ -28,9 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from absl import flags
 
-from bertjax import paths
+from bertjax import cli, paths
 from bertjax.errors import BertjaxError
 from bertjax.models import BertConfig, BertModel
+from bertjax.train import multihost
 
 # The reference's pattern: with the greedy left group, a line with several " ||| " splits at
 # the last one. Kept as is so both read odd inputs alike.
@@ -147,17 +148,27 @@ def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2
     config, params, tokenizer = load_pretrained(checkpoint, do_lower_case=do_lower_case)
     extractor = FeatureExtractor(config, params, tokenizer, parse_layers(layers, config.num_layers),
                                  max_seq_length, batch_size)
+    if not multihost.is_main():
+        # On a multi-host run every process computes the same features (none waits long in a
+        # collective for another), and process 0 writes them.
+        with _open(input_file, "--input_file") as source:
+            for _ in extractor(line.rstrip("\n") for line in source):
+                pass
+    return multihost.write_from_main(lambda: _write(extractor, input_file, output_file))
+
+
+def _open(path: str, flag: str, mode: str = "r"):
     try:
-        source = paths.open(input_file, encoding="utf-8")
+        return paths.open(path, mode, encoding="utf-8")
     except OSError as e:
-        raise ValueError(f"--input_file={input_file}: {e.strerror}") from None
-    try:
-        sink = paths.open(output_file, "w", encoding="utf-8")
-    except OSError as e:
-        source.close()
-        raise ValueError(f"--output_file={output_file}: {e.strerror}") from None
+        raise ValueError(f"{flag}={path}: {e.strerror}") from None
+
+
+def _write(extractor: FeatureExtractor, input_file: str, output_file: str) -> int:
+    """Streams the features of `input_file` into `output_file`; returns the example count."""
     count = 0
-    with source, sink:
+    with _open(input_file, "--input_file") as source, \
+            _open(output_file, "--output_file", "w") as sink:
         # The reference reads until EOF, so a trailing newline adds no example.
         for example in extractor(line.rstrip("\n") for line in source):
             sink.write(json.dumps(example) + "\n")
@@ -176,6 +187,7 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch_size", 32, "Examples per compiled batch.")
     flags.DEFINE_bool("do_lower_case", None,
                       "Lower-case input; default: the checkpoint's tokenizer_config.json.")
+    cli.define_distributed_flags()
 
 
 def main(argv: Sequence[str]) -> None:
@@ -184,16 +196,16 @@ def main(argv: Sequence[str]) -> None:
     for name in ("checkpoint", "input_file", "output_file"):
         if f[name].value is None:
             sys.exit(f"error: --{name} is required")
+    cli.initialize_distributed()  # before anything touches a JAX backend
     try:
         count = run(f.checkpoint, f.input_file, f.output_file, f.layers, f.max_seq_length,
                     f.batch_size, f.do_lower_case)
     except (BertjaxError, ValueError) as e:  # CheckpointError, ConfigError, DataError; flags
         sys.exit(f"error: {e}")
-    print(f"wrote {count} examples to {f.output_file}")
+    if count is not None:  # process 0 (the writer)
+        print(f"wrote {count} examples to {f.output_file}")
 
 
 if __name__ == "__main__":
-    from bertjax import cli
-
     define_flags()
     cli.run(main)

@@ -38,6 +38,7 @@ from absl import flags
 
 from bertjax import cli
 from bertjax.errors import ConfigError, TrainingError
+from bertjax.train import multihost
 from bertjax.train.loop import RESULTS_FILE
 
 # Short grid names → the config fields that bertjax.finetune reads (experiments/glue.py).
@@ -268,7 +269,6 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
     "diverged", "rows": [Row]}. `train_fn(config, workdir, log)` defaults to
     bertjax.finetune.train_and_evaluate.
     """
-    import jax
     from etils import epath
 
     check = None  # a train_fn given by a test checks what it needs
@@ -309,8 +309,8 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
             summary = train_fn(cfg, str(run_dir), log=lambda s, t=tag: log(f"{t} {s}"))
         except TrainingError as e:
             log(f"{tag} diverged: {e}")
-            if jax.process_index() == 0:
-                (run_dir / DIVERGED_FILE).write_text(json.dumps({"error": str(e)}) + "\n")
+            multihost.write_from_main(functools.partial(
+                (run_dir / DIVERGED_FILE).write_text, json.dumps({"error": str(e)}) + "\n"))
             ran += 1
             continue
         if summary["status"] == "preempted":
@@ -333,17 +333,20 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
         results.setdefault(combo.name, []).append(stored["best"])
     rows, metrics = summarise(combos, results, diverged)
     best = best_row(rows, primary) if primary else None
-    if jax.process_index() == 0:
-        title = f"Fine-tuning grid: {config.task.family} {config.task.name}"
+    title = f"Fine-tuning grid: {config.task.family} {config.task.name}"
+
+    def write_summary():
         (root / "summary.md").write_text(
             summary_markdown(rows, metrics, primary or "?", seeds, title))
         (root / "summary.csv").write_text(summary_csv(rows, metrics))
-        log(f"grid: ran {ran}, skipped {skipped} finished run(s); summary in "
-            f"{root / 'summary.md'} and {root / 'summary.csv'}")
-        if best is not None:
-            mean, std = best.stats[primary]
-            log(f"grid: best {best.combination.name}: {primary} {mean:.4f} ± {std:.4f} "
-                f"(n={best.n})")
+
+    multihost.write_from_main(write_summary)
+    log(f"grid: ran {ran}, skipped {skipped} finished run(s); summary in "
+        f"{root / 'summary.md'} and {root / 'summary.csv'}")
+    if best is not None:
+        mean, std = best.stats[primary]
+        log(f"grid: best {best.combination.name}: {primary} {mean:.4f} ± {std:.4f} "
+            f"(n={best.n})")
     return {"best": best.combination.name if best else None, "primary_metric": primary,
             "ran": ran, "skipped": skipped, "diverged": sum(diverged.values()), "rows": rows,
             "status": "done"}

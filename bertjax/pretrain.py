@@ -31,7 +31,9 @@ from bertjax.errors import ConfigError
 
 
 def make_input_fn(config):
-    """Returns make_input(phase, per_host_batch, split="train") for the trainer."""
+    """Returns make_input(phase, batch_size, split="train") for the trainer: this process's
+    rows of global batches of `batch_size`, in an order that does not depend on the number of
+    processes."""
     import jax
 
     from bertjax.train import configs
@@ -39,7 +41,7 @@ def make_input_fn(config):
     packed = configs.packing_enabled(config)
     mix = configs.masking_mix(config)
 
-    def make_input(phase, per_host_batch, split="train"):
+    def make_input(phase, batch_size, split="train"):
         pattern = phase.data if split == "train" else phase.eval_data
         field = "data" if split == "train" else "eval_data"
         if pattern == "synthetic" and packed:
@@ -52,7 +54,7 @@ def make_input_fn(config):
             from bertjax.train.synthetic import SyntheticInput
 
             return SyntheticInput(
-                per_host_batch * jax.process_count(), phase.seq_len, phase.max_predictions,
+                batch_size, phase.seq_len, phase.max_predictions,
                 config.model.vocab_size, seed=config.seed + (split == "eval"),
                 process_index=jax.process_index(), process_count=jax.process_count(),
             )
@@ -64,7 +66,7 @@ def make_input_fn(config):
         from data_pipeline import pretraining_input, tfrecords
 
         if packed:
-            return _packed_input(config, phase, field, pattern, per_host_batch, split)
+            return _packed_input(config, phase, field, pattern, batch_size, split)
 
         # Data written by create_pretraining_data carries metadata (vocab size, [MASK], special
         # ids, word continuations) and is masked on the fly; data without it (e.g. prepared for
@@ -79,7 +81,7 @@ def make_input_fn(config):
         try:
             dataset = pretraining_input.make_dataset(
                 pattern, seq_len=phase.seq_len, max_predictions=phase.max_predictions,
-                batch_size=per_host_batch, seed=config.seed, shuffle=split == "train",
+                batch_size=batch_size, seed=config.seed, shuffle=split == "train",
                 repeat=True, process_index=jax.process_index(),
                 process_count=jax.process_count(), masking=masking,
             )
@@ -90,7 +92,7 @@ def make_input_fn(config):
     return make_input
 
 
-def _packed_input(config, phase, field, pattern, per_host_batch, split):
+def _packed_input(config, phase, field, pattern, batch_size, split):
     """Masked batches of packed rows (data_pipeline/packed_input.py) for one phase; unmasked
     for the left-to-right LM (config.objective="ltr")."""
     import jax
@@ -108,7 +110,7 @@ def _packed_input(config, phase, field, pattern, per_host_batch, split):
             masked_lm_prob=config.masking.masked_lm_prob, whole_word=config.masking.whole_word,
             mix=configs.masking_mix(config))
         dataset = packed_input.make_packed_dataset(
-            pattern, seq_len=phase.seq_len, batch_size=per_host_batch, masking=masking,
+            pattern, seq_len=phase.seq_len, batch_size=batch_size, masking=masking,
             seed=config.seed, shuffle=split == "train", repeat=True,
             process_index=jax.process_index(), process_count=jax.process_count(),
             num_open_rows=int(config.packing.get("num_open_rows", 8)),

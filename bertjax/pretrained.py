@@ -39,6 +39,7 @@ from bertjax import paths
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.models.layout import to_layout
+from bertjax.train import multihost
 
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
@@ -292,9 +293,8 @@ def save_pretrained(
     if params_dir.exists() and not overwrite:
         raise CheckpointError(f"{params_dir} already exists (pass overwrite=True/--overwrite)")
     summary = {**(provenance or {}), "initialised": initialised}
-    # Multi-host: every process calls this (orbax coordinates the params write); only the
-    # first one writes the small files.
-    if jax.process_index() == 0:
+
+    def write_small_files():
         if params_dir.exists():
             params_dir.rmtree()
         directory.mkdir(parents=True, exist_ok=True)
@@ -307,6 +307,10 @@ def save_pretrained(
             conversion_file.write_text(json.dumps(summary, indent=2) + "\n")
         elif conversion_file.exists():
             conversion_file.unlink()  # stale provenance from an earlier save would mislead
+
+    # Multi-host: every process calls this; process 0 writes the small files, then every
+    # process joins orbax's params save (a collective).
+    multihost.write_from_main(write_small_files)
     for group in initialised:
         logging.warning("%s: %s was not in the source and was initialised (seed %d)",
                         directory, group, seed)

@@ -237,11 +237,15 @@ def mask_batch(ids: np.ndarray, lengths: np.ndarray, cfg: MaskingConfig,
 # would try to convert it.)
 
 
-def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
+def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed, row_offset: int = 0,
+                  global_batch: int | None = None):
     """Dynamic masking of a batch, same rules as `mask_batch`, vectorised TensorFlow ops.
 
     input_ids, input_mask: [batch, seq] int32. seed: [2] int tensor (stateless RNG key; use a
-    different one per batch/epoch for a fresh mask). Returns a dict with input_ids [batch, seq],
+    different one per batch/epoch for a fresh mask). With `global_batch`, the batch is rows
+    row_offset.. of a global batch of that many rows and gets those rows' random draws: a
+    process masks its rows as a single process masking the global batch would.
+    Returns a dict with input_ids [batch, seq],
     masked_lm_positions / masked_lm_ids [batch, max_predictions] int32 and
     masked_lm_weights [batch, max_predictions] float32 (1.0 for real predictions, padded with
     position 0 / id 0 / weight 0).
@@ -255,6 +259,12 @@ def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
     k = cfg.max_predictions
     seeds = tf.random.experimental.stateless_split(tf.cast(seed, tf.int64), 2)
 
+    def uniform(key, **kwargs):  # [batch, seq]: this batch's rows of the global draw
+        if global_batch is None:
+            return tf.random.stateless_uniform([batch, seq], key, **kwargs)
+        drawn = tf.random.stateless_uniform([global_batch, seq], key, **kwargs)
+        return drawn[row_offset:row_offset + batch]
+
     candidate = real & ~tf.gather(tf.constant(cfg.special_table()), ids)
     index = tf.range(seq)[None, :]
     n_real = tf.reduce_sum(tf.cast(real, tf.float64), axis=1)
@@ -265,8 +275,7 @@ def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
     # Random keys made unique by the position in their low bits: the uniformly random visiting
     # order is then "ascending key" with no ties, so a top-k or a threshold selects it exactly.
     bits = max(1, (seq_static - 1).bit_length()) if seq_static else 16
-    keys = tf.random.stateless_uniform([batch, seq], seeds[0], minval=0,
-                                       maxval=2 ** (31 - bits), dtype=tf.int32) * 2 ** bits + index
+    keys = uniform(seeds[0], minval=0, maxval=2 ** (31 - bits), dtype=tf.int32) * 2 ** bits + index
     never = tf.int32.max  # key of positions that are not selectable
 
     # One integer draw r per position decides both the action and the random token: r // n
@@ -277,8 +286,7 @@ def mask_batch_tf(input_ids, input_mask, cfg: MaskingConfig, seed):
     n = len(replacements)
     if MIX_RESOLUTION * n >= 2 ** 31:
         raise ValueError(f"{n} replacement ids are too many for int32 draws")
-    draw = tf.random.stateless_uniform([batch, seq], seeds[1], minval=0,
-                                       maxval=MIX_RESOLUTION * n, dtype=tf.int32)
+    draw = uniform(seeds[1], minval=0, maxval=MIX_RESOLUTION * n, dtype=tf.int32)
     random_ids = tf.gather(tf.constant(replacements), draw % n)
     if cfg.whole_word:
         chosen, word = _whole_word_choice(ids, candidate, keys, budget, cfg, never)

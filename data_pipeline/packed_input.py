@@ -36,12 +36,14 @@ document's text to A), though they can be packed too.
    one example, NSP labels ignored). Records may be shorter than the rows (128-token
    examples packed into 512-token rows). Pre-masked (static) data is refused: rows are
    masked after packing.
-2. Reading (`make_packed_dataset`): this host's files (sorted, every `process_count`-th, as
-   `pretraining_input.make_dataset`) → shuffle file order → repeat → interleave → shuffle
-   records → blocks of `block_size` (1,024) records → parse and pack each block (blocks in
-   parallel) → unbatch the rows → batch → mask each packed row (the `masking.mask_batch_tf`
-   rules, keyed by (seed, batch number): a fresh mask every epoch) → prefetch. Deterministic
-   for a seed; `InputIterator` saves and restores the position, shuffle buffers included.
+2. Reading (`make_packed_dataset`), in one global order as `pretraining_input.make_dataset`:
+   every process reads all the files (sorted) → shuffle file order → repeat → interleave →
+   shuffle records → blocks of `block_size` (1,024) records → parse and pack each block
+   (blocks in parallel) → unbatch the rows → global batches → prefetch; then each process
+   takes its rows and masks them (the `masking.mask_batch_tf` rules, keyed by (seed, batch
+   number) and drawn for the global batch: a fresh mask every epoch, the same on any number
+   of hosts). Deterministic for a seed; `InputIterator` saves and restores the global
+   position, shuffle buffers included.
 
    Packing a block (`pack_block`) is first fit over `num_open_rows` open rows, the rows and
    order of `packing.pack_examples` on the block's examples, with every row closed at the
@@ -56,7 +58,7 @@ document's text to A), though they can be packed too.
    for 128-token rows and 80 for 512, which a full row needs). Every example ends with [SEP],
    which is never masked, so a whole word never spans two examples.
 
-Batches (`[batch]` = the per-host batch size; no next_sentence_labels):
+Batches (`[batch]` = this host's rows of the global batch; no next_sentence_labels):
   input_ids, input_mask, segment_ids: [batch, seq] int32
   packing_ids: [batch, seq] int32, 1, 2, ... for the examples of a row, 0 for padding
   masked_lm_positions, masked_lm_ids: [batch, max_predictions] int32
@@ -70,17 +72,18 @@ from collections.abc import Callable
 import numpy as np
 
 from bertjax.tf_setup import import_tensorflow
-from data_pipeline import masking as masking_lib
 from data_pipeline import metadata, packing
 from data_pipeline.masking import MaskingConfig
 from data_pipeline.pretraining_input import (
+    GlobalBatches,
     InputIterator,
     check_schema,
+    data_files,
     feature_spec,
-    host_files,
+    host_rows,
+    mask_rows,
     masking_from_metadata,
     record_stream,
-    with_source_files,
 )
 
 tf = import_tensorflow()
@@ -206,11 +209,11 @@ def _parse_and_pack(record_len: int, seq_len: int, num_open_rows: int,
 
 
 def packed_rows(file_pattern: str, *, seq_len: int, seed: int = 0, shuffle: bool = True,
-                repeat: bool = True, process_index: int = 0, process_count: int = 1,
-                num_open_rows: int = 8, max_examples_per_row: int | None = None,
-                block_size: int = 1024, shuffle_buffer: int = 10_000, cycle_length: int = 8,
+                repeat: bool = True, num_open_rows: int = 8,
+                max_examples_per_row: int | None = None, block_size: int = 1024,
+                shuffle_buffer: int = 10_000, cycle_length: int = 8,
                 masking_cfg: MaskingConfig | None = None) -> tf.data.Dataset:
-    """Unmasked packed rows of this host's share of the data: {input_ids, input_mask,
+    """Unmasked packed rows of all the data, in the global order: {input_ids, input_mask,
     segment_ids, packing_ids: [seq_len] int32}.
 
     block_size: records packed together (`pack_block`); blocks are parsed and packed in
@@ -218,14 +221,14 @@ def packed_rows(file_pattern: str, *, seq_len: int, seed: int = 0, shuffle: bool
     """
     record_len = metadata.check_packing(file_pattern, seq_len, masking_cfg)
     _check_packing(num_open_rows, block_size)
-    files = host_files(file_pattern, process_index, process_count)
+    files = data_files(file_pattern)
     check_schema(files, _record_spec(record_len))
     ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
                        shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
     ds = ds.batch(block_size).map(
         _parse_and_pack(record_len, seq_len, num_open_rows, max_examples_per_row),
         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return with_source_files(ds.unbatch(), files)
+    return ds.unbatch()
 
 
 def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
@@ -233,30 +236,29 @@ def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
                         repeat: bool = True, process_index: int = 0, process_count: int = 1,
                         num_open_rows: int = 8, max_examples_per_row: int | None = None,
                         block_size: int = 1024, shuffle_buffer: int = 10_000,
-                        cycle_length: int = 8) -> tf.data.Dataset:
-    """Masked batches of packed rows (see module docstring for the features).
+                        cycle_length: int = 8) -> GlobalBatches:
+    """Global batches of `batch_size` packed rows, of which this process gets its `host_rows`,
+    masked (see module docstring for the features). Wrap in `InputIterator`.
 
     masking: the dynamic-masking config (`masking_from_metadata`); its max_predictions is the
-    per-row number of predictions. None: unmasked rows (a left-to-right LM's input). Wrap in
-    `InputIterator` for a checkpointable position.
+    per-row number of predictions. None: unmasked rows (a left-to-right LM's input).
     """
-    rows = packed_rows(file_pattern, seq_len=seq_len, seed=seed, shuffle=shuffle, repeat=repeat,
-                       process_index=process_index, process_count=process_count,
-                       num_open_rows=num_open_rows, max_examples_per_row=max_examples_per_row,
-                       block_size=block_size, shuffle_buffer=shuffle_buffer,
-                       cycle_length=cycle_length, masking_cfg=masking)
-    ds = rows.batch(batch_size, drop_remainder=True)
-    if masking is None:
-        return with_source_files(ds.prefetch(tf.data.AUTOTUNE), rows.source_files)
+    rows = host_rows(batch_size, process_index, process_count)
+    stream = packed_rows(file_pattern, seq_len=seq_len, seed=seed, shuffle=shuffle,
+                         repeat=repeat, num_open_rows=num_open_rows,
+                         max_examples_per_row=max_examples_per_row, block_size=block_size,
+                         shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
+                         masking_cfg=masking)
+    stream = stream.batch(batch_size, drop_remainder=True).enumerate()
 
-    def mask(index, batch):
-        key = tf.stack([tf.cast(seed, tf.int64), index])
-        batch.update(masking_lib.mask_batch_tf(batch["input_ids"], batch["input_mask"], masking,
-                                               key))
+    def to_host(index, batch):
+        batch = {k: v[rows.start:rows.stop] for k, v in batch.items()}
+        if masking is not None:
+            batch.update(mask_rows(batch, masking, seed, index, rows, batch_size))
         return batch
 
-    ds = ds.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return with_source_files(ds.prefetch(tf.data.AUTOTUNE), rows.source_files)
+    return GlobalBatches(stream.prefetch(tf.data.AUTOTUNE), to_host,
+                         tuple(data_files(file_pattern)))
 
 
 def padding_stats(file_pattern: str, *, seq_len: int, num_open_rows: int = 8,

@@ -1,10 +1,14 @@
 """tf.data reader of pre-training TFRecords → per-host batches of NumPy arrays.
 
-Pipeline: this host's files (sorted, every `process_count`-th from `process_index`) → shuffle
-file order → repeat → interleave records → shuffle → batch (drop remainder: static shapes) →
-parse the whole batch at once → (dynamic masking) → prefetch. Every random op has a seed, so
-the stream is deterministic for a seed, and `InputIterator.save/restore` checkpoints the
-position (shuffle buffers included) so a resumed run neither replays nor skips data.
+One global order, whatever the number of hosts: every process reads all the files (sorted)
+→ shuffle file order → repeat → interleave records → shuffle → global batches (drop
+remainder: static shapes) → prefetch; that stream is the same on every process, and the batch
+at step s holds the same examples on 1, 2 or N hosts. Each process then takes its rows of the
+global batch, parses them and masks them (`GlobalBatches.to_host`; the masks are drawn for the
+whole global batch, so a row gets the same mask on any number of hosts). Every random op has a
+seed, so the stream is deterministic for a seed, and `InputIterator.save/restore` checkpoints
+the global stream's position (shuffle buffers included): a resumed run neither replays nor
+skips data, and resumes on a slice with another number of hosts too.
 
 The request is first checked against the metadata.json beside the files
 (`data_pipeline.metadata`), which also gives the dynamic masking config
@@ -18,7 +22,7 @@ spin forever); the first record of each file must carry the features read (`chec
 a truncated or corrupted record found by tf.data is reported with its file and byte offset
 (`InputIterator`).
 
-Batches (`[batch]` = the per-host batch size):
+Batches (`[batch]` = this host's rows of the global batch, batch_size / process_count):
   input_ids, input_mask, segment_ids: [batch, seq] int32
   masked_lm_positions, masked_lm_ids: [batch, max_predictions] int32
   masked_lm_weights: [batch, max_predictions] float32
@@ -27,8 +31,11 @@ Batches (`[batch]` = the per-host batch size):
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from absl import logging
@@ -43,8 +50,9 @@ from data_pipeline.metadata import masking_from_metadata
 
 tf = import_tensorflow()
 
-__all__ = ["InputIterator", "MaskingConfig", "check_schema", "feature_spec", "host_files",
-           "make_dataset", "masking_from_metadata", "record_stream"]
+__all__ = ["GlobalBatches", "InputIterator", "MaskingConfig", "check_schema", "data_files",
+           "feature_spec", "host_rows", "make_dataset", "masking_from_metadata",
+           "record_stream"]
 
 
 def feature_spec(seq_len: int, max_predictions: int, masked: bool) -> dict:
@@ -68,9 +76,9 @@ def _is_empty(path: str) -> bool:
     return os.path.isfile(path) and os.path.getsize(path) == 0  # (a FIFO is not "empty")
 
 
-def host_files(file_pattern: str, process_index: int, process_count: int) -> list[str]:
-    """This host's share of the non-empty files: sorted, every `process_count`-th from
-    `process_index`. Empty (0-byte) files are skipped with a warning naming them, and refused
+def data_files(file_pattern: str) -> list[str]:
+    """The non-empty files of `file_pattern` (comma-separated globs), sorted; every process
+    reads them all. Empty (0-byte) files are skipped with a warning naming them, and refused
     when every file is empty."""
     files = sorted(f for pattern in file_pattern.split(",") for f in paths.glob(pattern))
     if not files:
@@ -83,10 +91,28 @@ def host_files(file_pattern: str, process_index: int, process_count: int) -> lis
         logging.warning("%s: skipping %d empty (0-byte) files: %s", file_pattern, len(empty),
                         ", ".join(empty))
         files = [f for f in files if f not in set(empty)]
-    if len(files) < process_count:
-        raise DataError(f"{file_pattern}: {len(files)} files for {process_count} processes; "
-                        "write at least one shard per process (--num_shards)")
-    return files[process_index::process_count]
+    return files
+
+
+def host_rows(batch_size: int, process_index: int, process_count: int) -> slice:
+    """This process's rows of a global batch of `batch_size` rows."""
+    if batch_size % process_count:
+        raise ValueError(f"batch size {batch_size} is not divisible by {process_count} "
+                         "processes")
+    per_host = batch_size // process_count
+    return slice(process_index * per_host, (process_index + 1) * per_host)
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalBatches:
+    """An input as every process sees it. `stream`: (batch index, global batch) elements, the
+    same on every process (its iterator state is the input position saved in checkpoints);
+    `to_host(index, element)`: this process's rows of that batch, parsed and masked, as a
+    dict of tensors; `files`: the files read (to name the one at fault)."""
+
+    stream: tf.data.Dataset
+    to_host: Callable[[Any, Any], dict[str, Any]]
+    files: tuple[str, ...]
 
 
 _TF_KINDS = {tf.int64: "int64_list", tf.float32: "float_list", tf.string: "bytes_list"}
@@ -153,8 +179,9 @@ def make_dataset(file_pattern: str, *, seq_len: int, max_predictions: int, batch
                  seed: int = 0, shuffle: bool = True, repeat: bool = True,
                  process_index: int = 0, process_count: int = 1,
                  masking: MaskingConfig | None = None,
-                 shuffle_buffer: int = 10_000, cycle_length: int = 8) -> tf.data.Dataset:
-    """Batches of this host's share of the data (see module docstring for the features).
+                 shuffle_buffer: int = 10_000, cycle_length: int = 8) -> GlobalBatches:
+    """Global batches of `batch_size` rows, of which this process gets its `host_rows` (see
+    the module docstring for the features). Wrap in `InputIterator`.
 
     masking=None: static (pre-masked) records are read as they are. Otherwise records are
     masked on the fly with a fresh mask per batch (and so per epoch), keyed by (seed, batch
@@ -164,40 +191,36 @@ def make_dataset(file_pattern: str, *, seq_len: int, max_predictions: int, batch
         raise ValueError(f"masking.max_predictions={masking.max_predictions} but "
                          f"max_predictions={max_predictions}")
     static = metadata.check_pretraining(file_pattern, seq_len, max_predictions, masking)
-    files = host_files(file_pattern, process_index, process_count)
+    rows = host_rows(batch_size, process_index, process_count)
+    files = data_files(file_pattern)
     spec = feature_spec(seq_len, max_predictions, masked=static)
     check_schema(files, spec)
 
-    ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
-                       shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
-    ds = ds.batch(batch_size, drop_remainder=True)
+    stream = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
+                           shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
+    stream = stream.batch(batch_size, drop_remainder=True).enumerate()
 
-    def parse(serialized):
-        parsed = tf.io.parse_example(serialized, spec)
+    def to_host(index, serialized):
+        parsed = tf.io.parse_example(serialized[rows.start:rows.stop], spec)
         batch = {k: tf.cast(v, tf.float32 if v.dtype == tf.float32 else tf.int32)
                  for k, v in parsed.items()}
         batch["next_sentence_labels"] = tf.reshape(batch["next_sentence_labels"], [-1])
-        return batch
-
-    ds = ds.map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    if masking is not None:
-        def mask(index, batch):
+        if masking is not None:
             if static:
                 batch["input_ids"] = _unmask(batch)
-            key = tf.stack([tf.cast(seed, tf.int64), index])
-            batch.update(masking_lib.mask_batch_tf(batch["input_ids"], batch["input_mask"],
-                                                   masking, key))
-            return batch
+            batch.update(mask_rows(batch, masking, seed, index, rows, batch_size))
+        return batch
 
-        ds = ds.enumerate().map(mask, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-    return with_source_files(ds.prefetch(tf.data.AUTOTUNE), files)
+    return GlobalBatches(stream.prefetch(tf.data.AUTOTUNE), to_host, tuple(files))
 
 
-def with_source_files(dataset: tf.data.Dataset, files: list[str]) -> tf.data.Dataset:
-    """Records the files a dataset reads (`dataset.source_files`), for `InputIterator` to name
-    the one at fault when reading fails."""
-    dataset.source_files = tuple(files)
-    return dataset
+def mask_rows(batch: dict, masking: MaskingConfig, seed: int, index, rows: slice,
+              batch_size: int) -> dict:
+    """`masking.mask_batch_tf` of this process's `rows` of global batch number `index`: the
+    random draws are the global batch's, so a row's mask does not depend on the host count."""
+    key = tf.stack([tf.cast(seed, tf.int64), tf.cast(index, tf.int64)])
+    return masking_lib.mask_batch_tf(batch["input_ids"], batch["input_mask"], masking, key,
+                                     row_offset=rows.start, global_batch=batch_size)
 
 
 def _tf_message(error) -> str:
@@ -211,21 +234,22 @@ def _named(files: tuple[str, ...]) -> str:
 
 
 class InputIterator:
-    """NumPy batches from a dataset, with a checkpointable position. A read error becomes a
-    DataError naming the file (`files`, by default the dataset's `source_files`)."""
+    """This host's NumPy batches of `GlobalBatches`, with a checkpointable position (the
+    global stream's, the same on every process). A read error becomes a DataError naming the
+    file (`files`, by default the input's)."""
 
-    def __init__(self, dataset: tf.data.Dataset, files: list[str] | None = None):
-        self._iterator = iter(dataset)
+    def __init__(self, batches: GlobalBatches, files: list[str] | None = None):
+        self._iterator = iter(batches.stream)
+        self._to_host = tf.function(batches.to_host)
         self._checkpoint = tf.train.Checkpoint(iterator=self._iterator)
-        self.files = tuple(files if files is not None else
-                           getattr(dataset, "source_files", ()))
+        self.files = tuple(files if files is not None else batches.files)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict[str, np.ndarray]:
         try:
-            batch = next(self._iterator)
+            batch = self._to_host(*next(self._iterator))
         except tf.errors.DataLossError as e:
             raise DataError(self._corruption(e)) from None
         except tf.errors.InvalidArgumentError as e:

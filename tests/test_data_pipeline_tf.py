@@ -219,19 +219,33 @@ def test_creation_is_deterministic_and_independent_of_workers(tmp_path):
     assert read("a") != read("c")
 
 
-def test_hosts_get_disjoint_streams_covering_the_data(tmp_path):
-    create(tmp_path, num_shards=8, dupe_factor=1)
+@pytest.mark.parametrize("masking_mode", ["static", "dynamic", "static re-masked"])
+def test_hosts_rows_are_the_one_process_batches_on_any_host_count(tmp_path, masking_mode):
+    """The global order: on 2 or 4 processes, each takes its rows of the batches one process
+    reads (shuffled, masked on the fly), so their rows side by side are those batches."""
+    create(tmp_path, num_shards=3, dupe_factor=1,
+           masking="static" if masking_mode.startswith("static") else "dynamic")
     pattern = str(tmp_path / "out" / "part-*")
-    key = lambda b: b["input_ids"].tobytes() + b["masked_lm_positions"].tobytes()
-    everything = sorted(key(b) for b in all_batches(pattern))
-    per_host = [[key(b) for b in all_batches(pattern, process_index=i, process_count=4)]
-                for i in range(4)]
-    assert all(per_host)
-    flat = [k for host in per_host for k in host]
-    assert sorted(flat) == everything  # together: all the data, each record once
-    with pytest.raises(ValueError, match="8 files for 16 processes"):
-        pretraining_input.make_dataset(pattern, seq_len=128, max_predictions=20, batch_size=1,
-                                       process_index=0, process_count=16)
+    mcfg = (None if masking_mode == "static"
+            else pretraining_input.masking_from_metadata(pattern, max_predictions=20))
+
+    def batches(process_index=0, process_count=1, n=6):
+        reader = pretraining_input.InputIterator(pretraining_input.make_dataset(
+            pattern, seq_len=128, max_predictions=20, batch_size=8, seed=5, shuffle=True,
+            repeat=True, masking=mcfg, process_index=process_index,
+            process_count=process_count, shuffle_buffer=50))
+        return [next(reader) for _ in range(n)]
+
+    one = batches()
+    for count in (2, 4):
+        shares = [batches(i, count) for i in range(count)]
+        for step, want in enumerate(one):
+            for key, value in want.items():
+                assert shares[0][step][key].shape[0] == 8 // count
+                got = np.concatenate([share[step][key] for share in shares])
+                np.testing.assert_array_equal(got, value, err_msg=f"{count} {step} {key}")
+    with pytest.raises(ValueError, match="batch size 8 is not divisible by 3 processes"):
+        batches(0, 3)
 
 
 def test_iterator_restore_continues_exactly(tmp_path):

@@ -162,11 +162,11 @@ def copy_of(run_dir, tmp_path, name):
 
 
 def delete_input_position(workdir, step):
-    os.remove(os.path.join(workdir, "checkpoints", str(step), "data", "process_0.json"))
+    os.remove(os.path.join(workdir, "checkpoints", str(step), "data", "position.json"))
 
 
 @pytest.mark.parametrize("damage,culprit", [(truncate_state, "state/d"),
-                                            (delete_input_position, "data/process_0.json")])
+                                            (delete_input_position, "data/position.json")])
 def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(
         four_steps, tmp_path, damage, culprit):
     corrupt = copy_of(four_steps, tmp_path, "corrupt")

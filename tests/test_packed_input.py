@@ -259,14 +259,24 @@ def test_masking_per_row_and_batch_spec(segments):
 # ------------------------------------------------------------------ hosts, seeds and resume
 
 
-def test_hosts_get_disjoint_shares_covering_the_data(segments):
+def test_hosts_rows_are_the_one_process_batches(segments):
+    """Packing runs over the one global stream; each process takes and masks its rows of each
+    global batch, so 2 processes' rows side by side are one process's batches."""
     pattern, _, _ = segments
-    shares = [row_examples(all_rows(packed_input.packed_rows(
-        pattern, seq_len=RECORD_LEN, shuffle=False, repeat=False, process_index=i,
-        process_count=2))) for i in range(2)]
-    assert all(shares)
-    assert sorted(shares[0] + shares[1]) == sorted(record_examples(pattern))
-    assert not set(shares[0]) & set(shares[1])
+    cfg = packed_input.masking_from_metadata(pattern, max_predictions=20)
+
+    def batches(process_index=0, process_count=1, n=4):
+        reader = packed_input.InputIterator(packed_input.make_packed_dataset(
+            pattern, seq_len=2 * RECORD_LEN, batch_size=8, masking=cfg, seed=2,
+            shuffle_buffer=64, block_size=30, process_index=process_index,
+            process_count=process_count))
+        return [next(reader) for _ in range(n)]
+
+    one, shares = batches(), [batches(i, 2) for i in range(2)]
+    for step, want in enumerate(one):
+        for key, value in want.items():
+            got = np.concatenate([share[step][key] for share in shares])
+            np.testing.assert_array_equal(got, value, err_msg=f"{step} {key}")
 
 
 @pytest.mark.parametrize("block_size", [1024, 30])

@@ -78,7 +78,7 @@ def test_glob_local_is_pythons_and_remote_matches_patterns(gcs, tmp_path):
     assert paths.glob(f"{gcs}/data/a.tfrecord") == [f"{gcs}/data/a.tfrecord"]
     assert paths.glob(f"{gcs}/data/missing.tfrecord") == []
     # The pre-training reader's file list, and corpus inputs, take gs:// patterns.
-    files = pretraining_input.host_files(f"{gcs}/data/*.tfrecord,{gcs}/data/sub/*", 0, 1)
+    files = pretraining_input.data_files(f"{gcs}/data/*.tfrecord,{gcs}/data/sub/*")
     assert files == [f"{gcs}/data/a.tfrecord", f"{gcs}/data/b.tfrecord",
                      f"{gcs}/data/sub/c.tfrecord"]
     assert expand_inputs(f"{gcs}/data/*.txt") == [f"{gcs}/data/notes.txt"]

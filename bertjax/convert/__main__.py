@@ -32,6 +32,7 @@ from etils import epath
 from bertjax import cli, pretrained
 from bertjax.convert.mapping import ConversionError
 from bertjax.models.config import BertConfig
+from bertjax.train import multihost
 
 GROUP_NAMES = {
     "bert/pooler": "the pooler (bert/pooler)",
@@ -143,14 +144,16 @@ def to_hf(args) -> None:
     config = pretrained.load_config(directory)
     config = BertConfig.from_dict({**config.to_dict(), "scan_layers": False})
     params = pretrained.load_params(directory, config)
-    notes = huggingface.write_hf_checkpoint(
+    notes = multihost.write_from_main(lambda: huggingface.write_hf_checkpoint(
         args.output, config, params, pretrained.vocab_path(directory),
         pretrained.load_do_lower_case(directory), architecture, args.dtype, args.overwrite,
-    )
+    ))
     _wrote(args, architecture, directory, notes)
 
 
-def _wrote(args, architecture: str, source, notes) -> None:
+def _wrote(args, architecture: str, source, notes: list[str] | None) -> None:
+    if notes is None:  # not the process that wrote
+        return
     print(f"wrote {args.output}: {architecture} ({args.dtype}) from {source}")
     for note in notes:
         print(f"note: {note}")
@@ -182,10 +185,10 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
         raise ConversionError(unfinished.format(f"best_step in {RESULTS_FILE}"))
     config = BertConfig.from_dict({**record["model"], "scan_layers": False})
     params = layout.to_layout(read_params(str(workdir), int(step)), scan_layers=False)
-    notes = huggingface.write_hf_checkpoint(
+    notes = multihost.write_from_main(lambda: huggingface.write_hf_checkpoint(
         args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
         architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
-        problem_type=record.get("problem_type"), extra_config=record.get("extra_config"))
+        problem_type=record.get("problem_type"), extra_config=record.get("extra_config")))
     _wrote(args, architecture, f"{workdir} (best step {step})", notes)
 
 

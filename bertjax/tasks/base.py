@@ -41,7 +41,7 @@ import numpy as np
 from etils import epath
 
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.train import configs
+from bertjax.train import configs, multihost
 from bertjax.train.loop import EXPORT_FILE, Stage, write_json
 from bertjax.train.optimizer import make_optimizer
 
@@ -268,8 +268,8 @@ class FineTuningJob:
         export record (EXPORT_FILE)."""
         for name, features in self.test_features.items():
             predicted = self.predictions(params, features, runner)
-            if jax.process_index() == 0:
-                self.task.write_outputs(predicted, self.splits.test[name], name, workdir, log)
+            multihost.write_from_main(functools.partial(
+                self.task.write_outputs, predicted, self.splits.test[name], name, workdir, log))
         write_json(workdir / EXPORT_FILE, self.export_record())
 
     def export_record(self) -> dict[str, Any]:

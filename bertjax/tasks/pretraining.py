@@ -7,8 +7,9 @@ the final model as a bertjax checkpoint directory.
 attention, and the masked-LM head scores every position p against the token at p + 1 —
 `next_token_targets` — so the MLM loss, accuracy and perplexity are next-token ones).
 
-Data arrives through `make_input(phase, per_host_batch_size, split="train" | "eval")`, an
-iterator of per-host NumPy batches with `save(prefix)` / `restore(prefix)` (the tf.data reader
+Data arrives through `make_input(phase, global_batch_size, split="train" | "eval")`, an
+iterator of this host's rows of each global batch (NumPy) with `save(prefix)` /
+`restore(prefix)`, in one order whatever the number of hosts (the tf.data reader
 lives in data_pipeline/, wired in by `python -m bertjax.pretrain`). With
 `config.packing.enabled` the batches are packed rows carrying `packing_ids` and no NSP labels.
 """
@@ -22,12 +23,11 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from etils import epath
 
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertForPreTraining, pretraining_loss
-from bertjax.train import configs
+from bertjax.train import configs, multihost
 from bertjax.train import flops as flops_lib
 from bertjax.train.loop import Stage
 from bertjax.train.optimizer import make_optimizer
@@ -202,11 +202,10 @@ class PretrainingJob:
         self.stages = [self._stage(p) for p in self.phases]
 
     def _stage(self, phase: configs.Phase) -> Stage:
-        per_host = self.batch_size // jax.process_count()
         every = self.config.eval.every_steps if phase.eval_data else 0
         return Stage(
             name=phase.name, start=phase.start, end=phase.end,
-            make_input=lambda: self.make_input(phase, per_host),
+            make_input=lambda: self.make_input(phase, self.batch_size),
             batch_spec=batch_spec(self.batch_size, phase.seq_len, phase.max_predictions,
                                   self.packed, self.ltr),
             flops_per_example=flops_lib.train_flops_per_sequence(
@@ -230,7 +229,7 @@ class PretrainingJob:
 
     def evaluate(self, params, stage: Stage, step: int, runner) -> dict[str, float]:
         phase = next(p for p in self.phases if p.name == stage.name)
-        batches = self.make_input(phase, self.batch_size // jax.process_count(), split="eval")
+        batches = self.make_input(phase, self.batch_size, split="eval")
         totals: dict[str, float] = {}
         for _, sums in runner.run(self._eval_sums, params,
                                   (next(batches) for _ in range(self.config.eval.num_batches))):
@@ -239,18 +238,14 @@ class PretrainingJob:
         return dict(eval_metrics(totals), seq_len=phase.seq_len)
 
     def finish(self, params, runner, workdir: epath.Path, log) -> None:
-        """Exports the final params as a bertjax checkpoint directory (with a vocabulary)."""
+        """Exports the final params as a bertjax checkpoint directory (with a vocabulary).
+        Every process joins the gather and the save (bertjax.train.multihost)."""
         if not self.config.get("vocab"):
             return
-        from jax.experimental import multihost_utils
-
         from bertjax.pretrained import save_pretrained
 
-        if jax.process_count() > 1:
-            params = multihost_utils.process_allgather(params, tiled=True)
-        if jax.process_index() == 0:
-            params = jax.tree.map(np.asarray, jax.device_get(params))
-            save_pretrained(workdir / "export", self.model_config, params, self.config.vocab,
-                            overwrite=True, provenance={"source": "bertjax.pretrain"})
-            log(f"Exported the final model to {workdir / 'export'} "
-                "(load with bertjax.load_pretrained)")
+        save_pretrained(workdir / "export", self.model_config, multihost.to_host(params),
+                        self.config.vocab, overwrite=True,
+                        provenance={"source": "bertjax.pretrain"})
+        log(f"Exported the final model to {workdir / 'export'} "
+            "(load with bertjax.load_pretrained)")

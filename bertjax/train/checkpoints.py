@@ -4,8 +4,10 @@ Each step directory `checkpoints/<step>/` holds three items, committed together:
   state  TrainState (step, params, optimizer state, RNG): sharded arrays, restorable onto any
          mesh;
   meta   JSON: the stage being trained and the evaluation history so far;
-  data   each process's input-iterator position (`process_<i>*`), written by the iterator's
-         own `save(prefix)` (tf.data: shuffle buffers included).
+  data   the input's position (`position*`), written by the iterator's own `save(prefix)`
+         (tf.data: shuffle buffers included). Every job's input is one global order of
+         batches, of which each process takes its rows, so the position is the same on every
+         process: process 0 writes it and every process restores it, on a slice of any size.
 orbax writes a step into a temporary directory and renames it when complete, so a run killed
 mid-save leaves the previous checkpoint intact. Kept: the last `max_to_keep` steps, plus the
 step with the best `best_metric` (evaluated steps carry their metrics).
@@ -38,6 +40,7 @@ from etils import epath
 from orbax.checkpoint import checkpoint_managers
 
 from bertjax.errors import CheckpointError
+from bertjax.train import multihost
 
 T = TypeVar("T")
 UNREADABLE_DIR = "unreadable_checkpoints"
@@ -95,16 +98,22 @@ class _QuietAsyncio:
 
 
 
+POSITION_PREFIX = "position"
+
+
 class DataIteratorHandler(ocp.CheckpointHandler):
-    """Saves / restores an input iterator through its `save(prefix)` / `restore(prefix)`."""
+    """Saves / restores an input iterator through its `save(prefix)` / `restore(prefix)`: the
+    global position, written by process 0, read by every process."""
 
     def save(self, directory: epath.Path, args: DataIteratorSave) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        args.iterator.save(str(directory / f"process_{jax.process_index()}"))
+        def write():
+            directory.mkdir(parents=True, exist_ok=True)
+            args.iterator.save(str(directory / POSITION_PREFIX))
+
+        multihost.write_from_main(write)
 
     def restore(self, directory: epath.Path, args: DataIteratorRestore) -> Any:
-        prefix = str(directory / f"process_{jax.process_index()}")
-        args.iterator.restore(prefix)
+        args.iterator.restore(str(directory / POSITION_PREFIX))
         return args.iterator
 
 
@@ -253,13 +262,11 @@ class Checkpointer:
         target, n = root / str(step), 1
         while target.exists():
             target, n = root / f"{step}.{n}", n + 1
-        if jax.process_index() == 0:
+        def move():
             root.mkdir(parents=True, exist_ok=True)
             self._path(step).rename(target)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
 
-            multihost_utils.sync_global_devices(f"set aside checkpoint {step}")
+        multihost.write_from_main(move)
         return target
 
     def all_steps(self) -> list[int]:

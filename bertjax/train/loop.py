@@ -42,7 +42,7 @@ import numpy as np
 from etils import epath
 
 from bertjax.errors import ConfigError, TrainingError
-from bertjax.train import configs
+from bertjax.train import configs, multihost
 from bertjax.train import flops as flops_lib
 from bertjax.train import metrics as metrics_lib
 from bertjax.train import sharding as sharding_lib
@@ -89,13 +89,7 @@ class Runner:
         return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
                 for k, v in batch.items()}
 
-    @staticmethod
-    def to_host(x) -> Any:
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
-            x = multihost_utils.process_allgather(x, tiled=True)
-        return jax.tree.map(np.asarray, jax.device_get(x))
+    to_host = staticmethod(multihost.to_host)
 
     def run(self, fn, params, batches: Iterable[dict[str, np.ndarray]]
             ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
@@ -119,11 +113,14 @@ def _kept(last_saved: int | None) -> str:
 
 
 def write_json(path: epath.Path, value: Any) -> None:
-    """Writes `path` whole or not at all (a temporary file renamed over it)."""
-    if jax.process_index() == 0:
+    """Writes `path` whole or not at all (a temporary file renamed over it), from process 0;
+    every process calls it (multihost.write_from_main)."""
+    def write():
         tmp = path.parent / (path.name + ".tmp")
         tmp.write_text(json.dumps(value, indent=2) + "\n")
         tmp.replace(path)
+
+    multihost.write_from_main(write)
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
