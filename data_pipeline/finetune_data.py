@@ -26,6 +26,7 @@ from absl import logging
 
 from bertjax.errors import DataError
 from data_pipeline.glue import ChoiceExample, Example
+from data_pipeline.hosts import host_rows
 
 
 @dataclasses.dataclass
@@ -186,10 +187,7 @@ def make_batch(features: Features, length: int, indices: np.ndarray, batch_size:
         ids, segments, mask = ids[:, 0], segments[:, 0], mask[:, 0]
     batch = {"input_ids": ids, "segment_ids": segments, "input_mask": mask, "labels": labels,
              "weights": weights, "example_index": example_index}
-    if batch_size % process_count:
-        raise DataError(f"batch size {batch_size} is not divisible by {process_count} processes")
-    per_host = batch_size // process_count
-    rows = slice(process_index * per_host, (process_index + 1) * per_host)
+    rows = host_rows(batch_size, process_index, process_count)
     return {k: v[rows] for k, v in batch.items()}
 
 

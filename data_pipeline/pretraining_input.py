@@ -45,6 +45,7 @@ from bertjax.errors import DataError
 from bertjax.tf_setup import import_tensorflow
 from data_pipeline import masking as masking_lib
 from data_pipeline import metadata, tfrecords
+from data_pipeline.hosts import host_rows
 from data_pipeline.masking import MaskingConfig
 from data_pipeline.metadata import masking_from_metadata
 
@@ -92,15 +93,6 @@ def data_files(file_pattern: str) -> list[str]:
                         ", ".join(empty))
         files = [f for f in files if f not in set(empty)]
     return files
-
-
-def host_rows(batch_size: int, process_index: int, process_count: int) -> slice:
-    """This process's rows of a global batch of `batch_size` rows."""
-    if batch_size % process_count:
-        raise ValueError(f"batch size {batch_size} is not divisible by {process_count} "
-                         "processes")
-    per_host = batch_size // process_count
-    return slice(process_index * per_host, (process_index + 1) * per_host)
 
 
 @dataclasses.dataclass(frozen=True)

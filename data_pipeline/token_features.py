@@ -30,6 +30,7 @@ import numpy as np
 from bertjax.errors import ConfigError
 from data_pipeline import finetune_data
 from data_pipeline.conll import Sentence
+from data_pipeline.hosts import host_rows
 
 
 @dataclasses.dataclass
@@ -176,8 +177,7 @@ def make_batch(features: TokenFeatures, length: int, indices: np.ndarray, batch_
         example_index[row] = i
     batch = {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
              "label_ids": labels, "label_weights": weights, "example_index": example_index}
-    per_host = batch_size // process_count
-    rows = slice(process_index * per_host, (process_index + 1) * per_host)
+    rows = host_rows(batch_size, process_index, process_count)
     return {k: v[rows] for k, v in batch.items()}
 
 

@@ -41,6 +41,7 @@ from bertjax.models.bert import dense
 from bertjax.models.bilstm import BiLSTMHead
 from bertjax.tasks import squad_metrics
 from bertjax.tasks.base import Splits, Task, hf_head
+from data_pipeline.hosts import host_rows
 
 Array = jax.Array
 
@@ -340,15 +341,12 @@ class SquadTask(Task):
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
         order = (np.random.default_rng(seed).permutation(len(features)) if shuffle
                  else np.arange(len(features)))
-        count, index = jax.process_count(), jax.process_index()
-        if batch_size % count:
-            raise ConfigError(f"batch size {batch_size} is not divisible by {count} processes")
-        per_host = batch_size // count
+        mine = host_rows(batch_size, jax.process_index(), jax.process_count())
         for first in range(0, len(order), batch_size):
             rows = np.full(batch_size, -1, np.int64)
             chunk = order[first:first + batch_size]
             rows[:len(chunk)] = chunk  # the last batch is filled with weight-0 rows
-            rows = rows[index * per_host:(index + 1) * per_host]
+            rows = rows[mine]
             take = np.maximum(rows, 0)
             real = rows >= 0
             yield {
