@@ -29,6 +29,7 @@ this module never imports TensorFlow.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import queue
@@ -308,14 +309,16 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                     host.update(throughput.measure(step, job.batch_size,
                                                    stage.tokens_per_example))
                     host.update(stage.log_extra)
-                    writer.write(step, host)
+                    # Process 0 writes; a failed write stops every process alike.
+                    multihost.write_from_main(functools.partial(writer.write, step, host))
                     log(metrics_lib.progress_line(step, job.total_steps, host,
                                                   time.time() - start_time,
                                                   host.get("steps_per_second")))
                 results = None
                 if eval_now:
                     results = job.evaluate(state.params, stage, step, runner)
-                    writer.write(step, results, split="eval")
+                    multihost.write_from_main(functools.partial(writer.write, step, results,
+                                                                split="eval"))
                     history.append({"step": step, **results})
                     log(f"eval at step {step}: " + json.dumps(
                         {k: round(v, 4) for k, v in results.items()}))
