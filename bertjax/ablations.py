@@ -46,11 +46,10 @@ from absl import flags
 
 from bertjax import cli
 from bertjax.errors import ConfigError, TrainingError
+from bertjax.train.workdir import DIVERGED_FILE, RESULTS_FILE
 
 TABLES = ("table5", "table6", "steps", "table8")
 SCALES = ("paper", "small", "demo", "test")
-RESULTS_FILE = "results.json"
-DIVERGED_FILE = "diverged.json"
 RANDOM_WEIGHTS = "random_weights"  # the pre-training name of the --random_weights row
 
 

@@ -39,7 +39,7 @@ from absl import flags
 from bertjax import cli
 from bertjax.errors import ConfigError, TrainingError
 from bertjax.train import multihost
-from bertjax.train.loop import RESULTS_FILE
+from bertjax.train.workdir import DIVERGED_FILE, RESULTS_FILE
 
 # Short grid names → the config fields that bertjax.finetune reads (experiments/glue.py).
 GRID_KEYS = {
@@ -52,7 +52,6 @@ GRID_KEYS = {
     "hidden_dropout_prob": "model.hidden_dropout_prob",
     "attention_dropout_prob": "model.attention_dropout_prob",
 }
-DIVERGED_FILE = "diverged.json"
 NOT_METRICS = ("epoch",)  # keys of results.json "best" that are not dev metrics
 
 

@@ -165,7 +165,7 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     from bertjax.convert import huggingface
     from bertjax.models import layout
     from bertjax.train.checkpoints import read_params
-    from bertjax.train.loop import EXPORT_FILE, RESULTS_FILE
+    from bertjax.train.workdir import EXPORT_FILE, RESULTS_FILE
 
     unfinished = (f"--input {workdir}: no {{}}: the fine-tuning run has not finished or predates "
                   "export.json; run its command again (a finished run only rewrites its "

@@ -42,8 +42,9 @@ from etils import epath
 
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.train import configs, multihost
-from bertjax.train.loop import EXPORT_FILE, Stage, write_json
+from bertjax.train.loop import Stage
 from bertjax.train.optimizer import make_optimizer
+from bertjax.train.workdir import EXPORT_FILE, write_json
 
 
 def hf_head(architecture: str, labels=(), problem_type: str | None = None,

@@ -8,11 +8,12 @@ A job (bertjax/tasks/) declares what differs; this loop does the rest, once:
   (or last) parameters. `workdir/results.json` records the evaluations and the best step.
 
 Faults: a resume is checked before anything in the workdir changes (the run recorded in
-`config.json` must match on the fields that fix the checkpoint, `RESUME_FIELDS`; a checkpoint
-that fails to restore falls back to the one before, see checkpoints.py), and `config.json` /
-`results.json` are replaced whole, never left half-written. Batches are taken in a background
-thread (`InputWatch`), so SIGTERM and Ctrl-C work while the input is slow, and an input that
-gives nothing for `config.train.input_timeout_s` seconds stops the run with one line.
+`config.json` must match on the fields that fix the checkpoint, `workdir.RESUME_FIELDS`; a
+checkpoint that fails to restore falls back to the one before, see checkpoints.py), and
+`config.json` / `results.json` are replaced whole, never left half-written. Batches are taken
+in a background thread (`InputWatch`), so SIGTERM and Ctrl-C work while the input is slow, and
+an input that gives nothing for `config.train.input_timeout_s` seconds stops the run with one
+line.
 
 The job's interface (duck-typed; see bertjax/tasks/pretraining.py and bertjax/tasks/base.py):
   model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
@@ -42,22 +43,15 @@ import jax
 import numpy as np
 from etils import epath
 
-from bertjax.errors import ConfigError, TrainingError
+from bertjax.errors import TrainingError
 from bertjax.train import configs, multihost
 from bertjax.train import flops as flops_lib
 from bertjax.train import metrics as metrics_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
+from bertjax.train import workdir as workdir_lib
 from bertjax.train.checkpoints import Checkpointer
 
-RESULTS_FILE = "results.json"
-EXPORT_FILE = "export.json"  # a fine-tuning job's record for `bertjax.convert to_hf`
-CONFIG_FILE = "config.json"
-# Config fields a resumed run must share with the run recorded in its workdir: they fix the
-# checkpoint's shapes, the optimizer state, and what a saved input position means. (The
-# compute dtype and the mesh may change: checkpoints restore onto any mesh.)
-RESUME_FIELDS = ("model.", "optimizer.name", "train.batch_size", "task.name")
-RESUME_FIELDS_FREE = ("model.dtype",)
 DEFAULT_INPUT_TIMEOUT_S = 600.0
 SIGTERM_GRACE_S = 5.0  # after SIGTERM, how long a pending batch may still take
 _POLL_S = 0.1
@@ -113,49 +107,6 @@ def _kept(last_saved: int | None) -> str:
     return f"step {last_saved}" if last_saved is not None else "none"
 
 
-def write_json(path: epath.Path, value: Any) -> None:
-    """Writes `path` whole or not at all (a temporary file renamed over it), from process 0;
-    every process calls it (multihost.write_from_main)."""
-    def write():
-        tmp = path.parent / (path.name + ".tmp")
-        tmp.write_text(json.dumps(value, indent=2) + "\n")
-        tmp.replace(path)
-
-    multihost.write_from_main(write)
-
-
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
-
-
-def check_resumable(workdir: epath.Path, config_record: dict) -> None:
-    """Refuses to resume the run recorded in `workdir/config.json` with a config that differs
-    on `RESUME_FIELDS` (fields present in both records), in one line naming each field."""
-    path = workdir / CONFIG_FILE
-    if not path.exists():
-        return
-    try:
-        previous = _flatten(json.loads(path.read_text()))
-    except ValueError as e:
-        raise ConfigError(f"{path} is not valid JSON ({e}); it records the run being resumed: "
-                          "restore it, or use a new --workdir") from None
-    current = _flatten(config_record)
-    differing = [
-        f"config.{key}: {previous[key]!r} in the run at {workdir}, {current[key]!r} now"
-        for key in sorted(previous.keys() & current.keys())
-        if key.startswith(RESUME_FIELDS) and key not in RESUME_FIELDS_FREE
-        and previous[key] != current[key]]
-    if differing:
-        raise ConfigError("; ".join(differing) + "; the checkpoints there were saved with the "
-                          "run's values: resume with them or use a new --workdir")
-
-
 class _InputStalled(Exception):
     pass
 
@@ -204,6 +155,148 @@ class InputWatch:
         self._asked.put(False)  # ends the thread once it is idle
 
 
+@dataclasses.dataclass
+class _Run:
+    """What the stages of one `train` call share: the job, its compiled step, the checkpoint
+    manager, the metrics writer, and the evaluation history so far."""
+
+    job: Any
+    config: Any
+    workdir: epath.Path
+    log: Callable[[str], Any]
+    runner: Runner
+    train_step: Callable
+    abstract: Any
+    state_sharding: Any
+    checkpointer: Checkpointer
+    writer: metrics_lib.MetricsWriter
+    history: list[dict[str, float]] = dataclasses.field(default_factory=list)
+    last_saved: int | None = None
+    start_time: float = 0.0  # time.time() when the first stage starts
+
+    def start(self, tx) -> tuple[Any, dict[str, Any]]:
+        """(state, {stage name: its input at the resumed step}): the newest checkpoint that
+        restores, else a fresh state (with the job's pre-trained params, if any)."""
+        job, checkpointer = self.job, self.checkpointer
+
+        def restore(step: int):
+            """State, meta and (when `step` is inside a stage) that stage's input at `step`."""
+            state, meta = checkpointer.restore(step, self.abstract, self.state_sharding)
+            stage = next((s for s in job.stages if s.start < step < s.end), None)
+            inputs = stage.make_input() if stage else None
+            if inputs is not None:
+                checkpointer.restore_data(step, inputs)
+            return state, meta, stage, inputs
+
+        resumed = checkpointer.restore_newest(restore, self.log)
+        if resumed is not None:
+            self.last_saved, (state, meta, stage, inputs) = resumed
+            self.history = meta.get("history", [])
+            self.log(f"Resumed from {checkpointer.directory / str(self.last_saved)} at step "
+                     f"{self.last_saved}")
+            return state, ({stage.name: inputs} if stage is not None else {})
+        state = step_lib.create_train_state(job.init_params, tx,
+                                            jax.random.PRNGKey(self.config.seed),
+                                            self.state_sharding)
+        pretrained = job.pretrained_params()
+        if pretrained:
+            state = step_lib.replace_params(state, pretrained, self.state_sharding)
+            self.log(f"Initialised parameters from {self.config.init_checkpoint} (optimizer "
+                     "state fresh)")
+        return state, {}
+
+    def run_stage(self, stage: Stage, state, inputs, peak: float) -> tuple[Any, str]:
+        """Trains `stage` from the state's step to its end; (state, "done" | "preempted")."""
+        config, checkpointer = self.config, self.checkpointer
+        timeout = float(config.get("train", {}).get("input_timeout_s", DEFAULT_INPUT_TIMEOUT_S))
+        watch = InputWatch(inputs, timeout, lambda: checkpointer.sigterm_received)
+        throughput = metrics_lib.Throughput(stage.flops_per_example, peak)
+        step = int(state.step)
+        throughput.reset(step)
+        self.log(stage.description)
+        try:
+            while step < stage.end:
+                try:
+                    batch = watch.next()
+                except _InputStalled:
+                    raise TrainingError(
+                        f"the input of {stage.name} gave no batch for {timeout:g} s "
+                        f"(config.train.input_timeout_s) before step {step + 1}; stopping "
+                        f"without saving (last checkpoint: {_kept(self.last_saved)})") from None
+                if batch is None:
+                    self.log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
+                             f"without saving (last checkpoint: {_kept(self.last_saved)})")
+                    return state, "preempted"
+                state, metrics = self.train_step(state, self.runner.to_global(batch))
+                step += 1
+                if self.after_step(stage, step, state, metrics, inputs, throughput):
+                    return state, "preempted"
+            return state, "done"
+        finally:
+            watch.close()
+
+    def after_step(self, stage: Stage, step: int, state, metrics, inputs, throughput) -> bool:
+        """Logging, evaluation and checkpointing after `step`; True once preempted (saved)."""
+        config, job, checkpointer = self.config, self.job, self.checkpointer
+        at_end = step == stage.end
+        log_now = step % config.log_every_steps == 0 or at_end
+        eval_now = bool(stage.eval_every) and (step % stage.eval_every == 0 or at_end)
+        preempted = checkpointer.reached_preemption(step)
+        save_now = step % config.checkpoint.every_steps == 0 or at_end or eval_now or preempted
+        if log_now or save_now:
+            host = _host_metrics(metrics)
+            if not math.isfinite(host["loss"]):
+                raise TrainingError(
+                    f"loss is {host['loss']} at step {step}; stopping without saving "
+                    f"(last good checkpoint: {_kept(self.last_saved)}); lower "
+                    "config.optimizer.learning_rate")
+        if log_now:
+            host.update(throughput.measure(step, job.batch_size, stage.tokens_per_example))
+            host.update(stage.log_extra)
+            # Process 0 writes; a failed write stops every process alike.
+            multihost.write_from_main(functools.partial(self.writer.write, step, host))
+            self.log(metrics_lib.progress_line(step, job.total_steps, host,
+                                               time.time() - self.start_time,
+                                               host.get("steps_per_second")))
+        results = None
+        if eval_now:
+            results = job.evaluate(state.params, stage, step, self.runner)
+            multihost.write_from_main(functools.partial(self.writer.write, step, results,
+                                                        split="eval"))
+            self.history.append({"step": step, **results})
+            self.log(f"eval at step {step}: " + json.dumps(
+                {k: round(v, 4) for k, v in results.items()}))
+        if save_now:
+            checkpointer.save(step, state, {"stage": stage.name, "history": self.history},
+                              inputs, metrics=results)
+            self.last_saved = step
+        if preempted:
+            checkpointer.wait()
+            self.log(f"SIGTERM: saved step {step}; exiting so the run can resume")
+        return preempted
+
+    def finish(self, state) -> dict[str, Any]:
+        """The job's final outputs from the best (or last) params; the summary."""
+        job, checkpointer = self.job, self.checkpointer
+        summary: dict[str, Any] = {"status": "done", "total_steps": job.total_steps,
+                                   "history": self.history}
+        params = state.params
+        if job.best_metric and self.history:
+            best = best_entry(self.history, job.best_metric)
+            summary.update(primary_metric=job.best_metric, best_step=best["step"],
+                           best={k: v for k, v in best.items() if k != "step"})
+            self.log(f"best {job.best_metric} {best[job.best_metric]:.4f} at step "
+                     f"{best['step']}; checkpoint {checkpointer.directory / str(best['step'])}")
+            if best["step"] != int(state.step):
+                del state
+                params = checkpointer.restore(best["step"], self.abstract,
+                                              self.state_sharding)[0].params
+        job.finish(params, self.runner, self.workdir, self.log)
+        if job.best_metric:
+            workdir_lib.write_json(self.workdir / workdir_lib.RESULTS_FILE, summary)
+        return summary
+
+
 def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     """Runs (or resumes) `job` in `workdir`.
 
@@ -222,140 +315,32 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     runner = Runner(sharding_lib.batch_sharding(mesh, rules))
     train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
                                          runner.batch_sharding, job.grad_accum_steps)
-
     ckpt = config.checkpoint
-    checkpointer = Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
-                                job.best_metric)
-    writer = metrics_lib.MetricsWriter(workdir)
-    watch = None
+    run = _Run(job, config, workdir_path, log, runner, train_step, abstract, state_sharding,
+               Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
+                            job.best_metric),
+               metrics_lib.MetricsWriter(workdir))
     try:
         # Nothing in the workdir changes until the resume is known to work.
-        if checkpointer.all_steps():
-            check_resumable(workdir_path, config_record)
-
-        def restore(step: int):
-            """State, meta and (when `step` is inside a stage) that stage's input at `step`."""
-            state, meta = checkpointer.restore(step, abstract, state_sharding)
-            stage = next((s for s in job.stages if s.start < step < s.end), None)
-            inputs = stage.make_input() if stage else None
-            if inputs is not None:
-                checkpointer.restore_data(step, inputs)
-            return state, meta, stage, inputs
-
-        resumed = checkpointer.restore_newest(restore, log)
-        history: list[dict[str, float]] = []
-        ready_inputs = {}
-        latest = None
-        if resumed is not None:
-            latest, (state, meta, stage, inputs) = resumed
-            history = meta.get("history", [])
-            if stage is not None:
-                ready_inputs[stage.name] = inputs
-            log(f"Resumed from {checkpointer.directory / str(latest)} at step {latest}")
-        else:
-            state = step_lib.create_train_state(job.init_params, tx,
-                                                jax.random.PRNGKey(config.seed), state_sharding)
-            pretrained = job.pretrained_params()
-            if pretrained:
-                state = step_lib.replace_params(state, pretrained, state_sharding)
-                log(f"Initialised parameters from {config.init_checkpoint} (optimizer state "
-                    "fresh)")
-        write_json(workdir_path / CONFIG_FILE, config_record)
-        input_timeout = float(config.get("train", {}).get("input_timeout_s",
-                                                          DEFAULT_INPUT_TIMEOUT_S))
-        step = int(state.step)
+        if run.checkpointer.all_steps():
+            workdir_lib.check_resumable(workdir_path, config_record)
+        state, ready_inputs = run.start(tx)
+        workdir_lib.write_json(workdir_path / workdir_lib.CONFIG_FILE, config_record)
         peak = flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
-        start_time = time.time()
-        last_saved = latest
-        status = "done"
+        run.start_time = time.time()
         for stage in job.stages:
-            if step >= stage.end:
+            if int(state.step) >= stage.end:
                 continue
             inputs = ready_inputs.pop(stage.name, None)
             if inputs is None:
                 inputs = stage.make_input()
-            watch = InputWatch(inputs, input_timeout, lambda: checkpointer.sigterm_received)
-            throughput = metrics_lib.Throughput(stage.flops_per_example, peak)
-            throughput.reset(step)
-            log(stage.description)
-            while step < stage.end:
-                try:
-                    batch = watch.next()
-                except _InputStalled:
-                    raise TrainingError(
-                        f"the input of {stage.name} gave no batch for {input_timeout:g} s "
-                        f"(config.train.input_timeout_s) before step {step + 1}; stopping "
-                        f"without saving (last checkpoint: {_kept(last_saved)})") from None
-                if batch is None:
-                    log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
-                        f"without saving (last checkpoint: {_kept(last_saved)})")
-                    status = "preempted"
-                    break
-                state, metrics = train_step(state, runner.to_global(batch))
-                step += 1
-                at_end = step == stage.end
-                log_now = step % config.log_every_steps == 0 or at_end
-                eval_now = bool(stage.eval_every) and (step % stage.eval_every == 0 or at_end)
-                preempted = checkpointer.reached_preemption(step)
-                save_now = step % ckpt.every_steps == 0 or at_end or eval_now or preempted
-                if log_now or save_now:
-                    host = _host_metrics(metrics)
-                    if not math.isfinite(host["loss"]):
-                        raise TrainingError(
-                            f"loss is {host['loss']} at step {step}; stopping without saving "
-                            f"(last good checkpoint: {_kept(last_saved)}); lower "
-                            "config.optimizer.learning_rate")
-                if log_now:
-                    host.update(throughput.measure(step, job.batch_size,
-                                                   stage.tokens_per_example))
-                    host.update(stage.log_extra)
-                    # Process 0 writes; a failed write stops every process alike.
-                    multihost.write_from_main(functools.partial(writer.write, step, host))
-                    log(metrics_lib.progress_line(step, job.total_steps, host,
-                                                  time.time() - start_time,
-                                                  host.get("steps_per_second")))
-                results = None
-                if eval_now:
-                    results = job.evaluate(state.params, stage, step, runner)
-                    multihost.write_from_main(functools.partial(writer.write, step, results,
-                                                                split="eval"))
-                    history.append({"step": step, **results})
-                    log(f"eval at step {step}: " + json.dumps(
-                        {k: round(v, 4) for k, v in results.items()}))
-                if save_now:
-                    checkpointer.save(step, state, {"stage": stage.name, "history": history},
-                                      inputs, metrics=results)
-                    last_saved = step
-                if preempted:
-                    checkpointer.wait()
-                    log(f"SIGTERM: saved step {step}; exiting so the run can resume")
-                    status = "preempted"
-                    break
-            watch.close()
-            watch = None
+            state, status = run.run_stage(stage, state, inputs, peak)
             if status == "preempted":
-                break
-        checkpointer.wait()
-        summary: dict[str, Any] = {"status": status, "total_steps": job.total_steps,
-                                   "history": history}
-        if status == "preempted":
-            return summary
-        params = state.params
-        if job.best_metric and history:
-            best = best_entry(history, job.best_metric)
-            summary.update(primary_metric=job.best_metric, best_step=best["step"],
-                           best={k: v for k, v in best.items() if k != "step"})
-            log(f"best {job.best_metric} {best[job.best_metric]:.4f} at step {best['step']}; "
-                f"checkpoint {checkpointer.directory / str(best['step'])}")
-            if best["step"] != step:
-                del state
-                params = checkpointer.restore(best["step"], abstract, state_sharding)[0].params
-        job.finish(params, runner, workdir_path, log)
-        if job.best_metric:
-            write_json(workdir_path / RESULTS_FILE, summary)
-        return summary
+                run.checkpointer.wait()
+                return {"status": "preempted", "total_steps": job.total_steps,
+                        "history": run.history}
+        run.checkpointer.wait()
+        return run.finish(state)
     finally:
-        if watch is not None:
-            watch.close()
-        checkpointer.close()
-        writer.close()
+        run.checkpointer.close()
+        run.writer.close()
