@@ -14,6 +14,7 @@ import io
 import json
 import os
 import re
+from collections.abc import Iterator
 from typing import IO
 
 from etils import epath
@@ -105,6 +106,32 @@ def read_json_object(path, error: type[Exception], name: str | None = None) -> d
     if not isinstance(value, dict):
         raise error(f"{name}: expected a JSON object, got {type(value).__name__}")
     return value
+
+
+def jsonl_records(path, error: type[Exception]) -> Iterator[tuple[int, dict]]:
+    """(1-based line number, object) for each non-blank line of a JSON-lines file (local or
+    remote); a missing file, bad UTF-8, a line that is not JSON or not an object raises
+    `error("PATH[:LINE]: why")`."""
+    try:
+        handle = open(path, "rb")
+    except OSError as e:
+        raise error(f"{path}: {e.strerror or e}") from None
+    with handle:
+        for number, raw in enumerate(handle, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise error(f"{path}:{number}: invalid UTF-8 ({e.reason})") from None
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise error(f"{path}:{number}: invalid JSON ({e.msg})") from None
+            if not isinstance(record, dict):
+                raise error(f"{path}:{number}: expected a JSON object per line, got "
+                            f"{type(record).__name__}")
+            yield number, record
 
 
 class _Upload:

@@ -19,7 +19,6 @@ Invalid UTF-8 raises `CorpusError` naming the file and line; empty files give no
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -117,14 +116,8 @@ def read_plain(path: str) -> Iterator[Document]:
 
 def read_jsonl(path: str, text_key: str = "text") -> Iterator[Document]:
     """One JSON object per line with the document under `text_key`."""
-    for number, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CorpusError(f"{path}:{number}: invalid JSON ({e.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get(text_key), str):
+    for number, record in paths.jsonl_records(path, CorpusError):
+        if not isinstance(record.get(text_key), str):
             raise CorpusError(f"{path}:{number}: expected an object with a string {text_key!r}")
         doc = [s for piece in _split_long(record[text_key]) for s in split_sentences(piece)]
         if doc:
