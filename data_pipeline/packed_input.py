@@ -272,8 +272,3 @@ def padding_stats(file_pattern: str, *, seq_len: int, num_open_rows: int = 8,
     for block in rows.batch(1024).as_numpy_iterator():
         stats.add_rows(block["packing_ids"])
     return stats
-
-
-if __name__ == "__main__":  # the writer's command moved
-    raise SystemExit("error: `python -m data_pipeline.packed_input` is now "
-                     "`python -m data_pipeline.create_segments` (same flags)")

@@ -1,6 +1,6 @@
 r"""The demo fine-tuning task: Rotten Tomatoes sentences, binary (score > 0) or regression.
 
-  python -m data_pipeline.rotten_tomatoes --source=data/vaderSentiment-3.3.2.tar.gz \
+  python -m bertjax.demos.rotten_tomatoes --source=data/vaderSentiment-3.3.2.tar.gz \
       --output_dir=data/rotten_tomatoes                       # once (the Makefile does it)
   python -m bertjax.finetune --config=experiments/finetune_rotten_tomatoes.py:binary \
       --config.init_checkpoint=runs/demo/export --workdir=runs/rotten_tomatoes_binary

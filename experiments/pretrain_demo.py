@@ -3,7 +3,7 @@ r"""The `make demo` run: a tiny BERT pre-trained on CPU on BBC News articles (tw
   make demo        # prepares data/demo/ (corpus, vocabulary, TFRecords), then runs:
   python -m bertjax.pretrain --config=experiments/pretrain_demo.py --workdir=runs/demo
 
-Data paths point at what `python -m bertjax.demo` writes under data/demo/.
+Data paths point at what `python -m bertjax.demos.pretraining_demo` writes under data/demo/.
 """
 
 from experiments import pretrain
@@ -11,7 +11,7 @@ from experiments import pretrain
 
 def get_config(arg: str = "tiny"):
     config = pretrain.get_config(arg)
-    config.model.vocab_size = 8000  # the demo WordPiece vocabulary (bertjax.demo checks it)
+    config.model.vocab_size = 8000  # the demo WordPiece vocabulary (the demo checks it)
     config.model.dtype = "float32"
     config.vocab = "data/demo/vocab/vocab.txt"
     # Sized to pre-train in ~6 minutes on 2 CPU cores, chosen by a sweep of ~80 recipes on

@@ -212,10 +212,10 @@ def test_masking_mix_is_validated():
     config = ml_collections.ConfigDict(dict(masking=dict(mask=0.8, same=0.1, random=0.2)))
     with pytest.raises(ConfigError, match=r"config.masking.mask \+ config.masking.same \+ "
                        r"config.masking.random = 0.8 \+ 0.1 \+ 0.2 = 1.1, not 1"):
-        configs.masking_mix(config)
+        pretraining.masking_mix(config)
     config.masking.update(mask=1.2, same=-0.1, random=-0.1)
     with pytest.raises(ConfigError, match=r"config.masking.mask=1.2 is not in \[0, 1\]"):
-        configs.masking_mix(config)
+        pretraining.masking_mix(config)
     with pytest.raises(ConfigError, match=r"mask \+ same \+ random = 0.5 \+ 0.5 \+ 0.5 = 1.5"):
         masking.MaskingConfig(max_predictions=2, vocab_size=10, mask_id=4, special_ids=(0,),
                               mix=(0.5, 0.5, 0.5))

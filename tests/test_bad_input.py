@@ -756,8 +756,9 @@ def test_a_failed_demo_step_is_one_line_naming_the_step(capsys):
 def test_a_demo_whose_step_fails_ends_in_one_line(tmp_path):
     # cli.run reports every command's known errors, so the demo driver needs no handler.
     corpus = _write(f"{tmp_path}/corpus.txt", "One line here.\nAnother one.\n\nA second doc.\n")
-    result = run_python(["-m", "bertjax.demo", f"--corpus={corpus}", "--vocab_size=0",
-                         f"--data_dir={tmp_path}/data", f"--workdir={tmp_path}/run",
+    result = run_python(["-m", "bertjax.demos.pretraining_demo", f"--corpus={corpus}",
+                         "--vocab_size=0", f"--data_dir={tmp_path}/data",
+                         f"--workdir={tmp_path}/run",
                          "--finetune_data="])
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     assert result.stderr.splitlines()[-2:] == [

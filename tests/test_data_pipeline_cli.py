@@ -11,11 +11,11 @@ from conftest import run_python
 from bertjax import tf_setup
 
 COMMANDS = {  # module → a flag its --help lists
-    "create_pretraining_data": "--max_predictions_per_seq",
-    "create_segments": "--report_seq_len",
-    "rotten_tomatoes": "--source",
-    "demo_corpus": "--wheel",
-    "benchmark": "--dupe_factor",
+    "data_pipeline.create_pretraining_data": "--max_predictions_per_seq",
+    "data_pipeline.create_segments": "--report_seq_len",
+    "bertjax.demos.rotten_tomatoes": "--source",
+    "bertjax.demos.bbc_corpus": "--wheel",
+    "bertjax.benchmarks.pretraining_input": "--dupe_factor",
 }
 
 
@@ -23,8 +23,8 @@ COMMANDS = {  # module → a flag its --help lists
 def test_help_shows_the_usage_and_the_flags(command):
     import importlib
 
-    result = run_python(["-m", f"data_pipeline.{command}", "--help"])
-    first_line = importlib.import_module(f"data_pipeline.{command}").__doc__.splitlines()[0]
+    result = run_python(["-m", command, "--help"])
+    first_line = importlib.import_module(command).__doc__.splitlines()[0]
     assert first_line in result.stdout and COMMANDS[command] in result.stdout, result.stdout
     assert "Traceback" not in result.stderr
 
@@ -42,7 +42,7 @@ def test_bad_command_lines_stop_with_one_error_line(tmp_path):
             f"error: {tmp_path}/nope.txt: no such file",
     }
     for args, line in cases.items():
-        result = run_python(["-m", "data_pipeline.rotten_tomatoes", *args])
+        result = run_python(["-m", "bertjax.demos.rotten_tomatoes", *args])
         assert result.returncode == 1
         assert result.stderr.splitlines() == [line]
     # A setting out of range (a ConfigError, also a ValueError) names its flag.

@@ -6,8 +6,9 @@ import tarfile
 
 import pytest
 
+from bertjax.demos import pos_data as pos_demo
 from bertjax.errors import DataError
-from data_pipeline import conll, pos_demo
+from data_pipeline import conll
 
 WSJ = "Pierre/NNP Vinken/NNP ,/, 61/CD years/NNS old/JJ ./.\n1/2/CD cup/NN ./.\n"
 OANC = "".join(f"Line{i}/NNP is/VBZ here/RB ./.\n" for i in range(40))

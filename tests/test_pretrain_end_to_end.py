@@ -1,5 +1,6 @@
 """The whole pre-training path on real-looking text: corpus → vocabulary → TFRecords → two-phase
-training → held-out MLM accuracy, through `python -m bertjax.demo` (the `make demo` driver)."""
+training → held-out MLM accuracy, through `python -m bertjax.demos.pretraining_demo` (the
+`make demo` driver)."""
 
 import json
 import random
@@ -42,7 +43,7 @@ def test_tiny_bert_learns_real_looking_text_and_beats_the_unigram_baseline(tmp_p
     corpus = tmp_path / "corpus.txt"
     write_corpus(corpus)
     workdir = tmp_path / "run"
-    proc = run_python(["-m", "bertjax.demo", f"--corpus={corpus}",
+    proc = run_python(["-m", "bertjax.demos.pretraining_demo", f"--corpus={corpus}",
                        f"--data_dir={tmp_path / 'data'}", f"--workdir={workdir}",
                        "--vocab_size=300", "--num_train_steps=150", "--dupe_factor=2",
                        "--finetune_data="], timeout=900)

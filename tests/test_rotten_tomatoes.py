@@ -1,4 +1,4 @@
-"""data_pipeline.rotten_tomatoes on fixture files in the exact vaderSentiment layout (CRLF,
+"""bertjax.demos.rotten_tomatoes on fixture files in the exact vaderSentiment layout (CRLF,
 tab-separated, UTF-8 with a Latin-1 line, no final newline, inside the nested sdist archives),
 and experiments/finetune_rotten_tomatoes.py reading what it writes."""
 
@@ -9,9 +9,9 @@ import tarfile
 
 import pytest
 
+from bertjax.demos import rotten_tomatoes as rt
 from bertjax.errors import DataError
 from bertjax.tasks import get_task
-from data_pipeline import rotten_tomatoes as rt
 from experiments.finetune_rotten_tomatoes import get_config
 
 # (id, score as written, sentence, encoding of that line)
@@ -115,7 +115,7 @@ def test_command_line_prints_counts(tmp_path):
 
     source = tmp_path / "g.txt"
     source.write_bytes(ground_truth_bytes(ROWS))
-    result = run_python(["-m", "data_pipeline.rotten_tomatoes", f"--source={source}",
+    result = run_python(["-m", "bertjax.demos.rotten_tomatoes", f"--source={source}",
                          f"--output_dir={tmp_path / 'out'}"])
     assert result.returncode == 0, result.stderr[-2000:]
     printed = result.stdout
@@ -123,7 +123,7 @@ def test_command_line_prints_counts(tmp_path):
                                                                           "test")}
     for name, count in counts.items():
         assert f"{name}: {count} sentences" in printed
-    result = run_python(["-m", "data_pipeline.rotten_tomatoes",
+    result = run_python(["-m", "bertjax.demos.rotten_tomatoes",
                          f"--source={tmp_path / 'nope.txt'}", f"--output_dir={tmp_path / 'out'}"])
     assert result.returncode != 0
     assert result.stderr.splitlines() == [f"error: {tmp_path / 'nope.txt'}: no such file"]

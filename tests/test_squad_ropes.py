@@ -1,4 +1,4 @@
-"""The ROPES demo-data converter (data_pipeline/ropes.py) on a small task.json in the source's
+"""The ROPES demo-data converter (bertjax/demos/ropes.py) on a small task.json in the source's
 layout: labels split, trailing period removed, whole-word location (story first, then
 background), drops, paragraphs/articles, ids, and the output readable by the SQuAD reader."""
 
@@ -7,7 +7,8 @@ import json
 import subprocess
 import sys
 
-from data_pipeline import ropes, squad
+from bertjax.demos import ropes
+from data_pipeline import squad
 
 BG = "Warm air rises. Cold air sinks."
 EXAMPLES = [
@@ -25,7 +26,7 @@ EXAMPLES = [
 def test_ropes_conversion(tmp_path):
     source = tmp_path / "task.json"
     source.write_text(json.dumps({"examples": EXAMPLES}))
-    result = subprocess.run([sys.executable, "-m", "data_pipeline.ropes", f"--source={source}",
+    result = subprocess.run([sys.executable, "-m", "bertjax.demos.ropes", f"--source={source}",
                              f"--output_dir={tmp_path / 'out'}"], capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]

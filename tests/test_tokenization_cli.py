@@ -126,8 +126,8 @@ def test_bench_compares_with_hf_on_given_files(corpus_files, tmp_path):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("".join(t + "\n" for t in train_wordpiece(lines, 2000, True)),
                      encoding="utf-8")
-    result = run_python([*CLI, "bench", "--input", str(text), "--vocab", str(vocab), "--mb",
-                         "0.2", "--exact_mb", "0.05"])
+    result = run_python(["-m", "bertjax.benchmarks.tokenization", "--input", str(text),
+                         "--vocab", str(vocab), "--mb", "0.2", "--exact_mb", "0.05"])
     assert result.returncode == 0, result.stderr
     identical = [s for s in result.stdout.split("\n") if s.startswith("ids identical")]
     assert len(identical) == 4, result.stdout

@@ -4,7 +4,6 @@ r"""Command line for tokenization.
       --model_type wordpiece|sentencepiece [--sp_type unigram|bpe] [--lowercase] --output DIR
   python -m bertjax.tokenization tokenize --vocab PATH [--do_lower_case|--nodo_lower_case] \
       --input FILE --output FILE          # one JSON line {"tokens": [...], "ids": [...]}
-  python -m bertjax.tokenization bench [--input 'files*'] [--vocab vocab.txt] [--mb 10]
 
 Every bad input stops with one line naming the file or flag.
 """
@@ -25,8 +24,7 @@ def define_flags() -> None:
     # Defined only when run as a program: modules imported together (e.g. by pytest) must not
     # compete for absl's global flag names.
     flags.DEFINE_multi_string("input", None, "train: glob(s) of UTF-8 text files, "
-                              "comma-separated or repeated; tokenize: the text file; bench: "
-                              "text files (default: fetched English).")
+                              "comma-separated or repeated; tokenize: the text file.")
     flags.DEFINE_string("output", None, "train: directory to write; tokenize: JSON lines file.")
     flags.DEFINE_integer("vocab_size", None, "train: entries in the vocabulary.")
     flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "sentencepiece"],
@@ -34,14 +32,11 @@ def define_flags() -> None:
     flags.DEFINE_enum("sp_type", "unigram", ["unigram", "bpe"],
                       "train: SentencePiece algorithm.")
     flags.DEFINE_bool("lowercase", False, "train: an uncased vocabulary.")
-    flags.DEFINE_string("vocab", None, "tokenize: vocab.txt, *.model or a directory; bench: "
-                        "vocab.txt (default: one trained on the text).")
+    flags.DEFINE_string("vocab", None, "tokenize: vocab.txt, *.model or a directory.")
     flags.DEFINE_bool("do_lower_case", None, "tokenize: default: the vocabulary's "
                       "tokenizer_config.json.")
     flags.DEFINE_bool("no_do_lower_case", False,
                       "tokenize: --nodo_lower_case, as earlier versions spelt it.")
-    flags.DEFINE_float("mb", 10.0, "bench: megabytes of text to use.")
-    flags.DEFINE_float("exact_mb", 1.0, "bench: megabytes for the (slow) exact path.")
 
 
 def _train(args) -> str:
@@ -104,17 +99,10 @@ def _tokenize(args) -> str:
     return f"wrote {n} lines to {args.output}"
 
 
-def _bench(args) -> None:
-    from bertjax.tokenization import bench
-
-    bench.run(args.input, args.vocab, args.mb, args.exact_mb)
-
-
 # command → (function, required flags, optional flags)
 COMMANDS = {
     "train": (_train, ("input", "vocab_size", "output"), ("model_type", "sp_type", "lowercase")),
     "tokenize": (_tokenize, ("vocab", "input", "output"), ("do_lower_case", "no_do_lower_case")),
-    "bench": (_bench, (), ("input", "vocab", "mb", "exact_mb")),
 }
 
 

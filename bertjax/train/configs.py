@@ -12,7 +12,6 @@ from jax.sharding import Mesh
 
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig
-from data_pipeline import masking as masking_lib
 
 
 def compute_dtype(dtype: str) -> str:
@@ -145,12 +144,3 @@ def packing_enabled(config) -> bool:
             f"no sentence pairs), got {config.train.nsp_weight}"
         )
     return packed
-
-
-def masking_mix(config) -> tuple[float, float, float]:
-    """(mask, same, random) shares of config.masking (default 0.8 / 0.1 / 0.1), each in [0, 1]
-    and summing to 1."""
-    masking = config.get("masking") or {}
-    names = ("mask", "same", "random")
-    mix = tuple(masking.get(name, default) for name, default in zip(names, masking_lib.DEFAULT_MIX))
-    return masking_lib.check_mix(mix, names=tuple(f"config.masking.{n}" for n in names))

@@ -15,7 +15,7 @@ in a background thread (`InputWatch`), so SIGTERM and Ctrl-C work while the inpu
 an input that gives nothing for `config.train.input_timeout_s` seconds stops the run with one
 line.
 
-The job's interface (duck-typed; see bertjax/tasks/pretraining.py and bertjax/tasks/base.py):
+The job's interface (duck-typed; see bertjax/tasks/pretraining/job.py and bertjax/tasks/base.py):
   model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
   stages: [Stage]; best_metric: str | None (None: no best checkpoint, e.g. pre-training)
   init_params(rng) -> boxed params;  loss(params, batch, rng) -> (loss, metrics)

@@ -5,7 +5,7 @@ A job gives two pure functions:
     fix the sharding), e.g. `lambda rng: model.init(rng, ids)["params"]`;
   loss_fn(params, batch, rng) -> (loss [] float32, metrics {name: []}); `rng` is the dropout
     key of the step (None for a deterministic pass).
-Pre-training's MLM + NSP loss is one such loss (bertjax/tasks/pretraining.py), fine-tuning
+Pre-training's MLM + NSP loss is one such loss (bertjax/tasks/pretraining/objective.py), fine-tuning
 heads are others (bertjax/tasks/).
 """
 

@@ -124,7 +124,7 @@ def rotten_tomatoes(scale: str):
 
 
 def ropes(scale: str):
-    """Extractive QA on ROPES (SQuAD v1.1 layout), as `bertjax.squad_demo` runs it; one epoch
+    """Extractive QA on ROPES (SQuAD v1.1 layout), as `bertjax.demos.squad_demo` runs it; one epoch
     at demo scale (~4 minutes on 2 CPU cores instead of ~10)."""
     config = squad.get_config("files")
     config.data.train, config.data.validation = "data/ropes/train.json", "data/ropes/dev.json"
@@ -147,7 +147,7 @@ def _pos_data(config):
 
 
 def pos(scale: str):
-    """POS tagging (word<TAB>tag files), as `bertjax.tagging_demo` runs it."""
+    """POS tagging (word<TAB>tag files), as `bertjax.demos.tagging_demo` runs it."""
     config = _pos_data(ner.get_config("files"))
     config.optimizer.learning_rate = 1e-4
     return task(config, "accuracy", "POS (acc)", [1e-4], "run `make pos_data`")

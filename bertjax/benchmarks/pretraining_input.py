@@ -1,6 +1,6 @@
 r"""Throughput of the pre-training data pipeline on the demo corpus.
 
-  python -m data_pipeline.benchmark [--corpus=data/demo_corpus.txt] [--vocab=DIR]
+  python -m bertjax.benchmarks.pretraining_input [--corpus=data/demo_corpus.txt] [--vocab=DIR]
 
 1. create_pretraining_data: MB of raw text/s and instances/s with 1 and 2 workers (128 tokens,
    dupe_factor 5, 8 shards, static masking): wall-clock rates (worker start-up included), the

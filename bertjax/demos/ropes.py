@@ -5,7 +5,7 @@ Source: the Natural Instructions re-packaging inside the `bigbench` 1.0.0 sdist,
 `bigbench/benchmark_tasks/natural_instructions/subtask061_ropes_answer_generation/task.json`
 (6,500 examples); only that member is read from the archive.
 
-  python -m data_pipeline.ropes --source=data/bigbench-1.0.0.tar.gz --output_dir=data/ropes
+  python -m bertjax.demos.ropes --source=data/bigbench-1.0.0.tar.gz --output_dir=data/ropes
 
 Conversion: each input is split at its "Background Paragraph:", "Story:" and "Question:"
 labels; context = background, a newline, then the story; the source's trailing period is

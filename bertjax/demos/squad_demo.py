@@ -1,7 +1,7 @@
 r"""`make squad_demo`: fine-tune a BERT for extractive QA on ROPES (SQuAD v1.1 layout, from
 `make ropes`) and print dev EM/F1 next to a trivial baseline.
 
-  python -m bertjax.squad_demo [--checkpoint=runs/demo/export] [--data_dir=data/ropes] \
+  python -m bertjax.demos.squad_demo [--checkpoint=runs/demo/export] [--data_dir=data/ropes] \
       [--workdir=runs/squad_demo] [--num_epochs=3]
 
 The checkpoint is the `make demo` pre-trained tiny BERT by default, or any converted model

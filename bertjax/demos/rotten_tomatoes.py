@@ -1,6 +1,6 @@
 r"""Demo fine-tuning task: Rotten Tomatoes review sentences with human sentiment scores.
 
-  python -m data_pipeline.rotten_tomatoes --source=data/vaderSentiment-3.3.2.tar.gz \
+  python -m bertjax.demos.rotten_tomatoes --source=data/vaderSentiment-3.3.2.tar.gz \
       --output_dir=data/rotten_tomatoes
 
 Source: `movieReviewSnippets_GroundTruth.txt` of Hutto & Gilbert (ICWSM 2014), shipped in the

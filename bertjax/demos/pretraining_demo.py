@@ -1,6 +1,6 @@
 r"""`make demo`: pre-train a tiny BERT on real English on a CPU, end to end, in a few minutes.
 
-  python -m bertjax.demo [--corpus=data/demo_corpus.txt] [--workdir=runs/demo]
+  python -m bertjax.demos.pretraining_demo [--corpus=data/demo_corpus.txt] [--workdir=runs/demo]
 
 1. Splits the BBC News corpus (from `make corpus`) into training and held-out documents.
 2. Trains an 8,000-piece uncased WordPiece vocabulary on the training documents.

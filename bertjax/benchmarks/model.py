@@ -1,6 +1,6 @@
 r"""Speed and memory of bertjax's design choices, each against its baseline in the same process.
 
-  python -m bertjax.benchmark [--preset=mini] [--batch_size=16] [--repeats=5]
+  python -m bertjax.benchmarks.model [--preset=mini] [--batch_size=16] [--repeats=5]
 
 1. MLM logits only at the masked positions vs. at every position (the baseline): train-step
    time and compiled temporary memory.

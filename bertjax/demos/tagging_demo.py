@@ -1,8 +1,8 @@
-r"""`make tagging_demo`: part-of-speech tagging on real English (data_pipeline/pos_demo.py),
+r"""`make tagging_demo`: part-of-speech tagging on real English (bertjax/demos/pos_data.py),
 with the pre-trained tiny BERT of `make demo`, fine-tuned and feature-based, next to the
 most-frequent-tag baseline.
 
-  python -m bertjax.tagging_demo [--checkpoint=runs/demo/export] [--data=data/pos] \
+  python -m bertjax.demos.tagging_demo [--checkpoint=runs/demo/export] [--data=data/pos] \
       [--workdir=runs/tagging_demo] [--epochs=8]
 
 Prints dev token accuracy of: the most frequent tag of each word in train (unseen words: the

@@ -1,0 +1,119 @@
+"""Pre-training as a job of the shared loop (bertjax/train/loop.py): phases of growing
+sequence length, held-out MLM evaluation, and the export of the final model as a bertjax
+checkpoint directory.
+
+Data arrives through `make_input(phase, global_batch_size, split="train" | "eval")`
+(`bertjax.tasks.pretraining.input.make_input_fn`), an iterator of this host's rows of each
+global batch (NumPy) with `save(prefix)` / `restore(prefix)`, in one order whatever the
+number of hosts. With `config.packing.enabled` the batches are packed rows carrying
+`packing_ids` and no NSP labels.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from etils import epath
+
+from bertjax.errors import ConfigError
+from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.tasks.pretraining.input import masking_mix
+from bertjax.tasks.pretraining.objective import batch_spec, eval_metrics, eval_sums, step_fns
+from bertjax.train import configs, multihost
+from bertjax.train import flops as flops_lib
+from bertjax.train.loop import Stage
+from bertjax.train.optimizer import make_optimizer
+
+
+def load_init_params(directory: str, model_cfg: BertConfig) -> dict[str, Any]:
+    """Host params of a bertjax checkpoint directory (a phase-1 export or a converted release)
+    in this run's layout and dtype; the model sizes must agree. No tokenizer is loaded."""
+    from bertjax.pretrained import load_config, load_params
+
+    loaded = load_config(directory)
+    for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                  "max_position_embeddings", "type_vocab_size"):
+        if getattr(loaded, field) != getattr(model_cfg, field):
+            raise ConfigError(
+                f"config.init_checkpoint={directory}: model.{field} is "
+                f"{getattr(loaded, field)} there but {getattr(model_cfg, field)} here")
+    return load_params(directory, model_cfg)
+
+
+class PretrainingJob:
+    """Pre-training for bertjax.train.loop.train."""
+
+    best_metric = None
+
+    def __init__(self, config, make_input: Callable[..., Any]):
+        self.config = config
+        # Checked before anything is written.
+        self.objective = configs.objective(config)
+        self.packed = configs.packing_enabled(config)
+        self.ltr = self.objective == "ltr"
+        masking_mix(config)
+        # The LTR model attends left to right; its exported config.json records causal=True.
+        self.model_config = configs.resolve_model_config(
+            dict(config.model, causal=True) if self.ltr else config.model)
+        self.model = BertForPreTraining(self.model_config)
+        self.phases = configs.plan_phases(config)
+        self.batch_size = config.train.batch_size
+        self.grad_accum_steps = config.train.grad_accum_steps
+        self.total_steps = config.train.num_train_steps
+        self.make_input = make_input
+        nsp = dict(nsp_weight=config.train.nsp_weight, packed=self.packed, ltr=self.ltr)
+        self.init_params, self.loss = step_fns(self.model, **nsp)
+        self._eval_sums = jax.jit(functools.partial(eval_sums, model=self.model, **nsp))
+        self.stages = [self._stage(p) for p in self.phases]
+
+    def _stage(self, phase: configs.Phase) -> Stage:
+        every = self.config.eval.every_steps if phase.eval_data else 0
+        return Stage(
+            name=phase.name, start=phase.start, end=phase.end,
+            make_input=lambda: self.make_input(phase, self.batch_size),
+            batch_spec=batch_spec(self.batch_size, phase.seq_len, phase.max_predictions,
+                                  self.packed, self.ltr),
+            flops_per_example=flops_lib.train_flops_per_sequence(
+                self.model_config, phase.seq_len,
+                phase.seq_len - 1 if self.ltr else phase.max_predictions),
+            tokens_per_example=phase.seq_len,
+            description=(f"Phase {phase.name}: steps {phase.start}..{phase.end}, seq "
+                         f"{phase.seq_len}, {phase.max_predictions} predictions, data "
+                         f"{phase.data or '(none)'}" + (", packed" if self.packed else "")
+                         + f", objective {self.objective}"),
+            eval_every=every, log_extra={"phase_seq_len": phase.seq_len})
+
+    def optimizer(self):
+        return make_optimizer(self.config.optimizer, self.total_steps,
+                              phase_starts=[p.start for p in self.phases[1:]])
+
+    def pretrained_params(self) -> dict[str, Any] | None:
+        if not self.config.get("init_checkpoint"):
+            return None
+        return load_init_params(self.config.init_checkpoint, self.model_config)
+
+    def evaluate(self, params, stage: Stage, step: int, runner) -> dict[str, float]:
+        phase = next(p for p in self.phases if p.name == stage.name)
+        batches = self.make_input(phase, self.batch_size, split="eval")
+        totals: dict[str, float] = {}
+        for _, sums in runner.run(self._eval_sums, params,
+                                  (next(batches) for _ in range(self.config.eval.num_batches))):
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+        return dict(eval_metrics(totals), seq_len=phase.seq_len)
+
+    def finish(self, params, runner, workdir: epath.Path, log) -> None:
+        """Exports the final params as a bertjax checkpoint directory (with a vocabulary).
+        Every process joins the gather and the save (bertjax.train.multihost)."""
+        if not self.config.get("vocab"):
+            return
+        from bertjax.pretrained import save_pretrained
+
+        save_pretrained(workdir / "export", self.model_config, multihost.to_host(params),
+                        self.config.vocab, overwrite=True,
+                        provenance={"source": "bertjax.pretrain"})
+        log(f"Exported the final model to {workdir / 'export'} "
+            "(load with bertjax.load_pretrained)")
