@@ -101,9 +101,9 @@ def test_ltr_loss_equals_numpy_next_token_cross_entropy():
 
 
 def test_ltr_checkpoint_fine_tunes_with_causal_attention(tmp_path):
+    from bertjax.models.squad import BertForQuestionAnswering
     from bertjax.pretrained import save_pretrained
     from bertjax.tasks.base import load_pretrained_model
-    from bertjax.tasks.squad import BertForQuestionAnswering
 
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -228,8 +228,8 @@ def test_masking_mix_is_validated():
 
 @pytest.mark.parametrize("head", ["classification", "squad", "tagging"])
 def test_bilstm_head_sits_between_encoder_and_head_with_logical_axes(head):
+    from bertjax.models.squad import BertForQuestionAnswering
     from bertjax.tasks.classification import BertForSequenceClassification
-    from bertjax.tasks.squad import BertForQuestionAnswering
     from bertjax.tasks.token_classification import BertForTokenClassification
 
     cfg = BertConfig(**TINY)

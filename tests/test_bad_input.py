@@ -515,10 +515,10 @@ def _(w, t):
 
 @case("finetune_files", "squad_not_json", "train.json: not valid JSON")
 def _(w, t):
-    from data_pipeline import squad
+    from bertjax.tasks.squad import readers
 
     _write(f"{t}/train.json", '{"data": [')
-    return lambda: squad.read_squad_json(f"{t}/train.json")
+    return lambda: readers.read_squad_json(f"{t}/train.json")
 
 
 # checkpoints: init checkpoints, convert

@@ -19,7 +19,8 @@ from etils.epath import backend as epath_backend
 
 from bertjax import paths
 from bertjax.errors import DataError
-from bertjax.tasks import squad, submission
+from bertjax.tasks import submission
+from bertjax.tasks.squad import postprocess as squad_postprocess
 from bertjax.tokenization import load_tokenizer
 from bertjax.tokenization.wordpiece import WordPieceTokenizer
 from data_pipeline import conll, glue, metadata, pretraining_input
@@ -142,10 +143,10 @@ def test_outputs_written_to_gcs(gcs, tmp_path):
     assert remote == f"{gcs}/run/submission/MRPC.tsv"
     assert epath.Path(remote).read_text() == open(local).read() == "index\tprediction\n0\t1\n1\t0\n"
 
-    answer = squad.Answer(best_text="Paris", best_score=3.0, null_score=-1.0,
-                          nbest=[{"text": "Paris", "probability": 1.0}])
-    written = squad.write_prediction_files(f"{gcs}/run", "", {"q1": answer}, {"q1": "Paris"},
-                                           version_2=True)
+    answer = squad_postprocess.Answer(best_text="Paris", best_score=3.0, null_score=-1.0,
+                                      nbest=[{"text": "Paris", "probability": 1.0}])
+    written = squad_postprocess.write_prediction_files(f"{gcs}/run", "", {"q1": answer},
+                                                       {"q1": "Paris"}, version_2=True)
     assert [p.rsplit("/", 1)[1] for p in written] == [
         "predictions.json", "nbest_predictions.json", "null_odds.json"]
     assert json.loads(epath.Path(written[0]).read_text()) == {"q1": "Paris"}

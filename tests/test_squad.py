@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 
 from bertjax.errors import ConfigError, DataError
-from bertjax.tasks import squad_metrics as sm
-from bertjax.tasks.squad import final_predictions, postprocess, span_loss
+from bertjax.tasks.squad import features as squad_features
+from bertjax.tasks.squad import metrics as sm
+from bertjax.tasks.squad import readers
+from bertjax.tasks.squad.postprocess import final_predictions, postprocess
+from bertjax.tasks.squad.task import span_loss
 from bertjax.tokenization import WordPieceTokenizer
-from data_pipeline import squad
 
 WORDS = [f"w{i}" for i in range(60)]
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, "##x", "cafe", "don", "'", "t",
@@ -42,7 +44,7 @@ def generated_examples(n=40, seed=0):
         end = sum(len(w) + len(s) for w, s in zip(words[:last + 1], seps[:last + 1])) - len(
             seps[last])
         question = " ".join(rng.choice(WORDS) for _ in range(rng.randint(2, 12)))
-        examples.append(squad.SquadExample(f"q{q}", question, context,
+        examples.append(readers.SquadExample(f"q{q}", question, context,
                                            [(context[start:end], start)]))
     return examples
 
@@ -62,7 +64,7 @@ def brute_force_max_context(starts, lengths, num_tokens):
 def test_feature_round_trip_stride_and_max_context(tokenizer):
     examples = generated_examples()
     seq, stride, max_query = 32, 7, 6
-    features = squad.convert(tokenizer, examples, max_seq_length=seq, doc_stride=stride,
+    features = squad_features.convert(tokenizer, examples, max_seq_length=seq, doc_stride=stride,
                              max_query_length=max_query, training=True)
     assert features.input_ids.shape == (len(features), seq)
     for e, example in enumerate(examples):
@@ -116,7 +118,7 @@ def test_window_starts_reference_loop():
             if s + min(n - s, window) >= n:
                 break
             s += min(min(n - s, window), stride)
-        assert list(squad.window_starts(n, window, stride)) == starts, (n, window, stride)
+        assert list(squad_features.window_starts(n, window, stride)) == starts, (n, window, stride)
 
 
 def brute_force_nbest(features, start, end, e, n_best, max_len, version_2):
@@ -152,9 +154,9 @@ def brute_force_nbest(features, start, end, e, n_best, max_len, version_2):
 def test_postprocess_equals_brute_force(tokenizer, version_2):
     examples = generated_examples(12, seed=3)
     # Repeated words make equal texts at different places: n-best keeps distinct texts.
-    examples.append(squad.SquadExample("rep", "w1", "w1 w2 w1 w2 w1 w2 w1 w2",
+    examples.append(readers.SquadExample("rep", "w1", "w1 w2 w1 w2 w1 w2 w1 w2",
                                        [("w2", 3)]))
-    features = squad.convert(tokenizer, examples, max_seq_length=24, doc_stride=5,
+    features = squad_features.convert(tokenizer, examples, max_seq_length=24, doc_stride=5,
                              max_query_length=4, training=True)
     rng = np.random.default_rng(0)
     start = rng.normal(size=features.input_ids.shape)
@@ -180,9 +182,9 @@ def test_text_recovery_keeps_original_characters(tokenizer):
     context = "Le  Café\u00a0 (don't)  北京大学 visited   ZüRich!  naïve,w1-w2."
     cases = ["Café", "(don't)", "don't", "北京大学", "京大", "ZüRich", "naïve,w1-w2",
              "Café\u00a0 (don't)  北京", "visited   ZüRich!"]
-    examples = [squad.SquadExample(f"t{i}", "w1", context, [(a, context.index(a))])
+    examples = [readers.SquadExample(f"t{i}", "w1", context, [(a, context.index(a))])
                 for i, a in enumerate(cases)]
-    features = squad.convert(tokenizer, examples, max_seq_length=64, doc_stride=16,
+    features = squad_features.convert(tokenizer, examples, max_seq_length=64, doc_stride=16,
                              max_query_length=4, training=True)
     start = np.zeros(features.input_ids.shape)
     end = np.zeros(features.input_ids.shape)
@@ -284,7 +286,7 @@ def test_reader_v1_and_v2(tmp_path):
         {"id": "b", "question": "Who flew?", "answers": [], "is_impossible": True,
          "plausible_answers": [{"text": "Tom", "answer_start": 0}]},
     ])))
-    a, b = squad.read_squad_json(str(path))
+    a, b = readers.read_squad_json(str(path))
     assert a.answers == [("Paris", 12), ("Paris in 1905", 12)] and not a.is_impossible
     assert b.is_impossible and b.answers == [] and a.title == "t"
 
@@ -308,7 +310,7 @@ def test_bad_files_one_line(tmp_path, content, message):
     if content is not None:
         path.write_text(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(DataError) as info:
-        squad.read_squad_json(str(path))
+        readers.read_squad_json(str(path))
     text = str(info.value)
     assert "\n" not in text and message in text and str(path) in text
 
@@ -316,18 +318,18 @@ def test_bad_files_one_line(tmp_path, content, message):
 def test_window_limits_are_config_errors(tokenizer):
     example = generated_examples(1)
     with pytest.raises(ConfigError, match="leaves no room for the context"):
-        squad.convert(tokenizer, example, max_seq_length=66, max_query_length=64)
+        squad_features.convert(tokenizer, example, max_seq_length=66, max_query_length=64)
     with pytest.raises(ConfigError, match="doc_stride=128 must be in"):
-        squad.convert(tokenizer, example, max_seq_length=128, doc_stride=128,
+        squad_features.convert(tokenizer, example, max_seq_length=128, doc_stride=128,
                       max_query_length=64)
 
 
 def test_parallel_conversion_equals_serial(tokenizer, monkeypatch):
-    monkeypatch.setattr(squad, "PARALLEL_MIN_EXAMPLES", 0)
+    monkeypatch.setattr(squad_features, "PARALLEL_MIN_EXAMPLES", 0)
     examples = [e for e in generated_examples(100, seed=5) for _ in range(3)]
     kwargs = dict(max_seq_length=40, doc_stride=9, max_query_length=8, training=True)
-    serial = squad.convert(tokenizer, examples, **kwargs)
-    parallel = squad.convert(tokenizer, examples, num_workers=2, **kwargs)
+    serial = squad_features.convert(tokenizer, examples, **kwargs)
+    parallel = squad_features.convert(tokenizer, examples, num_workers=2, **kwargs)
     for field in ("input_ids", "segment_ids", "input_mask", "start_positions", "end_positions",
                   "example_index", "doc_start", "doc_offset", "doc_length", "max_context",
                   "context_index"):

@@ -83,7 +83,7 @@ def test_squad_v1_cli_learns_and_writes_files(checkpoint, tmp_path):
         assert set(entries[0]) == {"text", "probability", "start_logit", "end_logit"}
         assert abs(sum(e["probability"] for e in entries) - 1.0) < 1e-6
     # Predictions are recomputed from the best checkpoint: they score its dev F1.
-    from bertjax.tasks import squad_metrics
+    from bertjax.tasks.squad import metrics as squad_metrics
     golds = {qa["id"]: [a["text"] for a in qa["answers"]]
              for p in dev_data["data"][0]["paragraphs"] for qa in p["qas"]}
     assert squad_metrics.evaluate(predictions, golds)["f1"] == pytest.approx(

@@ -9,7 +9,7 @@ from etils import epath
 
 from bertjax.convert.huggingface import read_hf_checkpoint, write_hf_checkpoint
 from bertjax.models import BertConfig
-from bertjax.tasks.squad import BertForQuestionAnswering
+from bertjax.models.squad import BertForQuestionAnswering
 
 
 def test_qa_head_matches_transformers_and_imports(tmp_path):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from bertjax.demos import ropes
-from data_pipeline import squad
+from bertjax.tasks.squad import readers
 
 BG = "Warm air rises. Cold air sinks."
 EXAMPLES = [
@@ -32,7 +32,7 @@ def test_ropes_conversion(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     context = BG + "\nTown A is warm. Town B is cold."
     split = "dev" if ropes.is_dev(context) else "train"
-    examples = squad.read_squad_json(str(tmp_path / "out" / f"{split}.json"))
+    examples = readers.read_squad_json(str(tmp_path / "out" / f"{split}.json"))
     assert [(e.question, e.answers) for e in examples] == [
         ("Which town has rising air?", [("Town A", len(BG) + 1)]),
         ("What does cold air do?", [("Cold air sinks", BG.index("Cold"))])]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from bertjax.errors import DataError
-from data_pipeline import squad
+from bertjax.tasks.squad import readers
 
 CONTEXT = "Tom went to Paris in 1905 with Ann."
 RECORDS = {
@@ -49,9 +49,9 @@ def mock(records):
 
 def test_tfds_squad_v2_and_v1():
     with mock(RECORDS):
-        train = squad.read_squad("tfds:squad/v2.0", "train")
-        dev = squad.read_squad("tfds:squad/v2.0", "validation")
-        v1 = squad.read_squad("tfds:squad/v1.1", "train")
+        train = readers.read_squad("tfds:squad/v2.0", "train")
+        dev = readers.read_squad("tfds:squad/v2.0", "validation")
+        v1 = readers.read_squad("tfds:squad/v1.1", "train")
     assert [(e.qas_id, e.answers, e.is_impossible) for e in train] == [
         ("t1", [("Paris", 12)], False)]
     assert v1[0].answers == [("Paris", 12)] and v1[0].title == "A"
@@ -64,6 +64,6 @@ def test_tfds_bad_answer_is_one_line():
     bad = {"train": [dict(RECORDS["train"][0], answers=dict(text=["Paris"],
                                                             answer_start=[3]))]}
     with mock(bad), pytest.raises(DataError) as info:
-        squad.read_squad("tfds:squad/v1.1", "train")
+        readers.read_squad("tfds:squad/v1.1", "train")
     assert str(info.value).startswith("tfds:squad/v1.1[train]: question t1: answer 'Paris'")
     assert "\n" not in str(info.value)

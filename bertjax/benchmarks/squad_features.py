@@ -21,8 +21,8 @@ _WORKERS = flags.DEFINE_integer("num_workers", 2, "processes for the parallel ru
 def synthetic_squad(questions: int, seed: int = 0):
     """(tokenizer, examples): Zipf-distributed words of 1-2 pieces over a 30k vocabulary,
     paragraphs of 80-200 words, 4-5 questions of 6-15 words per paragraph."""
+    from bertjax.tasks.squad.readers import SquadExample
     from bertjax.tokenization import WordPieceTokenizer
-    from data_pipeline.squad import SquadExample
 
     rng = random.Random(seed)
     syllables = [c + v for c in "bcdfghjklmnprstvwz" for v in ("a", "e", "i", "o", "u", "ai")]
@@ -56,7 +56,7 @@ def synthetic_squad(questions: int, seed: int = 0):
 
 def main(argv):
     del argv
-    from data_pipeline import squad
+    from bertjax.tasks.squad import features as squad
 
     tokenizer, examples = synthetic_squad(_QUESTIONS.value)
     paragraphs = len({e.context for e in examples})

@@ -44,8 +44,8 @@ def capitalised_baseline(context: str) -> str:
 def main(argv):
     del argv
     from bertjax.pretrained import load_config
-    from bertjax.tasks import squad_metrics
-    from data_pipeline.squad import read_squad_json
+    from bertjax.tasks.squad import metrics as squad_metrics
+    from bertjax.tasks.squad.readers import read_squad_json
 
     train, dev = (os.path.join(_DATA.value, f"{s}.json") for s in ("train", "dev"))
     if not os.path.exists(dev):

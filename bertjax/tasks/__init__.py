@@ -22,7 +22,7 @@ FAMILIES: dict[str, str] = {
     "glue": "bertjax.tasks.classification:SequenceTask",
     "swag": "bertjax.tasks.classification:SequenceTask",
     "files": "bertjax.tasks.classification:SequenceTask",
-    "squad": "bertjax.tasks.squad:SquadTask",
+    "squad": "bertjax.tasks.squad.task:SquadTask",
     "token_classification": "bertjax.tasks.token_classification:TokenClassificationTask",
     "feature_based": "bertjax.tasks.feature_based:FeatureBasedTask",
 }

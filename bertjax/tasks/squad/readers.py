@@ -1,0 +1,144 @@
+"""SQuAD v1.1 / v2.0 readers: the official JSON layout (`data → paragraphs → qas`, also
+users' own files) and the TFDS `squad/v1.1` / `squad/v2.0` splits, as `SquadExample`s (one per
+question). Every answer is checked against the context characters at its `answer_start`; bad
+input is one line naming the file (or split) and the question.
+
+TensorFlow is imported only by `read_squad_tfds`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from bertjax.errors import ConfigError, DataError
+
+
+@dataclasses.dataclass
+class SquadExample:
+    """One question. answers: (text, answer_start) pairs (several on dev; none when
+    unanswerable). For v2.0 training files the first answer is the one trained on."""
+
+    qas_id: str
+    question: str
+    context: str
+    answers: list[tuple[str, int]]
+    is_impossible: bool = False
+    title: str = ""
+
+
+def _field(record: dict, key: str, kind, where: str):
+    if not isinstance(record, dict) or key not in record:
+        raise DataError(f"{where}: missing field {key!r}")
+    value = record[key]
+    if not isinstance(value, kind):
+        raise DataError(f"{where}: field {key!r} is {type(value).__name__}, "
+                        f"expected {kind.__name__ if isinstance(kind, type) else kind}")
+    return value
+
+
+def check_answer(context: str, text: str, start: int, where: str) -> None:
+    """The answer's characters must be the context's at answer_start."""
+    found = context[start:start + len(text)] if 0 <= start <= len(context) else None
+    if found != text:
+        raise DataError(f"{where}: answer {text!r} does not match the context at "
+                        f"answer_start={start} (the context has {found!r} there)")
+
+
+def parse_squad(data: dict, source: str) -> list[SquadExample]:
+    """Examples of a parsed SQuAD-format dict (`data → paragraphs → qas`)."""
+    examples = []
+    articles = _field(data, "data", list, source)
+    for a, article in enumerate(articles):
+        title = article.get("title", "") if isinstance(article, dict) else ""
+        for p, paragraph in enumerate(_field(article, "paragraphs", list,
+                                             f"{source}: data[{a}]")):
+            where_p = f"{source}: data[{a}].paragraphs[{p}]"
+            context = _field(paragraph, "context", str, where_p)
+            for q, qa in enumerate(_field(paragraph, "qas", list, where_p)):
+                qid = qa.get("id") if isinstance(qa, dict) else None
+                where = f"{source}: question {qid}" if qid else f"{where_p}.qas[{q}]"
+                qid = str(_field(qa, "id", (str, int), where))
+                question = _field(qa, "question", str, where)
+                impossible = bool(qa.get("is_impossible", False))
+                answers = []
+                for ans in _field(qa, "answers", list, where) if not impossible else []:
+                    text = _field(ans, "text", str, where)
+                    start = _field(ans, "answer_start", int, where)
+                    check_answer(context, text, start, where)
+                    answers.append((text, start))
+                if not impossible and not answers:
+                    raise DataError(f"{where}: no answers and is_impossible is not true")
+                examples.append(SquadExample(qid, question, context, answers, impossible,
+                                             title))
+    if not examples:
+        raise DataError(f"{source}: no questions")
+    ids = [e.qas_id for e in examples]
+    if len(set(ids)) != len(ids):
+        seen: set[str] = set()
+        dup = next(i for i in ids if i in seen or seen.add(i))
+        raise DataError(f"{source}: question {dup}: id used more than once")
+    return examples
+
+
+def read_squad_json(path: str) -> list[SquadExample]:
+    """Examples of an official-layout SQuAD JSON file (v1.1 or v2.0, or users' own)."""
+    from etils import epath
+
+    file = epath.Path(path)
+    if not file.exists():
+        raise DataError(f"{path}: no such file")
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e})") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: not UTF-8 ({e})") from e
+    return parse_squad(data, path)
+
+
+TFDS_NAMES = ("squad/v1.1", "squad/v2.0")
+
+
+def read_squad_tfds(name: str, split: str, data_dir: str | None = None) -> list[SquadExample]:
+    """Examples of a TFDS SQuAD split (`squad/v1.1` or `squad/v2.0`; split train/validation)."""
+    from bertjax.tf_setup import import_tensorflow
+
+    import_tensorflow()
+    import tensorflow_datasets as tfds
+
+    if name not in TFDS_NAMES:
+        raise ConfigError(f"tfds:{name} is not one of {' | '.join(TFDS_NAMES)}")
+    source = f"tfds:{name}[{split}]"
+    try:
+        dataset = tfds.load(name, split=split, data_dir=data_dir or None, download=False)
+    except Exception as e:  # noqa: BLE001 - TFDS raises many kinds; one line names the cause
+        raise DataError(f"{source}: cannot load ({type(e).__name__}: {e}); prepare it with "
+                        "tfds build squad first") from e
+
+    def text(x) -> str:
+        return x.decode("utf-8") if isinstance(x, bytes) else str(x)
+
+    examples = []
+    for record in tfds.as_numpy(dataset):
+        qid = text(record["id"])
+        where = f"{source}: question {qid}"
+        context = text(record["context"])
+        answers = [(text(t), int(s)) for t, s in zip(record["answers"]["text"],
+                                                      record["answers"]["answer_start"])]
+        impossible = bool(record.get("is_impossible", False)) or not answers
+        for answer_text, start in answers:
+            check_answer(context, answer_text, start, where)
+        examples.append(SquadExample(qid, text(record["question"]), context,
+                                     [] if impossible else answers, impossible,
+                                     text(record.get("title", b""))))
+    if not examples:
+        raise DataError(f"{source}: no questions")
+    return examples
+
+
+def read_squad(spec: str, split: str, data_dir: str | None = None) -> list[SquadExample]:
+    """A local JSON file, or `tfds:squad/v2.0` (split: `train` or `validation`)."""
+    if spec.startswith("tfds:"):
+        return read_squad_tfds(spec[len("tfds:"):], split, data_dir)
+    return read_squad_json(spec)
