@@ -116,8 +116,8 @@ def jsonl_records(path, error: type[Exception]) -> Iterator[tuple[int, dict]]:
         handle = open(path, "rb")
     except OSError as e:
         raise error(f"{path}: {e.strerror or e}") from None
-    with handle:
-        for number, raw in enumerate(handle, 1):
+    with handle as f:  # a remote path's epath open() is a context manager, not the file
+        for number, raw in enumerate(f, 1):
             try:
                 text = raw.decode("utf-8")
             except UnicodeDecodeError as e:

@@ -16,8 +16,8 @@ readers are tf.data pipelines.
   packed_input.py            reader: make_packed_dataset, rows packed with several examples
 
 Fine-tuning data:
-  glue.py                    GLUE (local or TFDS), SWAG and users' CSV / TSV / JSONL files
-  finetune_data.py           tokenised, length-bucketed fine-tuning batches
+  finetune_data.py           the example types; tokenised, length-bucketed fine-tuning batches
+                             (the GLUE / SWAG / users' file readers: bertjax/tasks/classification)
 
 Shared: TensorFlow is imported CPU-only and quiet (bertjax/tf_setup.py); the commands run through
 bertjax.cli (absl flags, one-line `error: ...`, as every bertjax command). The demo datasets

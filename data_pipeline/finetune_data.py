@@ -25,8 +25,30 @@ import numpy as np
 from absl import logging
 
 from bertjax.errors import DataError
-from data_pipeline.glue import ChoiceExample, Example
 from data_pipeline.hosts import host_rows
+
+
+# The input types, as the readers produce them (bertjax/tasks/classification/readers.py).
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """A text or text pair with its label."""
+
+    guid: str  # "file:line" or "tfds-split:idx": where the example came from
+    text_a: str
+    text_b: str | None
+    label: int | float | None  # class id, regression target, or None (test)
+    index: str = ""  # the id the leaderboard expects for test predictions
+
+
+@dataclasses.dataclass(frozen=True)
+class ChoiceExample:
+    """A multiple-choice example: one context, its candidate endings, the right one's index."""
+
+    guid: str
+    context: str
+    endings: tuple[str, ...]
+    label: int | None  # index into endings, or None (test)
+    index: str = ""
 
 
 @dataclasses.dataclass

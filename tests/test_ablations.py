@@ -136,7 +136,7 @@ def test_ltr_classifier_pools_the_last_real_token():
     """A causal model's [CLS] sees only itself, so a classifier on it could not read the
     sentence; the pooled vector comes from the last real token instead, which sees it all."""
     from bertjax.models import BertModel
-    from bertjax.tasks.classification import BertForSequenceClassification
+    from bertjax.models.classification import BertForSequenceClassification
 
     cfg = BertConfig(**TINY, causal=True)
     rng = np.random.default_rng(4)
@@ -228,8 +228,8 @@ def test_masking_mix_is_validated():
 
 @pytest.mark.parametrize("head", ["classification", "squad", "tagging"])
 def test_bilstm_head_sits_between_encoder_and_head_with_logical_axes(head):
+    from bertjax.models.classification import BertForSequenceClassification
     from bertjax.models.squad import BertForQuestionAnswering
-    from bertjax.tasks.classification import BertForSequenceClassification
     from bertjax.tasks.token_classification import BertForTokenClassification
 
     cfg = BertConfig(**TINY)

@@ -485,7 +485,7 @@ files_case("missing_file", "config.data.train:", "nope.csv does not exist")
 files_case("missing_column", "train.csv:2: missing column 'label'", train="text,label\nthe cat\n")
 files_case("no_text_column", "train.csv:2: missing column 'text'",
            train="sentence,label\nthe cat,pos\n")
-files_case("jsonl_not_json", "train.jsonl:2: not valid JSON", ext="jsonl",
+files_case("jsonl_not_json", "train.jsonl:2: invalid JSON", ext="jsonl",
            train='{"text": "a", "label": "pos"}\n{oops\n')
 files_case("unknown_extension", "train.txt: unknown file type", ext="txt", train="a\n")
 files_case("empty_file", "train.csv: empty file", train="")
@@ -692,7 +692,7 @@ def test_a_one_line_document_is_warned_with_the_share_used(tmp_path, caplog):
 def test_truncated_fine_tuning_texts_are_counted(world, caplog):
     from bertjax.tokenization import load_tokenizer
     from data_pipeline import finetune_data
-    from data_pipeline.glue import Example
+    from data_pipeline.finetune_data import Example
 
     tokenizer = load_tokenizer(world["vocab"])
     texts = [("the cat", None), ("the cat sat on the mat", None), ("the cat", "sat on it"),

@@ -57,8 +57,8 @@ def test_classification_run_is_a_transformers_classifier_with_its_labels(checkpo
     import torch
     import transformers
 
+    from bertjax.models.classification import BertForSequenceClassification
     from bertjax.pretrained import load_pretrained
-    from bertjax.tasks.classification import BertForSequenceClassification
     from experiments.finetune_files import get_config
 
     rng = random.Random(0)

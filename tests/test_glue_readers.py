@@ -8,9 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from bertjax.tasks.submission import write_submission
-from data_pipeline import finetune_data, glue
-from data_pipeline.glue import DataError
+from bertjax.errors import DataError
+from bertjax.tasks.classification import readers
+from bertjax.tasks.classification.submission import write_submission
+from data_pipeline import finetune_data
 
 
 def write(path, lines):
@@ -86,7 +87,7 @@ def write_glue(root):
 
 def test_every_glue_task_reads_its_official_layout(tmp_path):
     root = write_glue(str(tmp_path))
-    data = {name: glue.read_glue(root, glue.get_task(name)) for name in glue.GLUE_TASKS}
+    data = {name: readers.read_glue(root, readers.glue_task(name)) for name in readers.GLUE_TASKS}
     cola = data["cola"]
     assert [(e.text_a, e.label) for e in cola["train"]] == [
         ("Our friends won't buy this analysis.", 1), ('They drank the pub "dry".', 0)]
@@ -101,40 +102,40 @@ def test_every_glue_task_reads_its_official_layout(tmp_path):
     assert [e.label for e in data["qqp"]["train"]] == [1, 0]  # the malformed row is skipped
     assert data["qqp"]["QQP"][0].text_a == "A?"
     mnli = data["mnli"]
-    labels = glue.get_task("mnli").labels
+    labels = readers.glue_task("mnli").labels
     assert labels[mnli["train"][0].label] == "neutral"
     assert labels[mnli["matched"][0].label] == "contradiction"
     assert labels[mnli["mismatched"][0].label] == "entailment"
     assert [e.index for e in mnli["MNLI-mm"]] == ["0", "1"]
     assert mnli["MNLI-m"][1].text_a == "A." and mnli["MNLI-m"][1].text_b == "B."
     for name in ("qnli", "rte"):
-        task = glue.get_task(name)
+        task = readers.glue_task(name)
         assert {task.labels[e.label] for e in data[name]["train"]} == {"entailment",
                                                                       "not_entailment"}
     assert [e.label for e in data["wnli"]["train"]] == [1, 0]
-    assert glue.get_task("mnli").primary_metric == "matched_accuracy"
-    assert glue.get_task("cola").primary_metric == "matthews_corrcoef"
+    assert readers.glue_task("mnli").primary_metric == "matched_accuracy"
+    assert readers.glue_task("cola").primary_metric == "matthews_corrcoef"
 
 
 def test_bad_glue_rows_name_file_and_line(tmp_path):
     path = str(tmp_path / "SST-2" / "train.tsv")
     write(path, [tsv("sentence", "label"), tsv("good", "1"), tsv("bad", "2")])
     with pytest.raises(DataError, match=r"train.tsv:3: label '2' is not one of"):
-        glue.read_glue_file(path, glue.get_task("sst2"), True)
+        readers.read_glue_file(path, readers.glue_task("sst2"), True)
     write(path, [tsv("sentence", "label"), tsv("   ", "1")])
     with pytest.raises(DataError, match=r"train.tsv:2: empty text in column 'sentence'"):
-        glue.read_glue_file(path, glue.get_task("sst2"), True)
+        readers.read_glue_file(path, readers.glue_task("sst2"), True)
     write(path, [tsv("sentence", "label"), "just text"])
     with pytest.raises(DataError, match=r"train.tsv:2: missing column 'label'"):
-        glue.read_glue_file(path, glue.get_task("sst2"), True)
+        readers.read_glue_file(path, readers.glue_task("sst2"), True)
 
 
 def test_tfds_path_on_mock_data():
     import tensorflow_datasets as tfds
 
-    task = glue.get_task("mnli")
+    task = readers.glue_task("mnli")
     with tfds.testing.mock_data(num_examples=6):
-        splits = glue.read_glue_tfds(task)
+        splits = readers.read_glue_tfds(task)
     assert set(splits) == {"train", "matched", "mismatched", "MNLI-m", "MNLI-mm"}
     assert all(len(v) == 6 for v in splits.values())
     assert all(0 <= e.label < 3 for e in splits["matched"])
@@ -142,7 +143,7 @@ def test_tfds_path_on_mock_data():
     indices = [int(e.index) for e in splits["MNLI-m"]]
     assert indices == sorted(indices)
     with tfds.testing.mock_data(num_examples=4):
-        stsb = glue.read_glue_tfds(glue.get_task("stsb"))
+        stsb = readers.read_glue_tfds(readers.glue_task("stsb"))
     assert all(isinstance(e.label, float) for e in stsb["train"])
 
 
@@ -156,7 +157,7 @@ def test_swag_official_csv(tmp_path):
                           ("test.csv", header[:-1], row[:-1])):
         with open(tmp_path / name, "w", newline="") as f:
             csv.writer(f).writerows([cols, r])
-    swag = glue.read_swag(str(tmp_path))
+    swag = readers.read_swag(str(tmp_path))
     example = swag["train"][0]
     assert example.context == "Students lower their eyes nervously."
     assert example.endings == ("She pats her shoulder.", 'She says "no", then.', "She smiles.",
@@ -176,30 +177,30 @@ def test_user_files_csv_tsv_jsonl_and_errors(tmp_path):
     write(str(tmp_path / "a.jsonl"), [json.dumps(r) for r in rows])
     for ext in ("csv", "tsv", "jsonl"):
         path = str(tmp_path / f"a.{ext}")
-        labels = glue.infer_labels(path, "stars")
+        labels = readers.infer_labels(path, "stars")
         assert labels == ("neg", "pos")
-        examples = glue.read_file(path, "classification", text_a="review", text_b="topic",
+        examples = readers.read_file(path, "classification", text_a="review", text_b="topic",
                                   label="stars", labels=labels)
         assert [(e.text_a, e.text_b, e.label) for e in examples] == [
             ("great film", "movies", 1), ("dull, slow", "movies", 0)]
     write(str(tmp_path / "bad.jsonl"), [json.dumps(rows[0]), json.dumps({"review": "x"})])
     with pytest.raises(DataError, match=r"bad.jsonl:2: missing column 'stars'"):
-        glue.read_file(str(tmp_path / "bad.jsonl"), "classification", text_a="review",
+        readers.read_file(str(tmp_path / "bad.jsonl"), "classification", text_a="review",
                        label="stars", labels=("neg", "pos"))
     write(str(tmp_path / "bad.csv"), ["review,stars", "fine,pos", ",neg"])
     with pytest.raises(DataError, match=r"bad.csv:3: empty text in column 'review'"):
-        glue.read_file(str(tmp_path / "bad.csv"), "classification", text_a="review",
+        readers.read_file(str(tmp_path / "bad.csv"), "classification", text_a="review",
                        label="stars", labels=("neg", "pos"))
     write(str(tmp_path / "bad.tsv"), ["review\tstars", "fine\tpos", "fine\tmeh", "short"])
     with pytest.raises(DataError, match=r"bad.tsv:3: label 'meh' is not one of"):
-        glue.read_file(str(tmp_path / "bad.tsv"), "classification", text_a="review",
+        readers.read_file(str(tmp_path / "bad.tsv"), "classification", text_a="review",
                        label="stars", labels=("neg", "pos"))
     write(str(tmp_path / "short.tsv"), ["review\tstars", "short"])
     with pytest.raises(DataError, match=r"short.tsv:2: missing column 'stars'"):
-        glue.read_file(str(tmp_path / "short.tsv"), "regression", text_a="review",
+        readers.read_file(str(tmp_path / "short.tsv"), "regression", text_a="review",
                        label="stars")
     write(str(tmp_path / "mc.jsonl"), [json.dumps({"q": "2+2", "a": "4", "b": "5", "y": 0})])
-    mc = glue.read_file(str(tmp_path / "mc.jsonl"), "multiple_choice", text_a="q",
+    mc = readers.read_file(str(tmp_path / "mc.jsonl"), "multiple_choice", text_a="q",
                         choices=("a", "b"), label="y")
     assert mc[0].endings == ("4", "5") and mc[0].label == 0
 
@@ -233,7 +234,8 @@ def test_length_bucketing_wastes_little_and_covers_every_example():
     rng = np.random.default_rng(0)
     # GLUE-like lengths: most sentences short, a long tail (some truncated at 128).
     lengths = np.clip(rng.lognormal(3.0, 0.8, 2000).astype(int), 1, 200)
-    examples = [glue.Example(str(i), " ".join(["w"] * int(n)), None, int(rng.integers(0, 2)))
+    examples = [finetune_data.Example(str(i), " ".join(["w"] * int(n)), None,
+                                      int(rng.integers(0, 2)))
                 for i, n in enumerate(lengths)]
     features = finetune_data.encode(_ToyTokenizer(), examples, max_seq_length=128)
     assert features.lengths.max() <= 128
@@ -257,7 +259,7 @@ def test_length_bucketing_wastes_little_and_covers_every_example():
 
 
 def test_multiple_choice_features_and_host_slices():
-    examples = [glue.ChoiceExample(str(i), "a b c", ("x", "y y", "z z z", "w"), i % 4)
+    examples = [finetune_data.ChoiceExample(str(i), "a b c", ("x", "y y", "z z z", "w"), i % 4)
                 for i in range(8)]
     features = finetune_data.encode(_ToyTokenizer(), examples, max_seq_length=16)
     full = finetune_data.make_batch(features, 16, np.arange(8), 8)
@@ -271,7 +273,7 @@ def test_multiple_choice_features_and_host_slices():
 
 def test_submission_files(tmp_path):
     path = write_submission(str(tmp_path), "MNLI-m", ["0", "1", "2"], np.array([2, 0, 1]),
-                            glue.get_task("mnli").labels)
+                            readers.glue_task("mnli").labels)
     assert os.path.basename(path) == "MNLI-m.tsv"
     with open(path) as f:
         assert f.read().split("\n") == ["index\tprediction", "0\tcontradiction",

@@ -19,11 +19,11 @@ from etils.epath import backend as epath_backend
 
 from bertjax import paths
 from bertjax.errors import DataError
-from bertjax.tasks import submission
+from bertjax.tasks.classification import readers, submission
 from bertjax.tasks.squad import postprocess as squad_postprocess
 from bertjax.tokenization import load_tokenizer
 from bertjax.tokenization.wordpiece import WordPieceTokenizer
-from data_pipeline import conll, glue, metadata, pretraining_input
+from data_pipeline import conll, metadata, pretraining_input
 from data_pipeline.corpus import expand_inputs
 
 
@@ -123,9 +123,9 @@ def test_finetuning_files_read_the_same_from_gcs(gcs, tmp_path):
     for name in ("train.csv", "train.jsonl", "ner.conll"):
         upload(tmp_path / name, f"{gcs}/files/{name}")
     for name in ("train.csv", "train.jsonl"):
-        local = glue.read_file(str(tmp_path / name), "classification", text_a="text",
+        local = readers.read_file(str(tmp_path / name), "classification", text_a="text",
                                labels=("neg", "pos"))
-        remote = glue.read_file(f"{gcs}/files/{name}", "classification", text_a="text",
+        remote = readers.read_file(f"{gcs}/files/{name}", "classification", text_a="text",
                                 labels=("neg", "pos"))
         assert _without_source(remote) == _without_source(local)
         assert [e.text_a for e in remote] == [r[0] for r in rows[1:]]  # BOM gone, newline kept

@@ -14,7 +14,6 @@ from bertjax.tasks import (
     BertForMultipleChoice,
     BertForSequenceClassification,
     classification_loss,
-    multiple_choice_loss,
     regression_loss,
 )
 
@@ -90,7 +89,8 @@ def test_losses_match_numpy():
     scores, targets = rng.normal(size=(6, 1)), rng.uniform(0, 5, 6)
     loss, _ = regression_loss(jnp.asarray(scores), jnp.asarray(targets), jnp.asarray(weights))
     assert float(loss) == pytest.approx(np.mean((scores[:4, 0] - targets[:4]) ** 2), rel=1e-5)
-    loss, _ = multiple_choice_loss(jnp.asarray(logits), jnp.asarray(labels))
+    # Multiple choice: the same softmax cross-entropy, across the choices' logits.
+    loss, _ = classification_loss(jnp.asarray(logits), jnp.asarray(labels))
     assert float(loss) == pytest.approx(nll.mean(), rel=1e-5)
     assert loss.dtype == jnp.float32
 

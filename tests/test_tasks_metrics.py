@@ -5,7 +5,7 @@ import pytest
 import scipy.stats
 from sklearn import metrics as skm
 
-from bertjax.tasks import metrics
+from bertjax.tasks.classification import metrics
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -8,20 +8,15 @@ names in FAMILIES.
 """
 
 from bertjax.errors import ConfigError
+from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
 from bertjax.tasks.base import FineTuningJob, Splits, Task
-from bertjax.tasks.classification import (
-    BertForSequenceClassification,
-    SequenceTask,
-    classification_loss,
-    regression_loss,
-)
-from bertjax.tasks.multiple_choice import BertForMultipleChoice, multiple_choice_loss
+from bertjax.tasks.classification.task import SequenceTask, classification_loss, regression_loss
 
 # config.task.family → "module:Task class" (imported when used).
 FAMILIES: dict[str, str] = {
-    "glue": "bertjax.tasks.classification:SequenceTask",
-    "swag": "bertjax.tasks.classification:SequenceTask",
-    "files": "bertjax.tasks.classification:SequenceTask",
+    "glue": "bertjax.tasks.classification.task:SequenceTask",
+    "swag": "bertjax.tasks.classification.task:SequenceTask",
+    "files": "bertjax.tasks.classification.task:SequenceTask",
     "squad": "bertjax.tasks.squad.task:SquadTask",
     "token_classification": "bertjax.tasks.token_classification:TokenClassificationTask",
     "feature_based": "bertjax.tasks.feature_based:FeatureBasedTask",
@@ -49,6 +44,5 @@ __all__ = [
     "Task",
     "classification_loss",
     "get_task",
-    "multiple_choice_loss",
     "regression_loss",
 ]

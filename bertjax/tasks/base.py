@@ -1,6 +1,6 @@
 """The fine-tuning plug-in interface, and the job that runs any task on the shared loop.
 
-A task family (classification.py, and next SQuAD, token classification, ...) subclasses `Task`
+A task family (classification/, and next SQuAD, token classification, ...) subclasses `Task`
 and declares only what is its own:
 
   read(config)                  -> Splits: examples of train, dev {name: [...]}, test {name: [...]}

@@ -1,19 +1,20 @@
-"""Fine-tuning examples: the 9 GLUE tasks (official directory layout or TFDS `glue/<task>`),
-SWAG (official CSV files) and users' own CSV / TSV / JSONL files.
+"""Readers of sequence-level fine-tuning examples: the 9 GLUE tasks (official directory layout
+or TFDS `glue/<task>`), SWAG (official CSV files) and users' own CSV / TSV / JSONL files.
 
-Readers return lists of `Example` (text pairs) or `ChoiceExample` (multiple choice); labels are
-class ids (int, an index into the task's label names), floats (regression) or None (test sets).
-Bad input stops with one line naming the file and line: a missing column, an empty text, a
-label outside the label set. The official GLUE files are tab-separated without quoting (the
-texts contain bare quote characters), CoLA's train/dev files have no header, and QQP's train /
-dev files have rows with missing fields, which the reference skips (so does this reader).
+Readers return lists of `Example` (text pairs) or `ChoiceExample` (multiple choice), the input
+types of data_pipeline/finetune_data.py; labels are class ids (int, an index into the task's
+label names), floats (regression) or None (test sets). Bad input stops with one line naming
+the file and line: a missing column, an empty text, a label outside the label set. The
+official GLUE files are tab-separated without quoting (the texts contain bare quote
+characters), CoLA's train/dev files have no header, and QQP's train / dev files have rows with
+missing fields, which the reference skips (so does this reader). TensorFlow (TFDS) is imported
+only when a TFDS split is read.
 """
 
 from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import math
 import sys
 from collections.abc import Iterator, Sequence
@@ -22,28 +23,11 @@ from typing import Any
 from absl import logging
 
 from bertjax import paths
-from bertjax.errors import DataError  # also imported from here, as data_pipeline.glue.DataError
+from bertjax.errors import DataError
+from data_pipeline.finetune_data import ChoiceExample, Example
 
 # Some GLUE / SWAG fields are longer than csv's default field limit.
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))
-
-
-@dataclasses.dataclass(frozen=True)
-class Example:
-    guid: str  # "file:line" or "tfds-split:idx": where the example came from
-    text_a: str
-    text_b: str | None
-    label: int | float | None  # class id, regression target, or None (test)
-    index: str = ""  # the id the leaderboard expects for test predictions
-
-
-@dataclasses.dataclass(frozen=True)
-class ChoiceExample:
-    guid: str
-    context: str
-    endings: tuple[str, ...]
-    label: int | None
-    index: str = ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,7 +46,7 @@ class GlueTask:
     name: str  # config name: cola, sst2, ...
     directory: str  # official GLUE directory name: CoLA, SST-2, ...
     labels: tuple[str, ...]  # label names as in the files and on the leaderboard; () = regression
-    metrics: tuple[str, ...]  # bertjax.tasks.metrics names; the first one selects checkpoints
+    metrics: tuple[str, ...]  # metrics.py names; the first one selects checkpoints
     text_a: str | int  # column name (header) or index (CoLA: no header)
     text_b: str | int | None
     label: str | int
@@ -125,7 +109,8 @@ GLUE_TASKS: dict[str, GlueTask] = {t.name: t for t in (
 )}
 
 
-def get_task(name: str) -> GlueTask:
+def glue_task(name: str) -> GlueTask:
+    """The GLUE task definition of a config name (cola, sst2, "SST-2", ...)."""
     key = name.lower().replace("-", "")
     if key not in GLUE_TASKS:
         raise DataError(f"unknown GLUE task {name!r}; choose one of {sorted(GLUE_TASKS)}")
@@ -338,17 +323,7 @@ def _records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
         raise DataError(f"{path}: no such file")
     lower = path.lower()
     if lower.endswith((".jsonl", ".json")):
-        with paths.open(path, encoding="utf-8") as f:
-            for line, text in enumerate(f, 1):
-                if not text.strip():
-                    continue
-                try:
-                    record = json.loads(text)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}:{line}: not valid JSON ({e.msg})") from None
-                if not isinstance(record, dict):
-                    raise DataError(f"{path}:{line}: expected a JSON object per line")
-                yield line, record
+        yield from paths.jsonl_records(path, DataError)
         return
     if lower.endswith(".tsv"):
         delimiter = "\t"

@@ -1,68 +1,28 @@
-"""Sequence-level tasks: classification, regression and multiple choice (GLUE, SWAG, users'
-own CSV / TSV / JSONL files), as one task family of the fine-tuning plug-in (tasks/base.py).
+"""SequenceTask: classification, regression and multiple choice (GLUE, SWAG, users' own CSV /
+TSV / JSONL files), one task family of the fine-tuning plug-in (tasks/base.py).
 
-The paper's fine-tuning head: C = the pooled final [CLS] vector, dropout 0.1, then one dense
-layer to `num_labels` (truncated-normal 0.02 init); softmax cross-entropy for classification,
-mean squared error for regression (num_labels = 1, e.g. STS-B); multiple choice scores each
-choice with one vector (tasks/multiple_choice.py). Losses in float32. Dev metrics are the
-official ones (tasks/metrics.py); GLUE test predictions become leaderboard files
-(tasks/submission.py).
+The heads are bertjax/models/classification.py's (logits [batch, num_labels], or
+[batch, choices] for multiple choice). Losses in float32: softmax cross-entropy for
+classification and across the choices of multiple choice, mean squared error for regression
+(num_labels = 1, e.g. STS-B). Examples come from readers.py, dev metrics are the official ones
+(metrics.py), GLUE test predictions become leaderboard files (submission.py).
 """
 
 from __future__ import annotations
 
 import functools
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from etils import epath
 
 from bertjax.errors import ConfigError
-from bertjax.models import BertConfig, BertModel
-from bertjax.models.bert import dense
-from bertjax.models.bilstm import BiLSTMHead
-from bertjax.tasks import metrics as metrics_lib
+from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
 from bertjax.tasks.base import Splits, Task, hf_head
-from bertjax.tasks.submission import write_submission
+from bertjax.tasks.classification import metrics as metrics_lib
+from bertjax.tasks.classification.submission import write_submission
 
 Array = jax.Array
-
-
-class BertForSequenceClassification(nn.Module):
-    """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}}.
-
-    bilstm_units > 0: the "+ BiLSTM" head (paper Table 5): a randomly initialised BiLSTM
-    ("bilstm") reads the final hidden vectors, and the classifier its two final states
-    [2 * bilstm_units] instead of the pooled [CLS] vector.
-    """
-
-    config: BertConfig
-    num_labels: int
-    bilstm_units: int = 0
-
-    @nn.compact
-    def __call__(
-        self,
-        input_ids: Array,
-        segment_ids: Array | None = None,
-        input_mask: Array | None = None,
-        *,
-        deterministic: bool = True,
-    ) -> Array:
-        """input_ids, segment_ids, input_mask: [batch, seq] int → logits [batch, num_labels]."""
-        outputs = BertModel(self.config, name="bert")(
-            input_ids, segment_ids, input_mask, deterministic=deterministic
-        )
-        pooled = outputs["pooled_output"]
-        if self.bilstm_units:
-            cfg = self.config
-            pooled = BiLSTMHead(self.bilstm_units, cfg.initializer_range, cfg.dtype,
-                                summarize=True, name="bilstm")(
-                outputs["sequence_output"], input_mask)
-        pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
-        logits = dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(pooled)
-        return nn.with_logical_constraint(logits, ("batch", "classes"))
 
 
 def _weighted_mean(values: Array, weights: Array | None) -> Array:
@@ -110,16 +70,16 @@ class SequenceTask(Task):
 
     def read(self, config) -> Splits:
         """Examples of every split, from config.task / config.data (TensorFlow only for TFDS)."""
-        from data_pipeline import glue
+        from bertjax.tasks.classification import readers
 
         family, data = config.task.family, config.data
         self.glue = family == "glue"
         if family == "glue":
-            task = glue.get_task(config.task.name)
+            task = readers.glue_task(config.task.name)
             if data.tfds:
-                splits = glue.read_glue_tfds(task, data.tfds_data_dir or None)
+                splits = readers.read_glue_tfds(task, data.tfds_data_dir or None)
             elif data.dir:
-                splits = glue.read_glue(data.dir, task)
+                splits = readers.read_glue(data.dir, task)
             else:
                 raise ConfigError("config.data.dir is empty; give the GLUE data directory "
                                   "(official layout) or set config.data.tfds=true")
@@ -131,7 +91,7 @@ class SequenceTask(Task):
             if not data.dir:
                 raise ConfigError("config.data.dir is empty; give the directory holding SWAG's "
                                   "train.csv, val.csv (and test.csv)")
-            splits = glue.read_swag(data.dir)
+            splits = readers.read_swag(data.dir)
             self._declare("multiple_choice", ("0", "1", "2", "3"), ("accuracy",))
             return Splits(splits["train"], {"dev": splits["dev"]},
                           {"test": splits["test"]} if "test" in splits else {})
@@ -150,8 +110,8 @@ class SequenceTask(Task):
         labels = None
         if kind == "classification":
             labels = (tuple(x for x in data.labels.split(",") if x) if data.labels
-                      else glue.infer_labels(data.train, data.label))
-        read = functools.partial(glue.read_file, kind=kind, text_a=data.text_a,
+                      else readers.infer_labels(data.train, data.label))
+        read = functools.partial(readers.read_file, kind=kind, text_a=data.text_a,
                                  text_b=data.text_b, label=data.label, choices=choices,
                                  labels=labels)
         label_names = {"classification": labels, "regression": (),
@@ -211,8 +171,6 @@ class SequenceTask(Task):
                        "single_label_classification", self.bilstm_units)
 
     def model(self, model_config):
-        from bertjax.tasks.multiple_choice import BertForMultipleChoice
-
         if self.kind == "multiple_choice":
             return BertForMultipleChoice(model_config)
         num_labels = 1 if self.kind == "regression" else len(self.label_names)
@@ -223,6 +181,7 @@ class SequenceTask(Task):
         return ids, ids, ids
 
     def loss(self, logits, batch):
+        # Multiple choice: a softmax cross-entropy across the choices' logits [batch, choices].
         loss_fn = regression_loss if self.kind == "regression" else classification_loss
         return loss_fn(logits, batch["labels"], batch["weights"])
 
