@@ -228,9 +228,9 @@ def test_masking_mix_is_validated():
 
 @pytest.mark.parametrize("head", ["classification", "squad", "tagging"])
 def test_bilstm_head_sits_between_encoder_and_head_with_logical_axes(head):
+    from bertjax.models.tagging import BertForTokenClassification
     from bertjax.tasks.classification import BertForSequenceClassification
     from bertjax.tasks.squad import BertForQuestionAnswering
-    from bertjax.tasks.token_classification import BertForTokenClassification
 
     cfg = BertConfig(**TINY)
     model = {"classification": BertForSequenceClassification(cfg, 3, bilstm_units=8),
