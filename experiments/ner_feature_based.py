@@ -33,7 +33,7 @@ def get_config(arg: str = "concat_last_four") -> ml_collections.ConfigDict:
         raise ValueError(f"experiments/ner_feature_based.py: unknown variant {variant!r}; choose "
                          f"one of {VARIANTS}")
     config = ner.get_config(data or "conll2003")
-    config.task.family = "feature_based"  # bertjax/tasks/feature_based.py
+    config.task.family = "feature_based"  # bertjax/tasks/tagging/feature_based.py
     config.feature_based = ml_collections.ConfigDict(dict(
         variant=variant,
         cache_dir="",  # "" = ~/.cache/bertjax/features

@@ -230,7 +230,7 @@ def test_masking_mix_is_validated():
 def test_bilstm_head_sits_between_encoder_and_head_with_logical_axes(head):
     from bertjax.models.classification import BertForSequenceClassification
     from bertjax.models.squad import BertForQuestionAnswering
-    from bertjax.tasks.token_classification import BertForTokenClassification
+    from bertjax.models.tagging import BertForTokenClassification
 
     cfg = BertConfig(**TINY)
     model = {"classification": BertForSequenceClassification(cfg, 3, bilstm_units=8),

@@ -507,10 +507,10 @@ def _(w, t):
 
 @case("finetune_files", "conll_columns", "train.txt:2: 1 columns")
 def _(w, t):
-    from data_pipeline import conll
+    from bertjax.tasks.tagging import readers
 
     _write(f"{t}/train.txt", "EU B-ORG\nrejects\n")
-    return lambda: conll.read_columns(f"{t}/train.txt")
+    return lambda: readers.read_columns(f"{t}/train.txt")
 
 
 @case("finetune_files", "squad_not_json", "train.json: not valid JSON")

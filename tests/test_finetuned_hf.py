@@ -166,8 +166,8 @@ def test_token_classification_run_keeps_its_tags(tmp_path):
     import torch
     import transformers
 
+    from bertjax.models.tagging import BertForTokenClassification
     from bertjax.pretrained import load_pretrained
-    from bertjax.tasks.token_classification import BertForTokenClassification
     from experiments.ner import get_config
 
     checkpoint = td.write_checkpoint(tmp_path)

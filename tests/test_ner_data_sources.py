@@ -8,7 +8,7 @@ import pytest
 
 from bertjax.demos import pos_data as pos_demo
 from bertjax.errors import DataError
-from data_pipeline import conll
+from bertjax.tasks.tagging import readers
 
 WSJ = "Pierre/NNP Vinken/NNP ,/, 61/CD years/NNS old/JJ ./.\n1/2/CD cup/NN ./.\n"
 OANC = "".join(f"Line{i}/NNP is/VBZ here/RB ./.\n" for i in range(40))
@@ -29,7 +29,7 @@ def test_pos_demo_conversion_round_trips(tmp_path):
     counts = pos_demo.convert(str(sdist), str(tmp_path / "pos"))
     assert counts["wsj"] == (2, 10, 7) and counts["oanc"] == (40, 160, 4)
     assert counts["train"][0] + counts["dev"][0] == 40 and counts["dev"][0] > 0
-    wsj = conll.read_columns(str(tmp_path / "pos" / "wsj.conll"), tag_column=1,
+    wsj = readers.read_columns(str(tmp_path / "pos" / "wsj.conll"), tag_column=1,
                              scheme="none", target="none")
     assert wsj[1].words == ("1/2", "cup", ".")  # split at the last slash
     # Rebuilding word/TAG lines gives the source back exactly.
@@ -62,8 +62,8 @@ def test_tfds_conll2003_on_mock_data():
 
     with tfds.testing.mock_data(as_dataset_fn=as_dataset):
         assert tfds.builder("conll2003").info.features["ner"].feature.names == names
-        train = conll.read_tfds("train", target="bioes")
-        dev = conll.read_tfds("dev")
+        train = readers.read_tfds("train", target="bioes")
+        dev = readers.read_tfds("dev")
     assert [s.words for s in train] == [("EU", "rejects", "German", "call"),
                                         ("Peter", "Blackburn")]
     assert [s.tags for s in train] == [("S-ORG", "O", "S-MISC", "O"), ("B-PER", "E-PER")]

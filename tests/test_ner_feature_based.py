@@ -6,13 +6,9 @@ import numpy as np
 import pytest
 import tagging_data as td
 
-from bertjax.tasks.feature_based import (
-    VARIANTS,
-    FeatureBasedTagger,
-    combine_layers,
-    variant_layers,
-)
-from data_pipeline import conll
+from bertjax.models.tagging import FeatureBasedTagger, combine_layers
+from bertjax.tasks.tagging import schemes
+from bertjax.tasks.tagging.feature_based import VARIANTS, variant_layers
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +16,7 @@ def data_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("fb")
     checkpoint = td.write_checkpoint(root, num_layers=4)
     for name, seed, n in (("eng.train", 0, 300), ("eng.testa", 1, 80), ("eng.testb", 2, 40)):
-        data = [(w, conll.convert(t, "iob2", "iob1")) for w, t in td.dataset(seed, n)]
+        data = [(w, schemes.convert(t, "iob2", "iob1")) for w, t in td.dataset(seed, n)]
         td.write_conll(root / name, data, docs_every=10)
     return root, checkpoint
 
@@ -157,7 +153,7 @@ def test_steps_are_counted_without_building_batches(data_dir, tmp_path, monkeypa
     """The job counts an epoch's steps from the batch plan: no batch (and so no cache read)
     is built for it, and the count is the number of batches an epoch yields."""
     from bertjax.tasks import FineTuningJob, get_task
-    from bertjax.tasks.feature_based import FeatureBasedTask
+    from bertjax.tasks.tagging.feature_based import FeatureBasedTask
 
     root, checkpoint = data_dir
     built = []

@@ -11,13 +11,13 @@ import tagging_data as td
 
 from bertjax import cli
 from bertjax.finetune_grid import run_grid
-from data_pipeline import conll
+from bertjax.tasks.tagging import schemes
 
 
 def test_finetune_grid_runs_the_ner_config(tmp_path):
     checkpoint = td.write_checkpoint(tmp_path, max_positions=32)
     for name, seed, n in (("eng.train", 0, 64), ("eng.testa", 1, 32), ("eng.testb", 2, 16)):
-        data = [(w, conll.convert(t, "iob2", "iob1")) for w, t in td.dataset(seed, n)]
+        data = [(w, schemes.convert(t, "iob2", "iob1")) for w, t in td.dataset(seed, n)]
         td.write_conll(tmp_path / name, data, docs_every=10)
     config = cli.load_config("experiments/ner.py:conll2003")
     config.init_checkpoint, config.data.dir = checkpoint, str(tmp_path)

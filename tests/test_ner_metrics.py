@@ -9,8 +9,15 @@ import numpy as np
 import pytest
 
 from bertjax.errors import DataError
-from bertjax.tasks.tagging_metrics import chunks, entity_scores, strict_chunks
-from data_pipeline import conll
+from bertjax.tasks.tagging import readers
+from bertjax.tasks.tagging.metrics import entity_scores
+from bertjax.tasks.tagging.schemes import (
+    chunks,
+    convert,
+    encode_chunks,
+    scheme_error,
+    strict_chunks,
+)
 
 TYPES = ("PER", "LOC", "MISC")
 
@@ -95,21 +102,21 @@ def test_tag_scheme_conversions_round_trip():
     for _ in range(2000):
         n = rng.randint(1, 14)
         spans = random_chunks(rng, n)
-        encoded = {s: conll.encode_chunks(n, spans, s) for s in schemes}
+        encoded = {s: encode_chunks(n, spans, s) for s in schemes}
         for source in schemes:
-            assert conll.scheme_error(encoded[source], source) is None
+            assert scheme_error(encoded[source], source) is None
             assert chunks(encoded[source]) == spans  # conlleval reads every scheme's chunks
             for target in schemes:
-                there = conll.convert(encoded[source], source, target)
+                there = convert(encoded[source], source, target)
                 assert there == encoded[target]
-                assert conll.convert(there, target, source) == encoded[source]
+                assert convert(there, target, source) == encoded[source]
 
 
 def test_iob1_as_distributed_becomes_iob2():
     iob1 = ["I-ORG", "I-ORG", "O", "I-PER", "B-PER", "O", "I-LOC"]
-    assert conll.convert(iob1, "iob1", "iob2") == [
+    assert convert(iob1, "iob1", "iob2") == [
         "B-ORG", "I-ORG", "O", "B-PER", "B-PER", "O", "B-LOC"]
-    assert conll.convert(iob1, "iob1", "bioes") == [
+    assert convert(iob1, "iob1", "bioes") == [
         "B-ORG", "E-ORG", "O", "S-PER", "S-PER", "O", "S-LOC"]
 
 
@@ -122,15 +129,15 @@ def test_conll2003_reader_documents_and_columns(tmp_path):
     path.write_text("-DOCSTART- -X- -X- O\n\nEU NNP B-NP I-ORG\nrejects VBZ B-VP O\n\n"
                     "Peter NNP B-NP I-PER\nBlackburn NNP I-NP I-PER\n\n"
                     "-DOCSTART- -X- -X- O\n\nBRUSSELS NNP B-NP I-LOC\n\n")
-    sentences = conll.read_columns(str(path), scheme="iob1", target="iob2")
+    sentences = readers.read_columns(str(path), scheme="iob1", target="iob2")
     assert [s.words for s in sentences] == [("EU", "rejects"), ("Peter", "Blackburn"),
                                             ("BRUSSELS",)]
     assert [s.tags for s in sentences] == [("B-ORG", "O"), ("B-PER", "I-PER"), ("B-LOC",)]
     assert [s.document for s in sentences] == [0, 0, 1]
     assert sentences[1].source == f"{path}:6"
-    pos = conll.read_columns(str(path), tag_column=1, scheme="none", target="none")
+    pos = readers.read_columns(str(path), tag_column=1, scheme="none", target="none")
     assert pos[0].tags == ("NNP", "VBZ")
-    assert conll.infer_labels(sentences) == ("O", "B-LOC", "B-ORG", "B-PER", "I-PER")
+    assert readers.infer_labels(sentences) == ("O", "B-LOC", "B-ORG", "B-PER", "I-PER")
 
 
 def test_jsonl_reader(tmp_path):
@@ -139,7 +146,7 @@ def test_jsonl_reader(tmp_path):
         {"tokens": ["a", "b"], "tags": ["S-PER", "O"], "document": 1},
         {"tokens": ["c"], "tags": ["O"], "document": 1},
         {"tokens": ["d", "e"], "tags": ["B-LOC", "E-LOC"], "document": 2}]) + "\n")
-    sentences = conll.read_file(str(path), scheme="bioes", target="iob2")
+    sentences = readers.read_file(str(path), scheme="bioes", target="iob2")
     assert [s.tags for s in sentences] == [("B-PER", "O"), ("O",), ("B-LOC", "I-LOC")]
     assert [s.document for s in sentences] == [0, 0, 1]
 
@@ -162,7 +169,7 @@ def test_bad_input_is_one_line_naming_file_and_line(tmp_path, name, text, kwargs
     path.write_text(text)
     kwargs = {"scheme": "iob2", "target": "iob2", **kwargs}
     with pytest.raises(DataError) as err:
-        conll.read_file(str(path), **kwargs)
+        readers.read_file(str(path), **kwargs)
     assert message in str(err.value) and "\n" not in str(err.value)
     assert str(err.value).startswith(str(path))
 
@@ -171,6 +178,6 @@ def test_unknown_tag_names_file_and_line(tmp_path):
     train, dev = tmp_path / "train.conll", tmp_path / "dev.conll"
     train.write_text("a O\nb B-PER\n\n")
     dev.write_text("a O\n\nb O\nc B-PER\nd B-ORG\n\n")
-    labels = conll.infer_labels(conll.read_columns(str(train), scheme="iob2"))
+    labels = readers.infer_labels(readers.read_columns(str(train), scheme="iob2"))
     with pytest.raises(DataError, match=rf"^{dev}:5: unknown tag 'B-ORG'"):
-        conll.check_labels(conll.read_columns(str(dev), scheme="iob2"), labels)
+        readers.check_labels(readers.read_columns(str(dev), scheme="iob2"), labels)

@@ -21,9 +21,10 @@ from bertjax import paths
 from bertjax.errors import DataError
 from bertjax.tasks.classification import readers, submission
 from bertjax.tasks.squad import postprocess as squad_postprocess
+from bertjax.tasks.tagging import readers as tagging_readers
 from bertjax.tokenization import load_tokenizer
 from bertjax.tokenization.wordpiece import WordPieceTokenizer
-from data_pipeline import conll, metadata, pretraining_input
+from data_pipeline import metadata, pretraining_input
 from data_pipeline.corpus import expand_inputs
 
 
@@ -130,8 +131,8 @@ def test_finetuning_files_read_the_same_from_gcs(gcs, tmp_path):
         assert _without_source(remote) == _without_source(local)
         assert [e.text_a for e in remote] == [r[0] for r in rows[1:]]  # BOM gone, newline kept
         assert remote[0].guid.startswith(f"{gcs}/files/{name}:")
-    local = conll.read_file(str(tmp_path / "ner.conll"), scheme="iob2")
-    remote = conll.read_file(f"{gcs}/files/ner.conll", scheme="iob2")
+    local = tagging_readers.read_file(str(tmp_path / "ner.conll"), scheme="iob2")
+    remote = tagging_readers.read_file(f"{gcs}/files/ner.conll", scheme="iob2")
     assert _without_source(remote) == _without_source(local) and len(remote) == 2
 
 

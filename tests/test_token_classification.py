@@ -11,9 +11,10 @@ import pytest
 import tagging_data as td
 from conftest import run_python
 
-from bertjax.tasks.token_classification import token_loss
-from data_pipeline import conll, token_features
-from data_pipeline.conll import Sentence
+from bertjax.tasks.tagging import features as token_features
+from bertjax.tasks.tagging import schemes
+from bertjax.tasks.tagging.readers import Sentence
+from bertjax.tasks.tagging.task import token_loss
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def test_conll2003_layout_end_to_end_cli(checkpoint, tmp_path):
     """IOB1 files with -DOCSTART-, windows (stride) and document context on, through the CLI:
     dev entity F1 ≥ 0.95, predictions/test.conll readable by conlleval."""
     for name, seed, n in (("eng.train", 0, 320), ("eng.testa", 1, 80), ("eng.testb", 2, 60)):
-        data = [(w, conll.convert(t, "iob2", "iob1")) for w, t in td.dataset(seed, n)]
+        data = [(w, schemes.convert(t, "iob2", "iob1")) for w, t in td.dataset(seed, n)]
         td.write_conll(tmp_path / name, data, docs_every=10)
     workdir = tmp_path / "run"
     result = run_python([
@@ -139,12 +140,12 @@ def test_conll2003_layout_end_to_end_cli(checkpoint, tmp_path):
     assert {"LOC_f1", "ORG_f1", "PER_f1", "accuracy"} <= set(results["best"])
     assert "overall" in result.stdout and "PER" in result.stdout  # the per-type table
     blocks = (workdir / "predictions" / "test.conll").read_text().strip("\n").split("\n\n")
-    gold = [(w, conll.convert(t, "iob2", "iob2")) for w, t in td.dataset(2, 60)]
+    gold = [(w, schemes.convert(t, "iob2", "iob2")) for w, t in td.dataset(2, 60)]
     assert len(blocks) == len(gold)
     rows = [[line.split(" ") for line in b.split("\n")] for b in blocks]
     assert [[r[0] for r in b] for b in rows] == [w for w, _ in gold]
     assert [[r[1] for r in b] for b in rows] == [t for _, t in gold]  # IOB2 gold
-    from bertjax.tasks.tagging_metrics import entity_scores
+    from bertjax.tasks.tagging.metrics import entity_scores
 
     test_f1 = entity_scores([[r[1] for r in b] for b in rows],
                             [[r[2] for r in b] for b in rows])["overall"]["f1"]

@@ -8,7 +8,7 @@ from etils import epath
 
 from bertjax.convert.huggingface import read_hf_checkpoint, write_hf_checkpoint
 from bertjax.models import BertConfig
-from bertjax.tasks.token_classification import BertForTokenClassification
+from bertjax.models.tagging import BertForTokenClassification
 
 
 def test_token_classification_head_matches_transformers(tmp_path):

@@ -18,8 +18,8 @@ FAMILIES: dict[str, str] = {
     "swag": "bertjax.tasks.classification.task:SequenceTask",
     "files": "bertjax.tasks.classification.task:SequenceTask",
     "squad": "bertjax.tasks.squad.task:SquadTask",
-    "token_classification": "bertjax.tasks.token_classification:TokenClassificationTask",
-    "feature_based": "bertjax.tasks.feature_based:FeatureBasedTask",
+    "token_classification": "bertjax.tasks.tagging.task:TokenClassificationTask",
+    "feature_based": "bertjax.tasks.tagging.feature_based:FeatureBasedTask",
 }
 
 

@@ -1,30 +1,22 @@
 """Tagged sentences for token classification: CoNLL-2003 and other CoNLL column files, JSONL
-`{"tokens": [...], "tags": [...]}` and TFDS `conll2003`; tag schemes and their conversions.
+`{"tokens": [...], "tags": [...]}` and TFDS `conll2003`, and the label set they imply.
 
-Schemes (`scheme` arguments): "iob1" (CoNLL-2003 as distributed: a chunk starts with I-, B- only
-separates two adjacent chunks of one type), "iob2" (= BIO: every chunk starts with B-), "bioes"
-(B- I-* E- or a single S-), and "none" (plain tags such as POS tags: no chunks, no conversion).
-Files are read in their own scheme, checked against it, and converted to the scheme the model
-predicts. Chunks follow conlleval's rules (`chunks`), so a well-formed sequence converts
-losslessly between the chunk schemes.
+Files are read in their own scheme (schemes.py), checked against it, and converted to the
+scheme the model predicts.
 
 Bad input stops with one line naming file and line (`DataError`): ragged columns, a tag that
 is not in the label set, a tag that breaks the declared scheme (e.g. an I- tag starting a chunk
-in an iob2 file), an empty sentence.
+in an iob2 file), an empty sentence, a JSON line that is not an object.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 
 from bertjax import paths
 from bertjax.errors import DataError
-from bertjax.tasks.tagging_metrics import Chunk, chunks, split_tag, strict_chunks
-
-SCHEMES = ("iob1", "iob2", "bioes", "none")
-__all__ = ["Chunk", "chunks", "split_tag", "strict_chunks"]  # re-exported: the chunk rules
+from bertjax.tasks.tagging.schemes import SCHEMES, convert, scheme_error, split_tag
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,66 +31,6 @@ class Sentence:
         """"file:line" of word `word` (for error messages)."""
         path = self.source.rpartition(":")[0]
         return f"{path}:{self.lines[word]}" if self.lines else self.source
-
-
-# ---------------------------------------------------------------------------------------------
-# Tags, chunks and schemes
-
-
-def encode_chunks(length: int, spans: Sequence[Chunk], scheme: str) -> list[str]:
-    """Tags of `length` words holding the non-overlapping `spans` in `scheme`."""
-    tags = ["O"] * length
-    previous: Chunk | None = None
-    for type_, start, end in sorted(spans, key=lambda c: c[1]):
-        for i in range(start, end):
-            tags[i] = f"I-{type_}"
-        if scheme == "iob2":
-            tags[start] = f"B-{type_}"
-        elif scheme == "iob1":
-            # B- only where the chunk touches a previous chunk of the same type.
-            if previous is not None and previous[2] == start and previous[0] == type_:
-                tags[start] = f"B-{type_}"
-        elif scheme == "bioes":
-            if end - start == 1:
-                tags[start] = f"S-{type_}"
-            else:
-                tags[start], tags[end - 1] = f"B-{type_}", f"E-{type_}"
-        else:
-            raise ValueError(f"unknown chunk scheme {scheme!r}")
-        previous = (type_, start, end)
-    return tags
-
-
-def convert(tags: Sequence[str], source: str, target: str) -> list[str]:
-    """Tags of one sentence from scheme `source` to `target` (through their chunks)."""
-    if source == target or "none" in (source, target):
-        if source != target:
-            raise ValueError(f"cannot convert between {source!r} and {target!r}")
-        return list(tags)
-    return encode_chunks(len(tags), chunks(tags), target)
-
-
-def scheme_error(tags: Sequence[str], scheme: str) -> tuple[int, str] | None:
-    """(index, why) of the first tag that breaks `scheme`, or None if the sequence is
-    well-formed: its chunks written back in `scheme` reproduce it exactly."""
-    if scheme == "none":
-        return None
-    allowed = {"iob1": "BIO", "iob2": "BIO", "bioes": "BIOES"}[scheme]
-    for i, tag in enumerate(tags):
-        prefix = split_tag(tag)[0]
-        if prefix not in allowed or (tag != "O" and tag[1:2] != "-"):
-            return i, f"tag {tag!r} is not a {scheme} tag ({'/'.join(allowed)}- prefixes or O)"
-    rewritten = encode_chunks(len(tags), chunks(tags), scheme)
-    for i, (tag, want) in enumerate(zip(tags, rewritten)):
-        if tag != want:
-            before = tags[i - 1] if i else "the sentence start"
-            return i, (f"tag {tag!r} after {before} breaks the {scheme} scheme "
-                       f"(expected {want!r}); set the scheme the file uses")
-    return None
-
-
-# ---------------------------------------------------------------------------------------------
-# Readers
 
 
 @dataclasses.dataclass
@@ -205,35 +137,23 @@ def read_jsonl(path: str, *, tokens_key: str = "tokens", tags_key: str = "tags",
     _check_scheme(scheme, target)
     builder = _Builder(path, scheme, target, labelled, document=first_document)
     previous_document = None
-    try:
-        handle = paths.open(path, encoding="utf-8")
-    except OSError as e:
-        raise DataError(f"{path}: {e.strerror}") from None
-    with handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{number}: not JSON ({e.msg})") from None
-            if not isinstance(record, dict) or not isinstance(record.get(tokens_key), list):
-                raise DataError(f"{path}:{number}: no list field {tokens_key!r}")
-            words = [str(w) for w in record[tokens_key]]
-            tags = None
-            if labelled:
-                tags = record.get(tags_key)
-                if not isinstance(tags, list):
-                    raise DataError(f"{path}:{number}: no list field {tags_key!r}")
-                if len(tags) != len(words):
-                    raise DataError(f"{path}:{number}: {len(words)} tokens but {len(tags)} "
-                                    "tags")
-                tags = [str(t) for t in tags]
-            document = record.get("document")
-            if builder.sentences and document != previous_document:
-                builder.document += 1
-            previous_document = document
-            builder.add(words, tags, [number] * max(len(words), 1))
+    for number, record in paths.jsonl_records(path, DataError):
+        if not isinstance(record.get(tokens_key), list):
+            raise DataError(f"{path}:{number}: no list field {tokens_key!r}")
+        words = [str(w) for w in record[tokens_key]]
+        tags = None
+        if labelled:
+            tags = record.get(tags_key)
+            if not isinstance(tags, list):
+                raise DataError(f"{path}:{number}: no list field {tags_key!r}")
+            if len(tags) != len(words):
+                raise DataError(f"{path}:{number}: {len(words)} tokens but {len(tags)} tags")
+            tags = [str(t) for t in tags]
+        document = record.get("document")
+        if builder.sentences and document != previous_document:
+            builder.document += 1
+        previous_document = document
+        builder.add(words, tags, [number] * max(len(words), 1))
     if not builder.sentences:
         raise DataError(f"{path}: no sentences")
     return builder.sentences

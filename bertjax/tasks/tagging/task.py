@@ -2,10 +2,10 @@
 family of the fine-tuning plug-in (tasks/base.py).
 
 The paper's setting (Sec. 5.3): each word's label sits on its first WordPiece; a dense layer
-over the final hidden vectors scores every position, and only first sub-tokens enter the
-float32 cross-entropy and the metric (no CRF). Sentences are encoded with their document's
-neighbouring sentences as context (config.data.document_context); long sentences are split into
-windows and each word is predicted once (data_pipeline/token_features.py).
+over the final hidden vectors scores every position (bertjax/models/tagging.py), and only first
+sub-tokens enter the float32 cross-entropy and the metric (no CRF). Sentences are encoded with
+their document's neighbouring sentences as context (config.data.document_context); long
+sentences are split into windows and each word is predicted once (features.py).
 
 Metrics: conlleval's entity-level precision / recall / F1 (micro, and F1 per type as
 "<TYPE>_f1") and token accuracy; with plain tags (scheme "none", e.g. POS) token accuracy only.
@@ -13,57 +13,29 @@ Outputs from the best checkpoint, for the dev and test splits: `workdir/predicti
 (word, gold, predicted; IOB2, readable by conlleval) and a per-type table in the log.
 
 The feature-based variant (frozen encoder, cached features, BiLSTM) is its own family,
-`feature_based` (tasks/feature_based.py), reusing this module's data and features.
+`feature_based` (feature_based.py), reusing this task's data and features.
 """
 
 from __future__ import annotations
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from etils import epath
 
 from bertjax.errors import ConfigError
-from bertjax.models import BertConfig, BertModel
-from bertjax.models.bert import dense
-from bertjax.models.bilstm import BiLSTMHead
-from bertjax.tasks import tagging_metrics
+from bertjax.models.tagging import BertForTokenClassification
 from bertjax.tasks.base import Splits, Task, hf_head
+from bertjax.tasks.tagging import features as token_features
+from bertjax.tasks.tagging import readers
+from bertjax.tasks.tagging.metrics import entity_scores, table, token_accuracy
+from bertjax.tasks.tagging.schemes import SCHEMES, convert, split_tag
+from data_pipeline import finetune_data
 
 Array = jax.Array
 
 # CoNLL-2003 file names in a data directory: the original release, then the common renaming.
 CONLL2003_FILES = {"train": ("eng.train", "train.txt"), "dev": ("eng.testa", "valid.txt"),
                    "test": ("eng.testb", "test.txt")}
-
-
-class BertForTokenClassification(nn.Module):
-    """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}}
-    (transformers' BertForTokenClassification: dropout, then one dense layer per position).
-    bilstm_units > 0: "+ BiLSTM", a randomly initialised BiLSTM ("bilstm") before the dropout."""
-
-    config: BertConfig
-    num_labels: int
-    bilstm_units: int = 0
-
-    @nn.compact
-    def __call__(self, input_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None, *, deterministic: bool = True) -> Array:
-        """input_ids, segment_ids, input_mask: [batch, seq] → logits [batch, seq, num_labels]."""
-        outputs = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask,
-                                                      deterministic=deterministic)
-        hidden = outputs["sequence_output"]
-        if self.bilstm_units:
-            hidden = BiLSTMHead(self.bilstm_units, self.config.initializer_range,
-                                self.config.dtype, name="bilstm")(hidden, input_mask)
-        hidden = nn.Dropout(self.config.hidden_dropout_prob)(hidden, deterministic=deterministic)
-        return tagging_head(self.config, self.num_labels, hidden)
-
-
-def tagging_head(config: BertConfig, num_labels: int, hidden: Array) -> Array:
-    """The dense classifier: hidden [batch, seq, width] → logits [batch, seq, num_labels]."""
-    logits = dense(config, num_labels, ("embed", "classes"), "classifier")(hidden)
-    return nn.with_logical_constraint(logits, ("batch", "length", "classes"))
 
 
 def token_loss(logits: Array, labels: Array, weights: Array) -> tuple[Array, dict[str, Array]]:
@@ -100,16 +72,14 @@ class TokenClassificationTask(Task):
     # ---- data
 
     def read(self, config) -> Splits:
-        from data_pipeline import conll
-
         data = config.data
-        if self.scheme not in conll.SCHEMES:
+        if self.scheme not in SCHEMES:
             raise ConfigError(f"config.task.label_scheme={self.scheme!r} is not one of "
-                              f"{' | '.join(conll.SCHEMES)}")
+                              f"{' | '.join(SCHEMES)}")
         if config.task.name == "conll2003" and data.tfds:
             # TFDS conll2003's class names are IOB2 (B-PER, I-PER, ...), whatever data.scheme
             # says about the original files.
-            read = lambda split: conll.read_tfds(  # noqa: E731
+            read = lambda split: readers.read_tfds(  # noqa: E731
                 split, data_dir=data.tfds_data_dir or None, scheme="iob2", target=self.scheme)
             splits = {name: read(name) for name in ("train", "dev", "test")}
         else:
@@ -117,14 +87,14 @@ class TokenClassificationTask(Task):
             splits = {}
             first_document = 0
             for name, path in paths.items():
-                splits[name] = conll.read_file(
+                splits[name] = readers.read_file(
                     path, fmt=data.format, token_column=data.token_column,
                     tag_column=data.tag_column, tokens_key=data.tokens_key,
                     tags_key=data.tags_key, scheme=data.scheme, target=self.scheme,
                     labelled=name != "test" or data.test_labelled,
                     first_document=first_document)
                 first_document = splits[name][-1].document + 1
-        labels = conll.infer_labels(splits["train"], self.scheme)
+        labels = readers.infer_labels(splits["train"], self.scheme)
         if data.labels and epath.Path(data.labels).is_file():  # one label a line (POS: ",")
             labels = tuple(x for x in epath.Path(data.labels).read_text().split("\n") if x)
         elif data.labels:
@@ -133,10 +103,10 @@ class TokenClassificationTask(Task):
             raise ConfigError("no labels: config.data.labels is empty and the training data "
                               "has no tags")
         for split in splits.values():
-            conll.check_labels(split, labels)
+            readers.check_labels(split, labels)
         self.labels = labels
         self.label_ids = {t: i for i, t in enumerate(labels)}
-        self.types = sorted({tagging_metrics.split_tag(t)[1] for t in labels} - {""}) \
+        self.types = sorted({split_tag(t)[1] for t in labels} - {""}) \
             if self.scheme != "none" else []
         if self.scheme == "none":
             self.metric_names, self.primary_metric = ("accuracy",), "accuracy"
@@ -177,8 +147,6 @@ class TokenClassificationTask(Task):
         return paths
 
     def encode(self, tokenizer, examples, max_seq_length: int):
-        from data_pipeline import finetune_data, token_features
-
         self.buckets = finetune_data.bucket_lengths(
             max_seq_length, min(self.min_bucket_length, max_seq_length))
         features = token_features.encode(
@@ -189,15 +157,11 @@ class TokenClassificationTask(Task):
         return features
 
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
-        from data_pipeline import token_features
-
         return token_features.batches(features, batch_size, self.buckets, shuffle=shuffle,
                                       seed=seed, process_index=jax.process_index(),
                                       process_count=jax.process_count())
 
     def num_batches(self, features, batch_size: int) -> int:
-        from data_pipeline import finetune_data
-
         return len(finetune_data.plan_batches(features, batch_size, self.buckets, shuffle=False))
 
     def batch_spec(self, batch_size: int, max_seq_length: int):
@@ -209,8 +173,6 @@ class TokenClassificationTask(Task):
         return spec
 
     def describe(self, features) -> str:
-        from data_pipeline import finetune_data
-
         plan = finetune_data.plan_batches(features, self.train_batch_size, self.buckets,
                                           shuffle=False)
         computed = sum(length * self.train_batch_size for length, _ in plan)
@@ -241,8 +203,6 @@ class TokenClassificationTask(Task):
 
     def sentence_tags(self, predictions, features) -> tuple[list[list[str]], list[list[str]]]:
         """(gold, predicted) tag strings of every sentence, each word read once."""
-        from data_pipeline import token_features
-
         predicted = token_features.sentence_predictions(features, predictions["tags"])
         gold = token_features.sentence_predictions(features, features.label_ids)
         names = self.labels
@@ -251,9 +211,9 @@ class TokenClassificationTask(Task):
 
     def metrics(self, predictions, features, split: str) -> dict[str, float]:
         gold, predicted = self.sentence_tags(predictions, features)
-        out = {"accuracy": tagging_metrics.token_accuracy(gold, predicted)}
+        out = {"accuracy": token_accuracy(gold, predicted)}
         if self.scheme != "none":
-            scores = tagging_metrics.entity_scores(gold, predicted)
+            scores = entity_scores(gold, predicted)
             out.update({k: scores["overall"][k] for k in ("f1", "precision", "recall")})
             out.update({f"{t}_f1": scores[t]["f1"] if t in scores else 0.0
                         for t in self.types})
@@ -263,14 +223,12 @@ class TokenClassificationTask(Task):
         """`workdir/predictions/<split>.conll`: `word gold predicted` lines (IOB2 tags, so
         conlleval reads them; `word predicted` for unlabelled data), a blank line after each
         sentence; the per-type table in the log."""
-        from data_pipeline import conll
-
         features = self._features[id(examples)]
         gold, predicted = self.sentence_tags(predictions, features)
         labelled = all(s.tags is not None for s in examples)
         if self.scheme not in ("none", "iob2"):
-            gold = [conll.convert(g, self.scheme, "iob2") for g in gold]
-            predicted = [conll.convert(p, self.scheme, "iob2") for p in predicted]
+            gold = [convert(g, self.scheme, "iob2") for g in gold]
+            predicted = [convert(p, self.scheme, "iob2") for p in predicted]
         directory = epath.Path(workdir) / "predictions"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{split}.conll"
@@ -282,10 +240,10 @@ class TokenClassificationTask(Task):
         path.write_text("\n".join(lines) + "\n")
         log(f"wrote {len(examples)} {split} sentences to {path}")
         if labelled:
-            accuracy = tagging_metrics.token_accuracy(gold, predicted)
+            accuracy = token_accuracy(gold, predicted)
             if self.scheme == "none":
                 log(f"{split}: token accuracy {100 * accuracy:.2f}%")
             else:
                 log(f"{split} (token accuracy {100 * accuracy:.2f}%):\n"
-                    + tagging_metrics.table(tagging_metrics.entity_scores(gold, predicted)))
+                    + table(entity_scores(gold, predicted)))
 

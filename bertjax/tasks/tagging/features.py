@@ -28,8 +28,8 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from bertjax.errors import ConfigError
+from bertjax.tasks.tagging.readers import Sentence
 from data_pipeline import finetune_data
-from data_pipeline.conll import Sentence
 from data_pipeline.hosts import host_rows
 
 

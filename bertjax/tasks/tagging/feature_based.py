@@ -8,10 +8,11 @@ once per dataset, a two-layer bidirectional LSTM and a classifier trained on the
       # all six variants, the encoder run once for all, then the table (workdir/summary.md)
 
 How it sits on the core: config.task.family = feature_based (token classification's data and
-features, another model); `initial_params` keeps the pre-trained encoder for the task and
-loads nothing into the trained model, whose params are only {"lstm_<layer>_forward" /
-"_backward", "classifier", and for weighted sums "layer_weights", "layer_scale"}: the
-optimizer cannot touch the encoder, and the training loop never runs it.
+features, another model: `FeatureBasedTagger`, bertjax/models/tagging.py); `initial_params`
+keeps the pre-trained encoder for the task and loads nothing into the trained model, whose
+params are only {"lstm_<layer>_forward" / "_backward", "classifier", and for weighted sums
+"layer_weights", "layer_scale"}: the optimizer cannot touch the encoder, and the training loop
+never runs it.
 `encode` builds the same rows as fine-tuning (first sub-token labels, windows, document
 context), runs the encoder over them ONCE and writes each needed layer's vectors of the rows'
 own-sentence pieces to a memory-mapped cache (`<cache_dir>/<fingerprint>/layer<i>.npy`,
@@ -33,18 +34,18 @@ import json
 import os
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 from etils import epath
 
 from bertjax.errors import ConfigError, DataError
-from bertjax.models.bilstm import bidirectional_lstm
+from bertjax.models import BertModel
+from bertjax.models.tagging import FeatureBasedTagger
 from bertjax.tasks.base import unexportable
-from bertjax.tasks.token_classification import TokenClassificationTask
-
-Array = jax.Array
+from bertjax.tasks.tagging import features as token_features
+from bertjax.tasks.tagging.task import TokenClassificationTask
+from data_pipeline import finetune_data
 
 VARIANTS = ("embeddings", "second_to_last", "last", "weighted_sum_last_four",
             "concat_last_four", "weighted_sum_all")
@@ -66,47 +67,6 @@ def variant_layers(variant: str, num_layers: int) -> tuple[list[int], str]:
         raise ConfigError(f"config.feature_based.variant={variant} needs 4 encoder layers; the "
                           f"model has {num_layers}")
     return layers, mode
-
-
-def combine_layers(features: Array, mode: str, weights: Array | None = None,
-                   scale: Array | None = None) -> Array:
-    """features [batch, seq, n_layers, hidden] → [batch, seq, hidden] (single, weighted:
-    scale * Σ softmax(weights)_i layer_i) or [batch, seq, n_layers * hidden] (concat)."""
-    if mode == "single":
-        return features[:, :, 0]
-    if mode == "concat":
-        return features.reshape(features.shape[:2] + (-1,))
-    mix = jax.nn.softmax(weights.astype(jnp.float32))
-    return scale * jnp.einsum("bsnh,n->bsh", features, mix)
-
-
-class FeatureBasedTagger(nn.Module):
-    """Cached BERT layers → (mix) → 2-layer BiLSTM → dropout → dense classifier per position."""
-
-    num_labels: int
-    num_inputs: int  # layers in the cache rows
-    mode: str  # single | weighted | concat
-    lstm_units: int = 768  # per direction (the paper's BERT-base setting)
-    lstm_layers: int = 2
-    dropout: float = 0.1
-    initializer_range: float = 0.02
-
-    @nn.compact
-    def __call__(self, features: Array, input_mask: Array, *, deterministic: bool = True
-                 ) -> Array:
-        """features [batch, seq, num_inputs, hidden]; input_mask [batch, seq] (rows padded at
-        the end) → logits [batch, seq, num_labels] float32."""
-        x = features.astype(jnp.float32)
-        weights = scale = None
-        if self.mode == "weighted":
-            weights = self.param("layer_weights", nn.initializers.zeros, (self.num_inputs,))
-            scale = self.param("layer_scale", nn.initializers.ones, ())
-        x = combine_layers(x, self.mode, weights, scale)
-        lengths = jnp.sum(input_mask, axis=-1).astype(jnp.int32)
-        x = bidirectional_lstm(x, lengths, units=self.lstm_units, num_layers=self.lstm_layers,
-                               dropout=self.dropout, deterministic=deterministic)
-        init = nn.initializers.truncated_normal(self.initializer_range)
-        return nn.Dense(self.num_labels, kernel_init=init, name="classifier")(x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,8 +146,6 @@ class FeatureBasedTask(TokenClassificationTask):
         return {}
 
     def encode(self, tokenizer, examples, max_seq_length: int):
-        from data_pipeline import token_features
-
         rows = super().encode(tokenizer, examples, max_seq_length)
         own = rows.own
         lengths = own[:, 1] - own[:, 0]
@@ -219,9 +177,6 @@ class FeatureBasedTask(TokenClassificationTask):
 
     def _run_encoder(self, rows, layers: list[int], max_seq_length: int):
         """Yields (row indices, own spans, [n_layers, batch, seq, hidden]) for every row."""
-        from bertjax.models import BertModel
-        from data_pipeline import token_features
-
         if self._encoder is None:
             raise DataError("the encoder was released before every split was cached")
         model = BertModel(self.model_config)
@@ -247,15 +202,11 @@ class FeatureBasedTask(TokenClassificationTask):
                 f"{features.cache.directory}, encoder {self.encode_seconds:.1f}s)")
 
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
-        from data_pipeline import finetune_data
-
         for length, indices in finetune_data.plan_batches(features, batch_size, self.buckets,
                                                           shuffle=shuffle, seed=seed):
             yield self._batch(features, length, indices, batch_size)
 
     def _batch(self, features, length: int, indices, batch_size: int) -> dict[str, np.ndarray]:
-        from data_pipeline import token_features
-
         base = token_features.make_batch(features, length, indices, batch_size,
                                          jax.process_index(), jax.process_count())
         rows = base["example_index"]
