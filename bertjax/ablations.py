@@ -214,7 +214,7 @@ def finetune_cell(config, workdir: str, log) -> dict | None:
     recorded in diverged.json (a normal outcome of a learning-rate grid)."""
     from etils import epath
 
-    from bertjax.finetune import train_and_evaluate
+    from bertjax.tasks import train_and_evaluate
     from bertjax.train import multihost
 
     try:

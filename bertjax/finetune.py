@@ -20,57 +20,18 @@ holds the best dev metrics (read by `bertjax.finetune_grid`).
 from __future__ import annotations
 
 import functools
-import math
-import sys
-from typing import Any
 
 from bertjax import cli
-
-
-def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
-    """Fine-tunes (or resumes), evaluates, keeps the best checkpoint, writes test predictions.
-
-    Returns {"status", "best_step", "best": dev metrics of the best checkpoint,
-    "primary_metric", "history", "total_steps"}.
-    """
-    from bertjax import validate
-    from bertjax.tasks import FineTuningJob, get_task
-    from bertjax.train import loop
-
-    validate.finetuning(config, workdir)  # before the data is read or anything is written
-    job = FineTuningJob(get_task(config), config, log=log)
-    return loop.train(job, config, workdir, log=log)
-
-
-def dry_run_job(config, log=print):
-    """The job of `config` for `--dry_run` (its data and checkpoint are read, nothing is
-    trained), with the model FLOPs of its stage for MFU: 3 × the encoder's forward pass."""
-    import dataclasses
-
-    from bertjax.tasks import FineTuningJob, get_task
-    from bertjax.train import flops as flops_lib
-
-    job = FineTuningJob(get_task(config), config, log=log)
-    stage = job.stages[0]
-    tokens = stage.batch_spec.get("input_ids")
-    sequences = 1 if tokens is None else int(math.prod(tokens.shape[1:-1]))  # choices
-    forward = flops_lib.forward_flops_per_sequence(job.model_config, stage.tokens_per_example, 0)
-    job.stages = [dataclasses.replace(stage, flops_per_example=3.0 * forward * sequences)]
-    return job
 
 
 def main(argv):
     del argv
     config = cli.require(_CONFIG.value, "--config", "experiments/glue.py:mrpc")
-    if _DRY_RUN.value:
-        from bertjax.train import dry_run as dry_run_lib
+    from bertjax.tasks import dry_run_job, train_and_evaluate
+    from bertjax.train import dry_run
 
-        if not dry_run_lib.on_slice(dry_run_job, config, _TOPOLOGY.value, _SWEEP.value,
-                                    _SWEEP_SECONDS.value):
-            dry_run_lib.run(dry_run_job(config), config)
+    if dry_run.from_flags(dry_run_job, config):
         return
-    if _TOPOLOGY.value or _SWEEP.value:
-        sys.exit("error: --topology and --sweep need --dry_run")
     workdir = cli.require(_WORKDIR.value, "--workdir", "runs/mrpc")
     cli.initialize_distributed()
     summary = train_and_evaluate(config, workdir, log=functools.partial(print, flush=True))
@@ -78,17 +39,8 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import flags
+    from bertjax.train import dry_run as dry_run_flags
 
     _CONFIG, _WORKDIR = cli.define_job_flags("experiments/glue.py:mrpc")
-    _DRY_RUN = flags.DEFINE_bool(
-        "dry_run", False, "Read the config's data and checkpoint, print parameters, FLOPs and "
-        "memory of the compiled train step; exit.")
-    _TOPOLOGY = flags.DEFINE_string(
-        "topology", None, "With --dry_run: compile for this Cloud TPU slice with the TPU "
-        "compiler, on any machine (needs the tpu extra): v5litepod-8, v5p-32, v6e:2x4, ...")
-    _SWEEP = flags.DEFINE_bool(
-        "sweep", False, "With --dry_run --topology: try meshes, batch sizes, remat and scan; "
-        "list those that fit, fastest first, with their flags.")
-    _SWEEP_SECONDS = flags.DEFINE_integer("sweep_seconds", 600, "Compile budget of --sweep.")
+    dry_run_flags.define_flags("the config's data and checkpoint")
     cli.run(main)

@@ -266,14 +266,14 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
 
     Returns {"best": combination name or None, "primary_metric", "ran", "skipped",
     "diverged", "rows": [Row]}. `train_fn(config, workdir, log)` defaults to
-    bertjax.finetune.train_and_evaluate.
+    bertjax.tasks.train_and_evaluate.
     """
     from etils import epath
 
     check = None  # a train_fn given by a test checks what it needs
     if train_fn is None:
         from bertjax import validate
-        from bertjax.finetune import train_and_evaluate as train_fn
+        from bertjax.tasks import train_and_evaluate as train_fn
 
         check = validate.finetuning
     if seeds < 1:

@@ -27,7 +27,6 @@ import functools
 from absl import flags
 
 from bertjax import cli, validate
-from bertjax.errors import ConfigError
 
 
 def main(argv):
@@ -37,39 +36,26 @@ def main(argv):
     from bertjax.tasks.pretraining import PretrainingJob, make_input_fn
     from bertjax.train import dry_run, loop
 
-    if _DRY_RUN.value:
+    def make_job(config):
+        return PretrainingJob(config, make_input_fn(config))
+
+    if flags.FLAGS.dry_run:
         validate.pretraining(config, workdir=None)
-
-        def make_job(config):
-            return PretrainingJob(config, make_input_fn(config))
-
-        if not dry_run.on_slice(make_job, config, _TOPOLOGY.value, _SWEEP.value,
-                                _SWEEP_SECONDS.value):
-            dry_run.run(make_job(config), config)
+    if dry_run.from_flags(make_job, config):
         return
-    if _TOPOLOGY.value or _SWEEP.value:
-        raise ConfigError("--topology and --sweep need --dry_run")
     cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
     # Config, every phase's data, vocab, init checkpoint and workdir: before any step or
     # file write (a bad phase-2 pattern must not surface after all of phase 1).
     validate.pretraining(config, _WORKDIR.value)
     cli.initialize_distributed()  # before anything touches a JAX backend
-    job = PretrainingJob(config, make_input_fn(config))
-    summary = loop.train(job, config, _WORKDIR.value, log=functools.partial(print, flush=True))
+    summary = loop.train(make_job(config), config, _WORKDIR.value,
+                         log=functools.partial(print, flush=True))
     print(f"Training {summary['status']}.", flush=True)
 
 
 if __name__ == "__main__":
+    from bertjax.train import dry_run as dry_run_flags
+
     _CONFIG, _WORKDIR = cli.define_job_flags("experiments/pretrain.py:base")
-    _DRY_RUN = flags.DEFINE_bool(
-        "dry_run", False, "Print parameters, FLOPs and per-device memory of the train step; exit."
-    )
-    _TOPOLOGY = flags.DEFINE_string(
-        "topology", None, "With --dry_run: compile for this Cloud TPU slice with the TPU "
-        "compiler, on any machine (needs the tpu extra): v4-32, v5p-128, v5litepod-16, v6e-64, "
-        "v5p:4x4x4.")
-    _SWEEP = flags.DEFINE_bool(
-        "sweep", False, "With --dry_run --topology: try meshes, batch sizes, remat and scan; "
-        "list those that fit, fastest first, with their flags.")
-    _SWEEP_SECONDS = flags.DEFINE_integer("sweep_seconds", 600, "Compile-time budget of --sweep.")
+    dry_run_flags.define_flags("the config's data")
     cli.run(main)

@@ -79,7 +79,7 @@ def _files_config(kind, checkpoint, tmp_path, **data):
 
 
 def test_regression_from_jsonl_reaches_pearson_09(checkpoint, tmp_path):
-    from bertjax.finetune import train_and_evaluate
+    from bertjax.tasks import train_and_evaluate
 
     rng = random.Random(1)
     for name, n in (("train", 320), ("dev", 96)):
@@ -100,7 +100,7 @@ def test_regression_from_jsonl_reaches_pearson_09(checkpoint, tmp_path):
 
 
 def test_multiple_choice_from_csv_far_above_chance(checkpoint, tmp_path):
-    from bertjax.finetune import train_and_evaluate
+    from bertjax.tasks import train_and_evaluate
 
     rng = random.Random(2)
     for name, n in (("train", 192), ("dev", 64), ("test", 16)):
@@ -128,7 +128,7 @@ def test_multiple_choice_from_csv_far_above_chance(checkpoint, tmp_path):
 
 def test_missing_checkpoint_is_one_line_error(tmp_path):
     from bertjax.errors import ConfigError
-    from bertjax.finetune import train_and_evaluate
+    from bertjax.tasks import train_and_evaluate
     from experiments.glue import get_config
 
     config = get_config("rte")

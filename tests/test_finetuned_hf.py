@@ -22,7 +22,7 @@ def checkpoint(tmp_path_factory):
 
 
 def finetune(config, checkpoint, workdir, **data):
-    from bertjax.finetune import train_and_evaluate
+    from bertjax.tasks import train_and_evaluate
 
     config.init_checkpoint = checkpoint
     config.max_seq_length = 32

@@ -1,12 +1,127 @@
-"""Import direction, checked in fresh interpreters: the checkpoint-directory format
-(`bertjax.pretrained`) never imports the converters (`bertjax.convert`), which import it; no
-library module imports TensorFlow or torch when imported. Their errors are
-`bertjax.errors` classes."""
+"""Import direction.
 
+Statically, over every import of the source (those inside functions too), the rules of the
+house (README, "Design rules"): imports run downhill, `bertjax.models` ← `bertjax.train` ←
+`bertjax.tasks` ← command modules; `data_pipeline` never imports `bertjax.tasks`,
+`bertjax.train`, `bertjax.models` or a command; no module imports a `python -m bertjax...`
+command (a data_pipeline writer may use another's functions), and nothing in the library
+imports `bertjax/demos`, `bertjax/benchmarks` or `experiments`; no two modules import each
+other. A planted back-edge of each kind is caught.
+
+In fresh interpreters: the checkpoint-directory format (`bertjax.pretrained`) never imports
+the converters (`bertjax.convert`), which import it; no library module imports TensorFlow or
+torch when imported. Their errors are `bertjax.errors` classes."""
+
+import ast
 import json
+import shutil
+from pathlib import Path
 
 import pytest
-from conftest import run_python
+from conftest import ROOT, run_python
+
+PACKAGES = ("bertjax", "data_pipeline", "experiments")
+OUTSIDE_LIBRARY = ("bertjax.demos", "bertjax.benchmarks", "experiments")
+# What each layer must never import (module-name prefixes).
+NEVER = {
+    "bertjax.models": ("bertjax.train", "bertjax.tasks", "bertjax.pretrained", "bertjax.convert",
+                       "data_pipeline"),
+    "bertjax.train": ("bertjax.tasks", "data_pipeline"),
+    "bertjax.tasks": (),
+    "data_pipeline": ("bertjax.tasks", "bertjax.train", "bertjax.models"),
+}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def module_imports(root: Path) -> tuple[dict[str, set[str]], set[str]]:
+    """({module: the project modules it imports, anywhere in its source}, command modules: a
+    `__main__.py` or a module with an `if __name__ == "__main__":` block)."""
+    files = {}
+    for package in PACKAGES:
+        for path in (root / package).rglob("*.py"):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges: dict[str, set[str]] = {name: set() for name in files}
+    commands = set()
+    for name, path in files.items():
+        source = path.read_text()
+        if path.name == "__main__.py" or 'if __name__ == "__main__":' in source:
+            commands.add(name)
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[:len(package) - node.level + 1]
+                                    + ([node.module] if node.module else []))
+                names = [f"{base}.{alias.name}" for alias in node.names]
+                targets = [t for t in names if t in files]
+                if len(targets) < len(names):
+                    targets.append(base)  # names defined in the module `base` itself
+            else:
+                continue
+            for target in targets:
+                while target and target not in files:  # a.b.c imported as a name of a.b
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    edges[name].add(target)
+    return edges, commands
+
+
+def violations(root: Path) -> list[str]:
+    """Every import of the tree at `root` that breaks a rule of the module docstring."""
+    edges, commands = module_imports(root)
+    found = []
+    for module, imported in sorted(edges.items()):
+        for target in sorted(imported):
+            for layer, banned in NEVER.items():
+                if _within(module, layer) and any(_within(target, b) for b in banned):
+                    found.append(f"{module} imports {target} (against the flow)")
+            outside = any(_within(module, p) for p in OUTSIDE_LIBRARY)
+            if not outside and any(_within(target, p) for p in OUTSIDE_LIBRARY):
+                found.append(f"{module} imports {target} (not library code)")
+            command = target in commands and (target.startswith("bertjax.")
+                                                 or module not in commands)
+            if command and not outside:
+                found.append(f"{module} imports the command {target}")
+            if module < target and module in edges.get(target, ()):
+                found.append(f"{module} and {target} import each other")
+    return found
+
+
+def test_imports_run_downhill():
+    assert violations(ROOT) == []
+
+
+PLANTED = {
+    "bertjax/models/planted.py": "from bertjax.train import loop\n",
+    "data_pipeline/planted.py": "def f():\n    from bertjax.tasks import base\n",
+    "bertjax/train/planted.py": "import experiments.common\n",
+    "bertjax/tasks/planted.py": "from bertjax import finetune\n",
+    "bertjax/tasks/planted_a.py": "from bertjax.tasks import planted_b\n",
+    "bertjax/tasks/planted_b.py": "from . import planted_a\n",
+}
+
+
+def test_planted_back_edges_are_caught(tmp_path):
+    for package in PACKAGES:
+        shutil.copytree(ROOT / package, tmp_path / package,
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    for path, source in PLANTED.items():
+        (tmp_path / path).write_text(source)
+    found = set(violations(tmp_path)) - set(violations(ROOT))
+    assert found == {
+        "bertjax.models.planted imports bertjax.train.loop (against the flow)",
+        "data_pipeline.planted imports bertjax.tasks.base (against the flow)",
+        "bertjax.train.planted imports experiments.common (not library code)",
+        "bertjax.tasks.planted imports the command bertjax.finetune",
+        "bertjax.tasks.planted_a and bertjax.tasks.planted_b import each other",
+    }, found
 
 WATCHED = ("bertjax.convert", "bertjax.pretrained", "bertjax.tokenization", "orbax",
            "tensorflow", "torch")

@@ -93,7 +93,7 @@ def test_squad_v1_cli_learns_and_writes_files(checkpoint, tmp_path):
 
 
 def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
-    from bertjax.finetune import train_and_evaluate
+    from bertjax.tasks import train_and_evaluate
     from experiments.squad import get_config
 
     config = get_config("v2")

@@ -1,11 +1,20 @@
-"""Jobs for the shared training loop (bertjax/train/loop.py): pre-training (pretraining.py) and
-the fine-tuning task families, each a plug-in of tasks/base.py — data, features, head, loss,
-predictions, metrics and output files. Never imports TensorFlow (data_pipeline is imported
-lazily, when a task reads its files).
+"""Jobs for the shared training loop (bertjax/train/loop.py), one folder per task family:
+  pretraining/     MLM + NSP (and the Table 5 variants): objective, input, job
+  classification/  GLUE, SWAG and users' files: readers, task, metrics, leaderboard files
+  squad/           SQuAD v1.1 / v2.0: readers, window features, task, post-processing, metrics
+  tagging/         CoNLL / JSONL tagging: tag schemes, readers, features, fine-tuned and
+                   feature-based taggers, metrics
+Each fine-tuning family is a plug-in of base.py (`Task`: data, features, head, loss,
+predictions, metrics, output files); its heads are flax modules in bertjax/models. Importing
+never loads TensorFlow (a TFDS reader imports it when called).
 
-A new family subclasses `Task` in its own module and registers its `config.task.family`
-names in FAMILIES.
+A new family is a folder with its `Task`, one line of FAMILIES, a config file and its tests.
+`train_and_evaluate(config, workdir)` runs any of them (python -m bertjax.finetune).
 """
+
+import dataclasses
+import math
+from typing import Any
 
 from bertjax.errors import ConfigError
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
@@ -34,8 +43,38 @@ def get_task(config) -> Task:
     return getattr(importlib.import_module(module), name)(config)
 
 
+def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
+    """Fine-tunes (or resumes), evaluates, keeps the best checkpoint, writes test predictions.
+
+    Returns {"status", "best_step", "best": dev metrics of the best checkpoint,
+    "primary_metric", "history", "total_steps"}.
+    """
+    from bertjax import validate
+    from bertjax.train import loop
+
+    validate.finetuning(config, workdir)  # before the data is read or anything is written
+    job = FineTuningJob(get_task(config), config, log=log)
+    return loop.train(job, config, workdir, log=log)
+
+
+def dry_run_job(config, log=print):
+    """The job of `config` for `--dry_run` (its data and checkpoint are read, nothing is
+    trained), with the model FLOPs of its stage for MFU: 3 × the encoder's forward pass."""
+    from bertjax.train import flops as flops_lib
+
+    job = FineTuningJob(get_task(config), config, log=log)
+    stage = job.stages[0]
+    tokens = stage.batch_spec.get("input_ids")
+    sequences = 1 if tokens is None else int(math.prod(tokens.shape[1:-1]))  # choices
+    forward = flops_lib.forward_flops_per_sequence(job.model_config, stage.tokens_per_example, 0)
+    job.stages = [dataclasses.replace(stage, flops_per_example=3.0 * forward * sequences)]
+    return job
+
+
 __all__ = [
     "FAMILIES",
+    "dry_run_job",
+    "train_and_evaluate",
     "BertForMultipleChoice",
     "BertForSequenceClassification",
     "FineTuningJob",

@@ -129,6 +129,36 @@ def on_slice(make_job: Callable[[Any], Any], config, topology: str | None, sweep
     return True
 
 
+def define_flags(what: str) -> None:
+    """The --dry_run / --topology / --sweep / --sweep_seconds flags of a job command; `what`
+    says what the dry run reads (e.g. "the config's data and checkpoint")."""
+    from absl import flags
+
+    flags.DEFINE_bool("dry_run", False, f"Read {what}, print parameters, FLOPs and per-device "
+                      "memory of the compiled train step; exit.")
+    flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
+                        "with the TPU compiler, on any machine (needs the tpu extra): v4-32, "
+                        "v5p-128, v5litepod-16, v6e-64, v5p:4x4x4.")
+    flags.DEFINE_bool("sweep", False, "With --dry_run --topology: try meshes, batch sizes, "
+                      "remat and scan; list those that fit, fastest first, with their flags.")
+    flags.DEFINE_integer("sweep_seconds", 600, "Compile-time budget of --sweep.")
+
+
+def from_flags(make_job: Callable[[Any], Any], config) -> bool:
+    """With --dry_run: its report for make_job(config) (for --topology's slice, or --sweep),
+    then True. Without: False, after refusing --topology / --sweep."""
+    from absl import flags
+
+    f = flags.FLAGS
+    if not f.dry_run:
+        if f.topology or f.sweep:
+            raise ConfigError("--topology and --sweep need --dry_run")
+        return False
+    if not on_slice(make_job, config, f.topology, f.sweep, f.sweep_seconds):
+        run(make_job(config), config)
+    return True
+
+
 def use_tpu_dtype(config) -> None:
     """A dry run for a TPU slice compiles what the slice runs: "auto" is bfloat16 there (the
     machine the dry run runs on would pick float32)."""
