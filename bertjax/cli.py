@@ -52,10 +52,9 @@ def _skip_absent_tpu() -> None:
         os.environ["JAX_PLATFORMS"] = "cpu"
 
 
-# XLA:CPU allocates a step's temporary buffers (~270 MB for the demo's pre-training step) afresh
-# on every call; glibc maps them fresh and the kernel zero-fills them 4 KiB page by page, which
-# took a third of a demo step. With huge pages for malloc (glibc >= 2.35; older ones ignore the
-# tunable) those faults are ~40x fewer: 1.45x the demo's steps per second on 2 cores.
+# XLA:CPU allocates a step's temporary buffers afresh on every call; glibc maps them fresh and
+# the kernel zero-fills them 4 KiB page by page. Huge pages for malloc (glibc >= 2.35; older
+# ones ignore the tunable) make those faults rare (README, "Speed on CPU", has the speed-up).
 MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
 
 

@@ -11,10 +11,10 @@ with k % num_shards == s and is shuffled with its own seed, so the output depend
 seed and the shard count. The command then prints the padding fraction of the examples one
 per row and packed, for rows of --max_seq_length and of each --report_seq_len, e.g.
 
-  packed N examples into M rows of 128: padding 18.1% → 13.4%
+  packed N examples into M rows of 128: padding A% → B%
 
 Training reads the examples packed several to a row (`data_pipeline.packed_input`, which
-explains the packing and the figures). Writing imports no TensorFlow (records are encoded by
+explains the packing; the README has the figures). Writing imports no TensorFlow (records are encoded by
 `tfrecords`), so spawned worker processes start fast; only the padding report reads the data
 back through tf.data.
 """

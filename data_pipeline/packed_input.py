@@ -23,14 +23,8 @@ document's text to A), though they can be packed too.
    that no longer fits starts the next example, which leaves a gap of about half a sentence
    per example; `--whole_sentences=false` cuts the text every max_seq_length - 2 tokens
    instead (sentences may straddle two examples, as the reference generator's random
-   truncation also does), so only a document's last example is short. BBC demo corpus (2,225
-   articles), padding unpacked → packed, 8 open rows, blocks of 1,024 examples (packed as one
-   stream, without blocks: 13.4%, 5.5%, 3.9%, 1.6%, 5.2%):
-
-     examples                        rows of 128       128-token examples in rows of 512
-     whole sentences (default)       18.1% → 13.4%     79.5% → 5.6%
-     --whole_sentences=false         10.6% →  4.0%     77.6% → 1.7%
-     create_pretraining_data pairs   13.6% →  5.1%     (--dupe_factor=1)
+   truncation also does), so only a document's last example is short. The README has the
+   padding each option leaves on the demo corpus.
 
    Unmasked pair data of `create_pretraining_data --masking=dynamic` is read too (each pair
    one example, NSP labels ignored). Records may be shorter than the rows (128-token
@@ -48,11 +42,10 @@ document's text to A), though they can be packed too.
    Packing a block (`pack_block`) is first fit over `num_open_rows` open rows, the rows and
    order of `packing.pack_examples` on the block's examples, with every row closed at the
    block's end: nothing is carried from block to block, which keeps the iterator state small
-   and lets blocks be packed in parallel, for a few more part-full rows (the table's figures).
-   Where each example goes is decided from the lengths alone (`first_fit`, a NumPy loop of
-   ~1 µs an example), then the tokens move in one gather. Batch 256 with dynamic masking, on
-   2 shared cores: ~55,000 rows/s of 128 and ~15,000 of 512 (128-token records), against
-   ~8,900 and ~1,700 for a tf.data scan carrying the open rows' tokens one example a step.
+   and lets blocks be packed in parallel, for a few more part-full rows. Where each example
+   goes is decided from the lengths alone (`first_fit`, a NumPy loop over lengths), then the
+   tokens move in one gather: several times the rows/s of a tf.data scan carrying the open
+   rows' tokens one example a step (README).
 
    Masking runs over a whole row: 15% of its real tokens (capped at max_predictions: use 20
    for 128-token rows and 80 for 512, which a full row needs). Every example ends with [SEP],

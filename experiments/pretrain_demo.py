@@ -14,21 +14,20 @@ def get_config(arg: str = "tiny"):
     config.model.vocab_size = 8000  # the demo WordPiece vocabulary (the demo checks it)
     config.model.dtype = "float32"
     config.vocab = "data/demo/vocab/vocab.txt"
-    # Sized to pre-train in ~6 minutes on 2 CPU cores, chosen by a sweep of ~80 recipes on
-    # held-out pairs: held-out MLM accuracy jumps (from ~0.14 to ~0.25) once the model starts
-    # to use its context, and this recipe brings that jump from ~1,800 steps to ~800.
+    # Sized to pre-train in minutes on 2 CPU cores, chosen by a sweep of recipes on held-out
+    # pairs (README, "Two commands", has the figures): held-out MLM accuracy jumps once the
+    # model starts to use its context, and this recipe brings that jump much earlier.
     #  - 40% of the tokens masked, not 15% (Wettig et al., 2023, "Should You Mask 15% in
-    #    Masked Language Modeling?"): 2.6x the predictions per sequence for ~10% more time.
+    #    Masked Language Modeling?"): more predictions per sequence for little more time.
     #  - FFN width 128 instead of 512: the MLM output layer dominates the step at this size,
-    #    and the narrower FFN paid for the extra predictions at no measurable cost in accuracy.
-    #  - 64-token pairs for phase 1 (twice the steps per second of 128), batch 64, then 4% of
-    #    the steps at 256 tokens so that positions up to 256 are trained (predictions capped at
-    #    40 there: a 256-token step costs ~5x a 64-token one).
+    #    and the narrower FFN paid for the extra predictions.
+    #  - 64-token pairs for phase 1, batch 64, then 4% of the steps at 256 tokens so that
+    #    positions up to 256 are trained (predictions capped at 40 there: a 256-token step
+    #    costs several 64-token ones).
     #  - No dropout (it only slows learning when little is seen twice), initial weights at 0.06
     #    instead of BERT-base's 0.02 (~0.7/sqrt(128) for the 128-wide model: attention patterns
     #    form sooner), bias-corrected AdamW, lr 3e-3, b1 0.8, b2 0.98, 200 warmup steps.
-    # NSP rises only after the MLM jump: 6 seeds at 1,200 steps gave NSP 0.57-0.63; 2 runs at 2,000
-    # steps 0.72-0.73 at 64 tokens and 0.77-0.79 after the 256-token phase.
+    # NSP rises only after the MLM jump, hence the 2,000 steps.
     config.model.intermediate_size = 128
     config.masking.masked_lm_prob = 0.4
     config.train.batch_size = 64
