@@ -309,7 +309,7 @@ def cell_value(path, metric="accuracy"):
 def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypatch):
     from jax.experimental.compilation_cache import compilation_cache
 
-    from bertjax import ablations
+    from bertjax.grids import ablations
 
     sets = write_test_data(tmp_path)
     sets["pretrain.phases.phase1.eval_data"] = ""  # no held-out evaluation: one compile less
@@ -407,7 +407,7 @@ def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypat
 
 
 def test_pretraining_columns_read_the_evaluation_at_the_rows_step():
-    from bertjax.ablations import pretrain_metric
+    from bertjax.grids.ablations import pretrain_metric
 
     history = [{"step": 300, "mlm_accuracy": 0.10, "seq_len": 64},
                {"step": 600, "mlm_accuracy": 0.20, "seq_len": 64},
@@ -421,20 +421,20 @@ def test_pretraining_columns_read_the_evaluation_at_the_rows_step():
 
 
 def test_cells_show_the_value_alone_from_one_run_and_the_spread_from_several():
-    from bertjax import ablations
+    from bertjax.grids import stats
 
     one = dict(n=1, mean=0.7141, std=0.0, scale=100.0, metric="accuracy")
-    assert ablations.format_cell(one) == "71.4"
-    assert ablations.format_cell(dict(one, n=3, std=0.0123)) == "71.4 ± 1.2"
-    assert ablations.format_cell(dict(n=2, mean=5.841, std=0.02, scale=1.0)) == "5.84 ± 0.02"
-    assert ablations.format_cell(dict(one, n=0)) == "–"
+    assert stats.format_cell(one) == "71.4"
+    assert stats.format_cell(dict(one, n=3, std=0.0123)) == "71.4 ± 1.2"
+    assert stats.format_cell(dict(n=2, mean=5.841, std=0.02, scale=1.0)) == "5.84 ± 0.02"
+    assert stats.format_cell(dict(one, n=0)) == "–"
 
 
 # ------------------------------------------------------------------ the paper's recipe
 
 
 def test_paper_scale_grids_use_the_papers_hyper_parameters():
-    from bertjax import ablations
+    from bertjax.grids import ablations
 
     for table in ablations.TABLES:
         grid = ablations.load_grid(table, "paper", [])

@@ -13,9 +13,9 @@ import test_finetune_e2e as e2e
 from conftest import filler_sentence, run_python
 
 from bertjax.errors import ConfigError, TrainingError
-from bertjax.finetune_grid import (
+from bertjax.grids.stats import mean_std
+from bertjax.grids.sweep import (
     combinations,
-    mean_std,
     parse_grid,
     run_config,
     run_grid,

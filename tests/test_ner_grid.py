@@ -10,7 +10,7 @@ import pytest
 import tagging_data as td
 
 from bertjax import cli
-from bertjax.finetune_grid import run_grid
+from bertjax.grids.sweep import run_grid
 from bertjax.tasks.tagging import schemes
 
 
