@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # pytest and the benchmarks get it here). A value set by the user wins.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: install test demo bench lint clean
+.PHONY: install test test-fast demo bench lint clean
 
 install: $(STAMP)
 
@@ -21,6 +21,10 @@ $(STAMP): setup.cfg pyproject.toml
 
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
+
+# The unit part (< 3 min on 2 cores): every test not marked slow (end-to-end runs).
+test-fast: install
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
 # Corpus -> vocabulary -> TFRecords -> two-phase pre-training of a tiny BERT on the CPU ->
 # held-out MLM accuracy against the unigram baseline -> fine-tuning on Rotten Tomatoes

@@ -65,6 +65,7 @@ def test_ltr_pretraining_outputs_at_earlier_positions_ignore_later_tokens():
         assert np.abs(out[:, j:] - base[:, j:]).max() > 1e-4  # the change is seen from j on
 
 
+@pytest.mark.slow
 def test_ltr_loss_equals_numpy_next_token_cross_entropy():
     config = ltr_job_config(dtype="float64", param_dtype="float64")
     jax.config.update("jax_enable_x64", True)
@@ -306,6 +307,7 @@ def cell_value(path, metric="accuracy"):
     return json.loads(path.read_text())["best"][metric]
 
 
+@pytest.mark.slow
 def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypatch):
     from jax.experimental.compilation_cache import compilation_cache
 

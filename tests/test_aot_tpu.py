@@ -118,6 +118,7 @@ def _compile(name: str, batch_size: int, mesh: dict, preset="tiny", phase="phase
 SMALL = dict(num_layers=1, hidden_size=64, intermediate_size=128, num_heads=2, vocab_size=512)
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_tiny_train_step_compiles_for_4_chips_and_memory_grows_with_the_batch():
     import jax
@@ -142,6 +143,7 @@ def test_tiny_train_step_compiles_for_4_chips_and_memory_grows_with_the_batch():
     assert large.sequences_per_second > small.sequences_per_second
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_tiny_train_step_compiles_for_8_chips_and_fsdp_shrinks_the_state_per_chip():
     import jax
@@ -156,6 +158,7 @@ def test_tiny_train_step_compiles_for_8_chips_and_fsdp_shrinks_the_state_per_chi
     assert fsdp.argument_bytes < 2 * 3 * state / 8
 
 
+@pytest.mark.slow
 @needs_libtpu
 def test_bert_large_phase2_batch_4096_on_v5e_4_does_not_fit_and_says_so():
     from bertjax.train import dry_run

@@ -709,6 +709,7 @@ def test_truncated_fine_tuning_texts_are_counted(world, caplog):
 # ------------------------------------------------------------------------------ the real CLIs
 
 
+@pytest.mark.slow
 def test_the_command_lines_say_one_line_and_write_nothing(tmp_path):
     workdir = tmp_path / "run"
     base = ["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",

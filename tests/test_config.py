@@ -94,6 +94,7 @@ def test_bad_override_fails_with_one_line_naming_the_field(override, field):
     assert line.startswith("error:") and field in line, line
 
 
+@pytest.mark.slow
 def test_dry_run_applies_overrides():
     proc = run_python(["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",
                        "--dry_run", "--config.model.num_layers=3", "--config.train.batch_size=8",
@@ -105,6 +106,7 @@ def test_dry_run_applies_overrides():
     assert re.search(r"phase2\s+256\s+80", proc.stdout), proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["base", "large"])
 def test_dry_run_prints_the_paper_totals_and_compiled_memory(preset):
     # Scanned layers compile one layer, which keeps this test fast for BERT-large.

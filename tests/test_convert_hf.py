@@ -100,6 +100,7 @@ def converted(hf_dirs, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_forward_matches_transformers(hf_model, converted):
     config = pretrained.load_config(converted)
     assert config.hidden_act == "gelu"  # HF "gelu" is the exact erf form

@@ -157,6 +157,7 @@ def converted(tmp_path_factory):
     return variables, out
 
 
+@pytest.mark.slow
 def test_from_tf_forward_matches_float64_reference(converted):
     variables, out = converted
     config = pretrained.load_config(out)
@@ -251,6 +252,7 @@ def test_bad_tf_checkpoint_fails_with_one_line_naming_the_tensor(tmp_path, case,
     assert not (tmp_path / "out" / "params").exists()
 
 
+@pytest.mark.slow
 def test_stored_params_round_trip_through_scan_layout(converted):
     from bertjax.models.layout import stack_layers, unstack_layers
 

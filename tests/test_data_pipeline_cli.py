@@ -54,6 +54,7 @@ def test_bad_command_lines_stop_with_one_error_line(tmp_path):
     assert result.stderr.splitlines() == ["error: --max_seq_length must be >= 3, got 2"]
 
 
+@pytest.mark.slow
 def test_tensorflow_is_imported_quiet_and_without_accelerators():
     script = textwrap.dedent("""
         import os

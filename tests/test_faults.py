@@ -165,6 +165,7 @@ def delete_input_position(workdir, step):
     os.remove(os.path.join(workdir, "checkpoints", str(step), "data", "position.json"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("damage,culprit", [(truncate_state, "state/d"),
                                             (delete_input_position, "data/position.json")])
 def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(
@@ -250,6 +251,7 @@ def test_failed_resume_names_the_fields_and_leaves_every_file_byte_identical(fou
 # ------------------------------------------------------------------------ disk full
 
 
+@pytest.mark.slow
 def test_failed_save_is_one_line_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
     workdir = tmp_path / "run"
     run(workdir, 2, pad=64)  # checkpoint 2: ~50 KB of arrays
@@ -317,6 +319,7 @@ print("status", summary["status"], flush=True)
 """
 
 
+@pytest.mark.slow
 def test_sigterm_stops_a_run_whose_input_stalls_within_seconds(tmp_path):
     fifo, workdir = tmp_path / "shard.tfrecord", tmp_path / "run"
     os.mkfifo(fifo)

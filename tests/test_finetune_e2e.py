@@ -18,6 +18,7 @@ def checkpoint(tmp_path_factory):
 
 
 
+@pytest.mark.slow
 def test_glue_sst2_layout_cli(checkpoint, tmp_path):
     rng = random.Random(0)
     task_dir = tmp_path / "glue_data" / "SST-2"
@@ -78,6 +79,7 @@ def _files_config(kind, checkpoint, tmp_path, **data):
     return config
 
 
+@pytest.mark.slow
 def test_regression_from_jsonl_reaches_pearson_09(checkpoint, tmp_path):
     from bertjax.tasks import train_and_evaluate
 
@@ -99,6 +101,7 @@ def test_regression_from_jsonl_reaches_pearson_09(checkpoint, tmp_path):
     assert summary["best"]["pearson"] >= 0.9
 
 
+@pytest.mark.slow
 def test_multiple_choice_from_csv_far_above_chance(checkpoint, tmp_path):
     from bertjax.tasks import train_and_evaluate
 

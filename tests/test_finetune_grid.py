@@ -134,6 +134,7 @@ def _write_task(directory):
                                     "label": int(y)}) + "\n")
 
 
+@pytest.mark.slow
 def test_tiny_grid_summary_and_resume(checkpoint, tmp_path):
     _write_task(tmp_path)
     overrides = {

@@ -53,6 +53,7 @@ def bertjax_logits(workdir, model, *inputs):
     return np.asarray(model.apply({"params": read_params(str(workdir), best)}, *inputs))
 
 
+@pytest.mark.slow
 def test_classification_run_is_a_transformers_classifier_with_its_labels(checkpoint, tmp_path):
     import torch
     import transformers
@@ -114,6 +115,7 @@ def test_classification_run_is_a_transformers_classifier_with_its_labels(checkpo
                                + hf.classifier.bias.detach().numpy(), theirs, atol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["regression", "multiple_choice"])
 def test_regression_and_multiple_choice_runs_match_transformers(checkpoint, tmp_path, kind):
     import torch
@@ -162,6 +164,7 @@ def test_regression_and_multiple_choice_runs_match_transformers(checkpoint, tmp_
     np.testing.assert_allclose(theirs, ours, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_token_classification_run_keeps_its_tags(tmp_path):
     import torch
     import transformers
@@ -192,6 +195,7 @@ def test_token_classification_run_keeps_its_tags(tmp_path):
                                atol=1e-4)
 
 
+@pytest.mark.slow
 def test_runs_without_a_transformers_class_or_not_finished_are_one_line(checkpoint, tmp_path):
     from experiments.finetune_files import get_config
 

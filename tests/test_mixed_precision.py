@@ -24,6 +24,7 @@ def _bf16_values(key, shape):
     return np.asarray(x, np.float64), x
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("x_shape,kernel_shape,n", DENSE_CASES)
 def test_bf16_forward_and_gradients_equal_float64_of_the_bf16_operands(x_shape, kernel_shape, n):
     k1, k2, k3, k4 = jax.random.split(jax.random.key(0), 4)
@@ -78,6 +79,7 @@ def test_float32_dense_is_plain_dot_general_plus_bias():
     np.testing.assert_array_equal(dense(x, w, b), x @ w + b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch,seq", [(2, 16), (1, 1), (3, 7)])
 def test_bf16_model_tracks_float32_model(batch, seq):
     """The whole pre-training model in bf16 compute stays close to float32 (same params), for

@@ -102,6 +102,7 @@ def sentiment_rows(rng, n, labelled=True):
 # --------------------------------------------------------------------------------- the jobs
 
 
+@pytest.mark.slow
 def test_pretraining_with_vocab_exports_the_same_model_and_resumes_on_one_process(tmp_path):
     vocab, pattern = write_pretraining_data(tmp_path)
 
@@ -162,6 +163,7 @@ def check_finetuning(job: str, tmp_path, pair, reference, outputs: list[str]) ->
               same_outputs)
 
 
+@pytest.mark.slow
 def test_classification_with_a_test_file(tmp_path):
     checkpoint = tiny_checkpoint(tmp_path)
     rng = random.Random(1)
@@ -179,6 +181,7 @@ def test_classification_with_a_test_file(tmp_path):
     assert len({row.split("\t")[1] for row in predicted}) == 2  # not a constant answer
 
 
+@pytest.mark.slow
 def test_a_write_failing_on_process_0_stops_both_with_its_error_line(tmp_path):
     """Process 0 alone writes the test predictions; where it cannot (`submission` is a file),
     both processes stop at once with the same `error:` line, instead of process 1 waiting for
@@ -209,6 +212,7 @@ def test_a_write_failing_on_process_0_stops_both_with_its_error_line(tmp_path):
     assert all(p.seconds_from_last_step_to_exit() < 60 for p in pair)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_squad(tmp_path, version):
     checkpoint = tiny_checkpoint(tmp_path, SQUAD_VOCAB)
@@ -229,6 +233,7 @@ def test_squad(tmp_path, version):
                      [*names, *(f"test_{n}" for n in names), "export.json"])
 
 
+@pytest.mark.slow
 def test_tagging_with_a_test_file(tmp_path):
     (tmp_path / "tiny").mkdir()
     checkpoint = td.write_checkpoint(tmp_path / "tiny")
@@ -245,6 +250,7 @@ def test_tagging_with_a_test_file(tmp_path):
     assert len(set(predicted)) > 2  # learnt: entities are tagged
 
 
+@pytest.mark.slow
 def test_feature_extraction(tmp_path):
     checkpoint = tiny_checkpoint(tmp_path)
     rng = random.Random(3)
@@ -261,6 +267,7 @@ def test_feature_extraction(tmp_path):
               lambda: assert_same_files(tmp_path / "pair", tmp_path / "single", ["out.jsonl"]))
 
 
+@pytest.mark.slow
 def test_ablation_grid_cell(tmp_path):
     """One cell of Table 5 at test scale: the MLM + NSP pre-training and its Rotten-Tomatoes-
     style fine-tuning, one seed."""
@@ -291,6 +298,7 @@ def test_ablation_grid_cell(tmp_path):
 # ------------------------------------------------------------------------- the TPU launcher
 
 
+@pytest.mark.slow
 def test_tpu_launcher_multi_host_run_command_runs_as_two_processes(tmp_path):
     """The job argv that `python -m bertjax.tpu run` starts on every worker of a v5p-32 (with
     --distributed), run here as 2 processes with the coordinator flags that

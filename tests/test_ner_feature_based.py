@@ -35,6 +35,7 @@ def make_config(root, checkpoint, variant, **fb):
     return config
 
 
+@pytest.mark.slow
 def test_variants_take_the_right_layers():
     assert [variant_layers(v, 12) for v in VARIANTS] == [
         ([0], "single"), ([11], "single"), ([12], "single"), ([9, 10, 11, 12], "weighted"),
@@ -59,6 +60,7 @@ def test_variants_take_the_right_layers():
         assert "bert" not in params
 
 
+@pytest.mark.slow
 def test_cache_holds_the_encoder_layers_of_extract_features(data_dir):
     import jax
 
@@ -107,6 +109,7 @@ def test_cache_holds_the_encoder_layers_of_extract_features(data_dir):
         assert not batch["features"][0, n:].any()
 
 
+@pytest.mark.slow
 def test_training_reads_the_cache_and_leaves_the_encoder_unchanged(data_dir, tmp_path):
     import jax
 

@@ -36,6 +36,7 @@ def outputs(notebook, kind: str) -> list:
             for out in cell.outputs if out.output_type == kind]
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_pretrain_notebook(tmp_path, monkeypatch):
     notebook = execute("pretrain_tiny_bert.ipynb", tmp_path, monkeypatch)
@@ -51,6 +52,7 @@ def test_pretrain_notebook(tmp_path, monkeypatch):
     assert "Return a new [MASK] with the same elements. -> [" in printed
 
 
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_finetune_notebook(tmp_path, monkeypatch):
     execute("finetune_sentiment.ipynb", tmp_path, monkeypatch)

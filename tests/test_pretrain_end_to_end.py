@@ -5,6 +5,7 @@ training → held-out MLM accuracy, through `python -m bertjax.demos.pretraining
 import json
 import random
 
+import pytest
 from conftest import run_python
 
 TOPICS = {
@@ -39,6 +40,7 @@ def write_corpus(path, num_docs=400, seed=0):
             f.write("\n")
 
 
+@pytest.mark.slow
 def test_tiny_bert_learns_real_looking_text_and_beats_the_unigram_baseline(tmp_path):
     corpus = tmp_path / "corpus.txt"
     write_corpus(corpus)

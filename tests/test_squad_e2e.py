@@ -52,6 +52,7 @@ def generate(path, n, seed, impossible_rate=0.0):
     return str(path)
 
 
+@pytest.mark.slow
 def test_squad_v1_cli_learns_and_writes_files(checkpoint, tmp_path):
     train = generate(tmp_path / "train.json", 500, seed=1)
     dev = generate(tmp_path / "dev.json", 120, seed=2)
@@ -92,6 +93,7 @@ def test_squad_v1_cli_learns_and_writes_files(checkpoint, tmp_path):
     assert not (workdir / "null_odds.json").exists()
 
 
+@pytest.mark.slow
 def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
     from bertjax.tasks import train_and_evaluate
     from experiments.squad import get_config

@@ -118,6 +118,7 @@ def test_loss_and_metric_ignore_other_sub_tokens(tokenizer):
         list(x) for x in token_features.sentence_predictions(features, predicted)]
 
 
+@pytest.mark.slow
 def test_conll2003_layout_end_to_end_cli(checkpoint, tmp_path):
     """IOB1 files with -DOCSTART-, windows (stride) and document context on, through the CLI:
     dev entity F1 ≥ 0.95, predictions/test.conll readable by conlleval."""

@@ -4,6 +4,7 @@ transformers' BertForTokenClassification with the same logits (1e-4), and reads 
 import flax.linen as nn
 import jax
 import numpy as np
+import pytest
 from etils import epath
 
 from bertjax.convert.huggingface import read_hf_checkpoint, write_hf_checkpoint
@@ -11,6 +12,7 @@ from bertjax.models import BertConfig
 from bertjax.models.tagging import BertForTokenClassification
 
 
+@pytest.mark.slow
 def test_token_classification_head_matches_transformers(tmp_path):
     import torch
     import transformers

@@ -84,6 +84,7 @@ def test_train_sentencepiece_then_tokenize(corpus_files, tmp_path):
     assert rows[1]["tokens"] == tok.tokenize("plain")
 
 
+@pytest.mark.slow
 def test_bad_inputs_give_one_line_errors(tmp_path):
     vocab = tmp_path / "vocab.txt"
     vocab.write_text("\n".join([*SPECIAL_TOKENS, "a", "a"]) + "\n")
@@ -113,6 +114,7 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
                                 str(tmp_path / "o.jsonl")]), "--no_do_lower_case")
 
 
+@pytest.mark.slow
 def test_bench_compares_with_hf_on_given_files(corpus_files, tmp_path):
     """The bench on a small ASCII English file with a trained vocabulary: every path counts the
     same tokens as HF and reports 100% identical ids (prose from the stdlib, no network)."""

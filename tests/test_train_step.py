@@ -138,6 +138,7 @@ def tiny_config(**model_overrides):
     return config
 
 
+@pytest.mark.slow
 def test_train_step_fits_a_fixed_batch():
     config = tiny_config()
     config.optimizer.learning_rate = 1e-3  # 5e-3 oscillates on one repeated batch
@@ -153,6 +154,7 @@ def test_train_step_fits_a_fixed_batch():
     assert float(metrics["grad_norm"]) > 0 and float(metrics["learning_rate"]) > 0
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_equals_the_full_batch_step():
     config = tiny_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
     batch = synthetic_batch(BertConfig.from_dict(config.model), 8, 16, 4)
@@ -190,6 +192,7 @@ print("SHARDED_OK")
 """
 
 
+@pytest.mark.slow
 def test_sharded_training_over_a_4_device_mesh_matches_one_device():
     proc = run_python(["-c", SHARDED_SCRIPT],
                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",

@@ -90,6 +90,7 @@ def latest_checkpoint(workdir):
     return max(steps, default=None)
 
 
+@pytest.mark.slow
 def test_resume_after_sigkill_is_exact(tmp_path):
     straight = str(tmp_path / "straight")
     proc = run_python(pretrain_args(straight, 20))
@@ -117,6 +118,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
         np.testing.assert_array_equal(pa[name], pb[name], err_msg=name)
 
 
+@pytest.mark.slow
 def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
     workdir = str(tmp_path / "run")
     proc = start(pretrain_args(workdir, 10_000, every=1000))
@@ -131,6 +133,7 @@ def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
     assert saved >= logged
 
 
+@pytest.mark.slow
 def test_phase_hand_off_and_restart_in_phase_two(tmp_path):
     workdir = str(tmp_path / "run")
     proc = run_python(pretrain_args(workdir, 12, phase1_steps=8, every=10))
@@ -153,6 +156,7 @@ def test_phase_hand_off_and_restart_in_phase_two(tmp_path):
 MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
 
 
+@pytest.mark.slow
 def test_meshes_and_processes_give_the_single_device_losses_and_params(tmp_path):
     runs = {}
     reference = str(tmp_path / "single")
@@ -192,6 +196,7 @@ def test_meshes_and_processes_give_the_single_device_losses_and_params(tmp_path)
                                        err_msg=f"{workdir}: {key}")
 
 
+@pytest.mark.slow
 def test_restore_onto_a_different_mesh(tmp_path):
     workdir = str(tmp_path / "run")
     proc = run_python(pretrain_args(workdir, 10, every=5,
@@ -234,6 +239,7 @@ def test_bad_input_fails_with_one_line(tmp_path, extra, needle, devices):
     assert needle in _one_line_error(proc)
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     workdir = str(tmp_path / "run")
     proc = run_python(pretrain_args(workdir, 200, every=2, extra=[
@@ -270,6 +276,7 @@ def _write_checkpoint_dir(directory, hidden_size=64):
     return {k: np.asarray(v) for k, v in flax.traverse_util.flatten_dict(params, sep="/").items()}
 
 
+@pytest.mark.slow
 def test_init_checkpoint_loads_params_only(tmp_path):
     expected = _write_checkpoint_dir(tmp_path / "source")
     workdir = str(tmp_path / "run")
@@ -283,6 +290,7 @@ def test_init_checkpoint_loads_params_only(tmp_path):
         np.testing.assert_array_equal(params[key], value, err_msg=key)
 
 
+@pytest.mark.slow
 def test_init_checkpoint_of_another_size_fails_with_one_line(tmp_path):
     _write_checkpoint_dir(tmp_path / "source", hidden_size=32)
     proc = run_python(pretrain_args(str(tmp_path / "run"), 2, extra=[
@@ -293,6 +301,7 @@ def test_init_checkpoint_of_another_size_fails_with_one_line(tmp_path):
 # ------------------------------------------------------------ packed no-NSP pre-training
 
 
+@pytest.mark.slow
 def test_packed_no_nsp_run_learns(tmp_path):
     """corpus → segments (python -m data_pipeline.create_segments) → packed no-NSP training."""
     import re

@@ -58,6 +58,7 @@ def outputs(workdir):
     return results, predictions
 
 
+@pytest.mark.slow
 def test_finetuning_resumes_bitwise_after_sigkill(checkpoint, tmp_path):
     write_task(tmp_path)
     straight = str(tmp_path / "straight")
@@ -93,6 +94,7 @@ def test_finetuning_resumes_bitwise_after_sigkill(checkpoint, tmp_path):
     assert results_b["best_step"] in kept and total in kept and len(kept) <= 3
 
 
+@pytest.mark.slow
 def test_finetuning_sigterm_saves_and_exits_zero_then_continues(checkpoint, tmp_path):
     write_task(tmp_path)
     workdir = str(tmp_path / "run")
@@ -115,6 +117,7 @@ def test_finetuning_sigterm_saves_and_exits_zero_then_continues(checkpoint, tmp_
     assert proc.returncode == 0 and f"at step {saved}" in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_grid_cell_interrupted_mid_run_resumes_from_its_checkpoint(checkpoint, tmp_path):
     write_task(tmp_path)
     workdir = tmp_path / "grid"
@@ -162,6 +165,7 @@ def test_same_compute_dtype_in_pretraining_and_finetuning(checkpoint, dtype):
                                  "bfloat16": "bfloat16"}[dtype]  # on CPU
 
 
+@pytest.mark.slow
 def test_phase2_pattern_matching_nothing_fails_before_step_zero(tmp_path):
     workdir = str(tmp_path / "run")
     proc = run_python(pretrain_args(workdir, 8, phase1_steps=4, extra=[
@@ -171,6 +175,7 @@ def test_phase2_pattern_matching_nothing_fails_before_step_zero(tmp_path):
     assert not os.path.exists(os.path.join(workdir, "metrics.jsonl"))  # no step ran
 
 
+@pytest.mark.slow
 def test_test_split_matching_nothing_fails_before_step_zero(checkpoint, tmp_path):
     write_task(tmp_path)
     workdir = tmp_path / "run"
