@@ -13,7 +13,6 @@ is missing at export, a model vocab smaller than the data's ids: "loss is nan at
 from __future__ import annotations
 
 import os
-import struct
 
 from bertjax import paths
 from bertjax.errors import CheckpointError, ConfigError, DataError
@@ -147,82 +146,6 @@ def check_init_checkpoint(directory: str, model=None, field: str = "config.init_
 # ------------------------------------------------------------------------------ TFRecords
 
 
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= len(data):
-            raise ValueError("truncated varint")
-        byte = data[pos]
-        result |= (byte & 0x7F) << shift
-        pos += 1
-        if not byte & 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(data: bytes):
-    """(field number, wire type, value) of a protobuf message; value: int or bytes."""
-    pos = 0
-    while pos < len(data):
-        key, pos = _varint(data, pos)
-        number, wire = key >> 3, key & 7
-        if wire == 0:
-            value, pos = _varint(data, pos)
-        elif wire == 2:
-            length, pos = _varint(data, pos)
-            value, pos = data[pos:pos + length], pos + length
-            if pos > len(data):
-                raise ValueError("truncated field")
-        elif wire == 5:
-            value, pos = data[pos:pos + 4], pos + 4
-        elif wire == 1:
-            value, pos = data[pos:pos + 8], pos + 8
-        else:
-            raise ValueError(f"wire type {wire}")
-        yield number, wire, value
-
-
-def example_features(record: bytes) -> dict[str, list]:
-    """{name: values} of a serialized tf.train.Example (int64 and float lists; bytes lists as
-    their count), decoded without TensorFlow."""
-    features = {}
-    for _, _, feats in (f for f in _fields(record) if f[0] == 1):
-        for _, _, entry in (f for f in _fields(feats) if f[0] == 1):
-            name, values = "", []
-            for number, _, value in _fields(entry):
-                if number == 1:
-                    name = value.decode("utf-8", "replace")
-                elif number == 2:
-                    for kind, _, lst in _fields(value):
-                        for _, wire, v in _fields(lst):
-                            if kind == 3 and wire == 2:  # packed int64
-                                pos = 0
-                                while pos < len(v):
-                                    n, pos = _varint(v, pos)
-                                    values.append(n - (1 << 64) if n >= 1 << 63 else n)
-                            elif kind == 3:
-                                values.append(v)
-                            elif kind == 2 and wire == 2:
-                                values.extend(struct.unpack(f"<{len(v) // 4}f", v))
-                            elif kind == 2:
-                                values.append(struct.unpack("<f", v)[0])
-                            else:
-                                values.append(v)
-            features[name] = values
-    return features
-
-
-def first_record(path: str) -> bytes:
-    """The first record of a TFRecord file (framing: length, crc, data, crc)."""
-    with paths.open(path, "rb") as f:
-        head = f.read(12)
-        length = struct.unpack("<Q", head[:8])[0] if len(head) == 12 else 0
-        data = f.read(min(length, 1 << 26))
-    if len(head) < 12 or len(data) < length or length > 1 << 26:
-        raise DataError(f"{path}: not a TFRecord file (its first record is cut short)")
-    return data
-
-
 # ------------------------------------------------------------------------------ pre-training
 
 
@@ -230,9 +153,13 @@ def _check_records(field: str, files: list[str], phase, static: bool, packed: bo
                    vocab_size: int) -> None:
     """The first record of the first file: the features the reader needs, of the phase's
     lengths, with ids the model's embedding covers."""
+    from data_pipeline import tfrecords
+
     path = files[0]
     try:
-        features = example_features(first_record(path))
+        features = tfrecords.example_features(tfrecords.first_record(path))
+    except tfrecords.FramingError as e:
+        raise DataError(f"{path}: not a TFRecord file ({e})") from None
     except ValueError as e:
         raise DataError(f"{path}: not a tf.train.Example record ({e})") from None
     need = ["input_ids", "input_mask", "segment_ids"]

@@ -1,4 +1,4 @@
-"""Writing TFRecord shards in the reference schema, without TensorFlow.
+"""TFRecord shards in the reference schema, written and read without TensorFlow.
 
 Reference features (all int64 in the file except masked_lm_weights, float):
   input_ids, input_mask, segment_ids [seq]; masked_lm_positions, masked_lm_ids,
@@ -10,8 +10,10 @@ metadata.json written beside the shards is `data_pipeline.metadata`.)
 Shards are written under a temporary name and renamed when complete, so a crash never leaves a
 partial file that matches `part-*.tfrecord`; the metadata is written last the same way.
 
-Reading side (`frames`, `first_problem`): the framing checked record by record, so a reader
-can name the file and byte offset of a truncated or corrupted record (tf.data names neither).
+Reading side (`frames`, `first_problem`, `first_record`): the framing checked record by record,
+so a reader can name the file and byte offset of a truncated or corrupted record (tf.data
+names neither); `example_features` decodes a tf.train.Example without TensorFlow (the checks
+that run before training).
 """
 
 from __future__ import annotations
@@ -26,12 +28,8 @@ import numpy as np
 from etils import epath
 
 from bertjax import paths
-from data_pipeline import metadata
 
 SHARD_PATTERN = "part-*.tfrecord"
-
-# Kept for bertjax.pretrain until it reads `data_pipeline.metadata.read`.
-read_metadata = metadata.read
 
 
 def shard_name(index: int, count: int) -> str:
@@ -282,3 +280,79 @@ def first_problem(path: str) -> str | None:
         except FramingError as e:
             return str(e)
     return None
+
+
+def first_record(path: str) -> bytes:
+    """The first record of a TFRecord file, its framing checked (FramingError otherwise)."""
+    with paths.open(path, "rb") as f:
+        for _, data in frames(f):
+            return data
+    raise FramingError(0, "no record")
+
+
+# ------------------------------------------------------------- decoding, without TensorFlow
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= len(data):
+            raise ValueError("truncated varint")
+        byte = data[pos]
+        result |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(data: bytes):
+    """(field number, wire type, value) of a protobuf message; value: int or bytes."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        number, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _read_varint(data, pos)
+        elif wire == 2:
+            length, pos = _read_varint(data, pos)
+            value, pos = data[pos:pos + length], pos + length
+            if pos > len(data):
+                raise ValueError("truncated field")
+        elif wire == 5:
+            value, pos = data[pos:pos + 4], pos + 4
+        elif wire == 1:
+            value, pos = data[pos:pos + 8], pos + 8
+        else:
+            raise ValueError(f"wire type {wire}")
+        yield number, wire, value
+
+
+def example_features(record: bytes) -> dict[str, list]:
+    """{name: values} of a serialized tf.train.Example (int64 and float lists; bytes lists as
+    their count), decoded without TensorFlow."""
+    features = {}
+    for _, _, feats in (f for f in _fields(record) if f[0] == 1):
+        for _, _, entry in (f for f in _fields(feats) if f[0] == 1):
+            name, values = "", []
+            for number, _, value in _fields(entry):
+                if number == 1:
+                    name = value.decode("utf-8", "replace")
+                elif number == 2:
+                    for kind, _, lst in _fields(value):
+                        for _, wire, v in _fields(lst):
+                            if kind == 3 and wire == 2:  # packed int64
+                                pos = 0
+                                while pos < len(v):
+                                    n, pos = _read_varint(v, pos)
+                                    values.append(n - (1 << 64) if n >= 1 << 63 else n)
+                            elif kind == 3:
+                                values.append(v)
+                            elif kind == 2 and wire == 2:
+                                values.extend(struct.unpack(f"<{len(v) // 4}f", v))
+                            elif kind == 2:
+                                values.append(struct.unpack("<f", v)[0])
+                            else:
+                                values.append(v)
+            features[name] = values
+    return features

@@ -49,7 +49,7 @@ def make_input_fn(config):
                 "empty; give a TFRecord file pattern (or 'synthetic')"
             )
         # TensorFlow (tf.data) only once a phase's records are read.
-        from data_pipeline import pretraining_input, tfrecords
+        from data_pipeline import metadata, pretraining_input
 
         if packed:
             return _packed_input(config, phase, field, pattern, batch_size, split)
@@ -58,7 +58,7 @@ def make_input_fn(config):
         # ids, word continuations) and is masked on the fly; data without it (e.g. prepared for
         # google-research/bert) is read as the static pre-masked records it is.
         masking = None
-        if config.masking.dynamic and tfrecords.read_metadata(pattern) is not None:
+        if config.masking.dynamic and metadata.read(pattern) is not None:
             masking = pretraining_input.masking_from_metadata(
                 pattern, max_predictions=phase.max_predictions,
                 masked_lm_prob=config.masking.masked_lm_prob,
