@@ -25,22 +25,19 @@ well under a second; instances are masked and encoded WRITE_BATCH at a time with
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import itertools
-import multiprocessing
-import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 from absl import logging
-from etils import epath
 
 from bertjax import cli, paths
 from bertjax.errors import ConfigError, DataError
 from data_pipeline import corpus, instances, masking, metadata, tfrecords
+from data_pipeline import shards as shards_lib
 
 FORMAT = "bertjax-pretraining-v1"
 # Instances masked and encoded together (vectorised); part of the output's definition, since
@@ -209,19 +206,6 @@ def create_shard(cfg: CreateConfig, shard: int, tokenizer) -> dict:
     return counts
 
 
-_worker_tokenizer = None  # one per worker process: its word cache stays warm across shards
-
-
-def _init_worker(tokenizer_factory) -> None:
-    global _worker_tokenizer
-    _worker_tokenizer = tokenizer_factory()
-
-
-def _worker(args) -> tuple[int, dict]:
-    cfg, shard = args
-    return shard, create_shard(cfg, shard, _worker_tokenizer)
-
-
 def build_metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], seconds: float,
                    vocab: str | None = None, do_lower_case: bool | None = None) -> dict:
     """The metadata.json of a run: settings, tokenizer fields, counts (see `metadata`)."""
@@ -255,24 +239,6 @@ def build_metadata(cfg: CreateConfig, tokenizer, shard_counts: dict[int, dict], 
     }
 
 
-@contextlib.contextmanager
-def output_directory(path: str, owned: bool = True):
-    """Creates `path` for a run's shards; when the run fails (a bad line deep in the corpus)
-    and `path` is new and `owned` (no other task writes there), it is removed again with
-    whatever was written, so a failed run leaves nothing behind."""
-    created = owned and not paths.exists(path)
-    paths.makedirs(path)
-    try:
-        yield
-    except BaseException:
-        if created:
-            if paths.is_remote(path):
-                epath.Path(path).rmtree(missing_ok=True)
-            else:
-                shutil.rmtree(path, ignore_errors=True)
-        raise
-
-
 def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], object],
                             **metadata_extra) -> dict:
     """Writes this task's shards (in `num_workers` processes) and the metadata; returns it.
@@ -280,19 +246,11 @@ def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], o
     tokenizer_factory: a picklable callable returning the tokenizer (called once per worker).
     """
     corpus.require_documents(cfg.input, cfg.input_format)  # before any file is written
-    with output_directory(cfg.output_dir, cfg.num_tasks == 1):
+    with shards_lib.output_directory(cfg.output_dir, cfg.num_tasks == 1):
         start = time.perf_counter()
-        shards = cfg.shards()
         tokenizer = tokenizer_factory()
-        if cfg.num_workers == 1 or len(shards) == 1:
-            results = {s: create_shard(cfg, s, tokenizer) for s in shards}
-        else:
-            # spawn, not fork: the parent may have imported TensorFlow (whose threads do not
-            # survive a fork); the workers themselves never import it.
-            ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(min(cfg.num_workers, len(shards)), _init_worker,
-                          (tokenizer_factory,)) as pool:
-                results = dict(pool.imap_unordered(_worker, [(cfg, s) for s in shards]))
+        results = shards_lib.write_shards(create_shard, cfg, cfg.shards(), tokenizer,
+                                          tokenizer_factory, cfg.num_workers)
         if not sum(c["instances"] for c in results.values()):
             docs = sum(c["documents"] for c in results.values())
             raise DataError(f"{cfg.input}: no instances created from {docs} documents "

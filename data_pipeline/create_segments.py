@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import multiprocessing
 import time
 from collections.abc import Callable
 
@@ -33,6 +32,7 @@ from bertjax import cli, paths
 from bertjax.errors import ConfigError, DataError
 from data_pipeline import corpus, instances, metadata, packing, tfrecords
 from data_pipeline import create_pretraining_data as cpd
+from data_pipeline import shards as shards_lib
 
 FORMAT = "bertjax-segments-v1"
 
@@ -87,11 +87,6 @@ def create_segments_shard(cfg: SegmentsConfig, shard: int, tokenizer) -> dict:
     return counts
 
 
-def _worker(args) -> tuple[int, dict]:
-    cfg, shard, tokenizer_factory = args
-    return shard, create_segments_shard(cfg, shard, tokenizer_factory())
-
-
 def create_segments(cfg: SegmentsConfig, tokenizer_factory: Callable[[], object],
                     **metadata_extra) -> dict:
     """Writes all shards (in `num_workers` processes) and metadata.json; returns the metadata.
@@ -99,17 +94,11 @@ def create_segments(cfg: SegmentsConfig, tokenizer_factory: Callable[[], object]
     tokenizer_factory: a picklable callable returning the tokenizer (called once per worker).
     """
     corpus.require_documents(cfg.input, cfg.input_format)  # before any file is written
-    with cpd.output_directory(cfg.output_dir):
+    with shards_lib.output_directory(cfg.output_dir):
         start = time.perf_counter()
         tokenizer = tokenizer_factory()
-        shards = list(range(cfg.num_shards))
-        if cfg.num_workers == 1 or len(shards) == 1:
-            results = {s: create_segments_shard(cfg, s, tokenizer) for s in shards}
-        else:  # spawn, not fork: TensorFlow's threads do not survive a fork
-            ctx = multiprocessing.get_context("spawn")
-            with ctx.Pool(min(cfg.num_workers, len(shards))) as pool:
-                results = dict(pool.imap_unordered(
-                    _worker, [(cfg, s, tokenizer_factory) for s in shards]))
+        results = shards_lib.write_shards(create_segments_shard, cfg, range(cfg.num_shards),
+                                          tokenizer, tokenizer_factory, cfg.num_workers)
         totals = {k: sum(c[k] for c in results.values()) for k in next(iter(results.values()))}
         if not totals["instances"]:
             raise DataError(f"{cfg.input}: no examples created from {totals['documents']} "
