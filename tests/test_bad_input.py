@@ -615,7 +615,7 @@ def _(w, t):
 @case("checkpoints", "extract_features_output_dir", "--output_file=", "no such directory",
       known=(ValueError,))
 def _(w, t):
-    from bertjax import extract_features
+    from bertjax.tasks import extraction as extract_features
 
     _write(f"{t}/in.txt", "the cat\n")
     return lambda: extract_features.run(w["ckpt"], f"{t}/in.txt", f"{t}/missing/out.jsonl")

@@ -10,8 +10,8 @@ import pytest
 from conftest import run_python
 
 from bertjax import pretrained
-from bertjax.extract_features import FeatureExtractor, parse_layers, parse_line, run
 from bertjax.models import BertConfig, BertForPreTraining, BertModel
+from bertjax.tasks.extraction import FeatureExtractor, parse_layers, parse_line, run
 
 WORDS = ["the", "quick", "brown", "fox", "jump", "##s", "##ed", "over", "a", "dog", "lazy", ".",
          ",", "un", "##believ", "##able", "story"]

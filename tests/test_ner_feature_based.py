@@ -64,10 +64,10 @@ def test_variants_take_the_right_layers():
 def test_cache_holds_the_encoder_layers_of_extract_features(data_dir):
     import jax
 
-    from bertjax.extract_features import FeatureExtractor
     from bertjax.models import BertModel
     from bertjax.pretrained import load_pretrained
     from bertjax.tasks import FineTuningJob, get_task
+    from bertjax.tasks.extraction import FeatureExtractor
 
     root, checkpoint = data_dir
     config = make_config(root, checkpoint, "weighted_sum_all", cache_dtype="float32",

@@ -1,0 +1,170 @@
+"""Contextual features of text lines from a pre-trained BERT, in the reference
+extract_features.py's JSON format (`python -m bertjax.extract_features`; the feature-based
+approach of the paper's Sec. 5.3 uses the same layers).
+
+Input: one example a line, `text` or `text_a ||| text_b`. Output: one JSON object a line:
+  {"linex_index": i, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]},
+                                                               ...]}, ...]}
+Layer indices count encoder layers as the reference does: 0 = first layer's output, -1 = last;
+values are rounded to 6 decimals. Examples run in fixed-shape batches [batch_size,
+max_seq_length] through one jit-compiled function (the last batch is padded, so it compiles
+once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import paths
+from bertjax.models import BertConfig, BertModel
+from bertjax.train import multihost
+
+# The reference's pattern: with the greedy left group, a line with several " ||| " splits at
+# the last one. Kept as is so both read odd inputs alike.
+_PAIR = re.compile(r"^(.*) \|\|\| (.*)$")
+
+
+def parse_line(line: str) -> tuple[str, str | None]:
+    """`text` → (text, None); `text_a ||| text_b` → (text_a, text_b)."""
+    line = line.strip()
+    match = _PAIR.match(line)
+    return (match.group(1), match.group(2)) if match else (line, None)
+
+
+def parse_layers(spec: str, num_layers: int) -> list[int]:
+    """"-1,-2" → [-1, -2]; each must address one of the `num_layers` encoder layers."""
+    try:
+        layers = [int(x) for x in spec.split(",")]
+    except ValueError:
+        raise ValueError(f"--layers={spec!r} must be comma-separated integers") from None
+    for layer in layers:
+        if not -num_layers <= layer < num_layers:
+            raise ValueError(f"--layers={spec}: layer {layer} does not exist in a "
+                             f"{num_layers}-layer model (use {-num_layers}..{num_layers - 1})")
+    return layers
+
+
+class FeatureExtractor:
+    """Runs texts through BERT and returns the reference JSON objects.
+
+    `self.compute` is the jitted function params, [batch, seq] ids/segments/mask →
+    [batch, len(layers), seq, hidden] float32.
+    """
+
+    def __init__(self, config: BertConfig, params: Any, tokenizer: Any, layers: Sequence[int],
+                 max_seq_length: int, batch_size: int):
+        if max_seq_length > config.max_position_embeddings:
+            raise ValueError(f"--max_seq_length={max_seq_length} exceeds the model's "
+                             f"max_position_embeddings={config.max_position_embeddings}")
+        if batch_size < 1:
+            raise ValueError(f"--batch_size={batch_size} must be positive")
+        self.config, self.tokenizer = config, tokenizer
+        self.layers = list(layers)
+        self.max_seq_length, self.batch_size = max_seq_length, batch_size
+        self.params = jax.device_put(params["bert"] if "bert" in params else params)
+        model = BertModel(config)
+        # hidden_states[0] is the embedding output; the reference's layer i is index i + 1.
+        rows = jnp.asarray([layer % config.num_layers + 1 for layer in self.layers])
+
+        def compute(params, input_ids, segment_ids, input_mask):
+            out = model.apply({"params": params}, input_ids, segment_ids, input_mask,
+                              return_all_layers=True)
+            selected = out["hidden_states"][rows]  # [n_layers, batch, seq, hidden]
+            return jnp.swapaxes(selected, 0, 1).astype(jnp.float32)
+
+        self.compute = jax.jit(compute)
+
+    def _batch_arrays(self, encodings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fixed [batch_size, max_seq_length] arrays; missing rows are all padding."""
+        shape = (self.batch_size, self.max_seq_length)
+        ids, segments, mask = (np.zeros(shape, np.int32) for _ in range(3))
+        for row, enc in enumerate(encodings):
+            ids[row], segments[row], mask[row] = enc.input_ids, enc.segment_ids, enc.input_mask
+        return ids, segments, mask
+
+    def __call__(self, lines: Iterable[str]) -> Iterator[dict[str, Any]]:
+        """One reference JSON object per input line, in order."""
+        index = 0
+        for chunk in _chunks(lines, self.batch_size):
+            pairs = [parse_line(line) for line in chunk]
+            encodings = self.tokenizer.encode_batch(
+                [a for a, _ in pairs], [b for _, b in pairs], max_seq_length=self.max_seq_length)
+            values = np.asarray(self.compute(self.params, *self._batch_arrays(encodings)))
+            for row, enc in enumerate(encodings):
+                yield self._example(index, enc, values[row])
+                index += 1
+
+    def _example(self, index: int, enc, values: np.ndarray) -> dict[str, Any]:
+        """values: [n_layers, seq, hidden] for one example."""
+        length = int(sum(enc.input_mask))
+        rounded = np.round(values[:, :length].astype(np.float64), 6)
+        features = []
+        for position, token in enumerate(enc.tokens[:length]):
+            features.append({
+                "token": token,
+                "layers": [{"index": layer, "values": rounded[k, position].tolist()}
+                           for k, layer in enumerate(self.layers)],
+            })
+        return {"linex_index": index, "features": features}
+
+
+def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2,-3,-4",
+        max_seq_length: int = 128, batch_size: int = 32,
+        do_lower_case: bool | None = None) -> int:
+    """Writes `output_file`; returns the number of examples."""
+    from bertjax.pretrained import load_pretrained
+
+    # The files first: a missing input or output directory must not cost a model load.
+    out_dir = os.path.dirname(output_file) or "."
+    if not os.path.isdir(out_dir):
+        raise ValueError(f"--output_file={output_file}: no such directory {out_dir}")
+    if not os.path.isfile(input_file):
+        raise ValueError(f"--input_file={input_file}: no such file")
+    config, params, tokenizer = load_pretrained(checkpoint, do_lower_case=do_lower_case)
+    extractor = FeatureExtractor(config, params, tokenizer, parse_layers(layers, config.num_layers),
+                                 max_seq_length, batch_size)
+    if not multihost.is_main():
+        # On a multi-host run every process computes the same features (none waits long in a
+        # collective for another), and process 0 writes them.
+        with _open(input_file, "--input_file") as source:
+            for _ in extractor(line.rstrip("\n") for line in source):
+                pass
+    return multihost.write_from_main(lambda: _write(extractor, input_file, output_file))
+
+
+def _open(path: str, flag: str, mode: str = "r"):
+    try:
+        return paths.open(path, mode, encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{flag}={path}: {e.strerror}") from None
+
+
+def _write(extractor: FeatureExtractor, input_file: str, output_file: str) -> int:
+    """Streams the features of `input_file` into `output_file`; returns the example count."""
+    count = 0
+    with _open(input_file, "--input_file") as source, \
+            _open(output_file, "--output_file", "w") as sink:
+        # The reference reads until EOF, so a trailing newline adds no example.
+        for example in extractor(line.rstrip("\n") for line in source):
+            sink.write(json.dumps(example) + "\n")
+            count += 1
+    return count
