@@ -125,7 +125,7 @@ def load_vocab(path: str, field: str = "config.vocab"):
 
 def check_init_checkpoint(directory: str, model=None, field: str = "config.init_checkpoint"):
     """A readable bertjax checkpoint directory whose sizes match `model` (when given)."""
-    from bertjax.pretrained import load_config
+    from bertjax.checkpoint_dir import load_config
 
     if not paths.exists(directory):
         raise CheckpointError(f"{field}={directory}: no such directory")

@@ -42,8 +42,8 @@ def write_tiny_checkpoint(root: Path, vocab: list[str], max_positions: int = 64,
     import jax
     import numpy as np
 
+    from bertjax.checkpoint_dir import save_pretrained
     from bertjax.models import BertConfig, BertForPreTraining
-    from bertjax.pretrained import save_pretrained
 
     (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
     cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_layers=num_layers, num_heads=4,

@@ -184,7 +184,7 @@ def assert_same_export(pair_dir: Path, single_dir: Path) -> None:
     rtol 1e-5 / atol 1e-6 (read back with bertjax.load_pretrained)."""
     import flax
 
-    from bertjax.pretrained import load_pretrained
+    from bertjax.checkpoint_dir import load_pretrained
 
     assert_same_files(pair_dir, single_dir, ["config.json"])
     params, expected = (flax.traverse_util.flatten_dict(load_pretrained(d)[1], sep="/")

@@ -11,9 +11,9 @@ import ml_collections
 import numpy as np
 import pytest
 
+from bertjax.checkpoint_dir import load_pretrained
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.pretrained import load_pretrained
 from bertjax.tasks import pretraining
 from bertjax.train import configs
 from data_pipeline import masking
@@ -102,8 +102,8 @@ def test_ltr_loss_equals_numpy_next_token_cross_entropy():
 
 
 def test_ltr_checkpoint_fine_tunes_with_causal_attention(tmp_path):
+    from bertjax.checkpoint_dir import save_pretrained
     from bertjax.models.squad import BertForQuestionAnswering
-    from bertjax.pretrained import save_pretrained
     from bertjax.tasks.base import load_pretrained_model
 
     vocab = tmp_path / "vocab.txt"

@@ -69,13 +69,13 @@ def world(tmp_path_factory):
     data = _create(root, "data", vocab)
     static = _create(root, "static", vocab, masking="static")
 
-    from bertjax import pretrained
+    from bertjax import checkpoint_dir
     from bertjax.models import BertConfig
 
     model = BertConfig(vocab_size=len(VOCAB), hidden_size=8, num_layers=1, num_heads=2,
                        intermediate_size=16, max_position_embeddings=64)
-    params = pretrained.init_groups(model, ["bert", "bert/pooler", "mlm", "nsp"], 0)
-    pretrained.save_pretrained(f"{root}/ckpt", model, params, vocab)
+    params = checkpoint_dir.init_groups(model, ["bert", "bert/pooler", "mlm", "nsp"], 0)
+    checkpoint_dir.save_pretrained(f"{root}/ckpt", model, params, vocab)
     _write(f"{root}/files/train.csv", "text,label\nthe cat sat,pos\nthe dog ran,neg\n")
     _write(f"{root}/files/dev.csv", "text,label\na red cat,pos\na big dog,neg\n")
     return dict(root=root, vocab=vocab, other_vocab=other_vocab, data=data, static=static,
@@ -582,11 +582,11 @@ def _convert(args):
 
 
 def _hf_dir(w, t) -> str:
-    from bertjax import pretrained
+    from bertjax import checkpoint_dir
     from bertjax.convert import huggingface
 
     huggingface.write_hf_checkpoint(f"{t}/hf", w["model"], w["params"],
-                                    pretrained.vocab_path(w["ckpt"]), True,
+                                    checkpoint_dir.vocab_path(w["ckpt"]), True,
                                     "BertForPreTraining", "float32", False)
     return f"{t}/hf"
 

@@ -9,7 +9,7 @@ import pytest
 from convert_cli import convert_main
 
 import bertjax
-from bertjax import pretrained
+from bertjax import checkpoint_dir
 from bertjax.convert.mapping import ConversionError, reference_specs
 from bertjax.models import BertConfig
 from bertjax.models.layout import stack_layers, unstack_layers
@@ -22,7 +22,7 @@ TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"Word{i}" for i in r
 def random_params(config, seed=0):
     r = np.random.default_rng(seed)
     return jax.tree.map(lambda s: r.normal(size=s.shape).astype(np.float32),
-                        pretrained.abstract_params(config))
+                        checkpoint_dir.abstract_params(config))
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def vocab(tmp_path):
 
 
 def test_tensor_table_covers_every_model_parameter_exactly_once():
-    flat = flax.traverse_util.flatten_dict(pretrained.abstract_params(CONFIG))
+    flat = flax.traverse_util.flatten_dict(checkpoint_dir.abstract_params(CONFIG))
     want = {"/".join(path): value.shape for path, value in flat.items()}
     specs = reference_specs(CONFIG)
     assert {"/".join(s.path): s.shape for s in specs} == want
@@ -46,7 +46,7 @@ def test_layer_stacking_round_trips_and_matches_the_scanned_model():
     params = random_params(CONFIG)
     scanned = stack_layers(params)
     scan_config = BertConfig(**{**CONFIG.to_dict(), "scan_layers": True})
-    expected = jax.tree.map(lambda s: s.shape, pretrained.abstract_params(scan_config))
+    expected = jax.tree.map(lambda s: s.shape, checkpoint_dir.abstract_params(scan_config))
     assert jax.tree.map(np.shape, scanned) == expected
     jax.tree.map(np.testing.assert_array_equal, unstack_layers(scanned), params)
     np.testing.assert_array_equal(
@@ -56,7 +56,7 @@ def test_layer_stacking_round_trips_and_matches_the_scanned_model():
 
 def test_save_then_load_pretrained_round_trips(tmp_path, vocab):
     params = random_params(CONFIG)
-    summary = pretrained.save_pretrained(tmp_path / "ckpt", CONFIG, stack_layers(params), vocab)
+    summary = checkpoint_dir.save_pretrained(tmp_path / "ckpt", CONFIG, stack_layers(params), vocab)
     assert summary["initialised"] == [] and not (tmp_path / "ckpt" / "conversion.json").exists()
     # Upper-case tokens in the vocabulary: a cased model.
     assert json.loads((tmp_path / "ckpt" / "tokenizer_config.json").read_text()) == {
@@ -76,11 +76,11 @@ def test_save_then_load_pretrained_round_trips(tmp_path, vocab):
 def test_heads_missing_from_params_are_initialised_and_recorded(tmp_path, vocab):
     params = random_params(CONFIG)
     encoder_only = {"bert": {k: v for k, v in params["bert"].items() if k != "pooler"}}
-    summary = pretrained.save_pretrained(tmp_path / "ckpt", CONFIG, encoder_only, vocab, seed=3)
+    summary = checkpoint_dir.save_pretrained(tmp_path / "ckpt", CONFIG, encoder_only, vocab, seed=3)
     assert summary["initialised"] == ["bert/pooler", "mlm", "nsp"]
     recorded = json.loads((tmp_path / "ckpt" / "conversion.json").read_text())
     assert recorded["initialised"] == ["bert/pooler", "mlm", "nsp"]
-    loaded = pretrained.load_params(tmp_path / "ckpt", CONFIG)
+    loaded = checkpoint_dir.load_params(tmp_path / "ckpt", CONFIG)
     jax.tree.map(np.testing.assert_array_equal, loaded["bert"]["encoder"],
                  params["bert"]["encoder"])
     # The model's own initialisers: truncated normal (stddev 0.02) kernels, zero biases.
@@ -106,7 +106,7 @@ def test_save_pretrained_rejects_mismatches(tmp_path, vocab, case, expected):
     elif case == "unexpected":
         params["bert"]["encoder"]["layer_2"] = {"output": {"bias": np.zeros(32, np.float32)}}
     with pytest.raises(ConversionError, match=expected.replace("(", r"\(").replace(")", r"\)")):
-        pretrained.save_pretrained(tmp_path / "ckpt", CONFIG, params, vocab)
+        checkpoint_dir.save_pretrained(tmp_path / "ckpt", CONFIG, params, vocab)
     assert not (tmp_path / "ckpt").exists()
 
 
@@ -134,9 +134,9 @@ def test_sentencepiece_vocabulary_is_stored_and_checked(tmp_path):
     with pytest.raises(ConversionError, match=f"sp.model has {size} entries but .* has "
                                               f"{size + 1} rows"):
         bigger = BertConfig(**{**CONFIG.to_dict(), "vocab_size": size + 1})
-        pretrained.save_pretrained(tmp_path / "bad", bigger, random_params(bigger),
+        checkpoint_dir.save_pretrained(tmp_path / "bad", bigger, random_params(bigger),
                                    tmp_path / "sp.model")
-    pretrained.save_pretrained(tmp_path / "ckpt", config, random_params(config),
+    checkpoint_dir.save_pretrained(tmp_path / "ckpt", config, random_params(config),
                                tmp_path / "sp.model")
     assert json.loads((tmp_path / "ckpt" / "tokenizer_config.json").read_text()) == {
         "type": "sentencepiece", "do_lower_case": False}

@@ -8,7 +8,7 @@ import pytest
 from convert_cli import convert_main
 from safetensors.numpy import load_file, save_file
 
-from bertjax import pretrained
+from bertjax import checkpoint_dir
 from bertjax.models import BertForPreTraining, BertModel
 
 torch = pytest.importorskip("torch")
@@ -102,9 +102,9 @@ def converted(hf_dirs, tmp_path_factory):
 
 @pytest.mark.slow
 def test_forward_matches_transformers(hf_model, converted):
-    config = pretrained.load_config(converted)
+    config = checkpoint_dir.load_config(converted)
     assert config.hidden_act == "gelu"  # HF "gelu" is the exact erf form
-    params = pretrained.load_params(converted, config)
+    params = checkpoint_dir.load_params(converted, config)
     r = np.random.default_rng(0)
     ids = r.integers(0, V, (3, 12)).astype(np.int64)
     segments = (np.arange(12)[None] >= np.array([[5], [7], [12]])).astype(np.int64)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from convert_cli import convert_main
 
-from bertjax import pretrained
+from bertjax import checkpoint_dir
 from bertjax.models import BertForPreTraining, BertModel
 
 L, H, A, FFN, V, P, T = 2, 32, 4, 37, 100, 64, 2
@@ -160,9 +160,9 @@ def converted(tmp_path_factory):
 @pytest.mark.slow
 def test_from_tf_forward_matches_float64_reference(converted):
     variables, out = converted
-    config = pretrained.load_config(out)
+    config = checkpoint_dir.load_config(out)
     assert config.hidden_act == "gelu_tanh"  # the reference's "gelu" is the tanh form
-    params = pretrained.load_params(out, config)
+    params = checkpoint_dir.load_params(out, config)
     r = np.random.default_rng(1)
     ids = r.integers(0, V, (3, 11)).astype(np.int32)
     segments = (np.arange(11)[None] >= np.array([[4], [6], [11]])).astype(np.int32)
@@ -192,7 +192,7 @@ def test_from_tf_lists_skipped_optimizer_state_and_copies_vocab(converted):
     assert json.loads((out / "tokenizer_config.json").read_text()) == {
         "type": "wordpiece", "do_lower_case": True}
     # Every TF tensor arrived bitwise (the reshapes/transposes are exact).
-    params = pretrained.load_params(out, pretrained.load_config(out))
+    params = checkpoint_dir.load_params(out, checkpoint_dir.load_config(out))
     np.testing.assert_array_equal(params["nsp"]["kernel"].T,
                                   variables["cls/seq_relationship/output_weights"])
     np.testing.assert_array_equal(
@@ -212,7 +212,7 @@ def test_missing_heads_are_initialised_and_listed(tmp_path, capsys):
     assert "initialised (not in the source): the next-sentence head" in printed
     report = json.loads((out / "conversion.json").read_text())
     assert report["initialised"] == ["nsp"]
-    params = pretrained.load_params(out, pretrained.load_config(out))
+    params = checkpoint_dir.load_params(out, checkpoint_dir.load_config(out))
     assert params["nsp"]["kernel"].shape == (H, 2) and np.std(params["nsp"]["kernel"]) > 0
     np.testing.assert_array_equal(params["mlm"]["output_bias"],
                                   variables["cls/predictions/output_bias"])
@@ -257,10 +257,10 @@ def test_stored_params_round_trip_through_scan_layout(converted):
     from bertjax.models.layout import stack_layers, unstack_layers
 
     _, out = converted
-    config = pretrained.load_config(out)
-    params = pretrained.load_params(out, config)
+    config = checkpoint_dir.load_config(out)
+    params = checkpoint_dir.load_params(out, config)
     scanned_config = config.__class__(**{**config.to_dict(), "scan_layers": True})
-    scanned = pretrained.load_params(out, scanned_config)
+    scanned = checkpoint_dir.load_params(out, scanned_config)
     assert scanned["bert"]["encoder"]["layers"]["layer"]["attention"]["query"]["kernel"].shape \
         == (L, H, A, H // A)
     ids = np.arange(20, dtype=np.int32).reshape(2, 10) % V

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import run_python
 
-from bertjax import pretrained
+from bertjax import checkpoint_dir
 from bertjax.models import BertConfig, BertForPreTraining, BertModel
 from bertjax.tasks.extraction import FeatureExtractor, parse_layers, parse_line, run
 
@@ -37,7 +37,7 @@ def checkpoint(tmp_path_factory):
         jax.random.key(0), ids, ids, ids, ids[:, :1])["params"])
     r = np.random.default_rng(1)  # noise: exercise non-zero biases and non-unit LayerNorms
     params = jax.tree.map(lambda x: np.asarray(x) + 0.1 * r.normal(size=x.shape), params)
-    pretrained.save_pretrained(root / "ckpt", config, params, root / "vocab.txt")
+    checkpoint_dir.save_pretrained(root / "ckpt", config, params, root / "vocab.txt")
     (root / "input.txt").write_text("\n".join(LINES) + "\n")
     return root
 
@@ -51,7 +51,7 @@ def test_values_are_the_hidden_states_of_the_requested_layers(checkpoint, tmp_pa
     assert run(str(checkpoint / "ckpt"), str(checkpoint / "input.txt"), str(out),
                layers="-1,-3,1", max_seq_length=MAX_SEQ, batch_size=2) == len(LINES)
     examples = read_jsonl(out)
-    config, params, tokenizer = pretrained.load_pretrained(checkpoint / "ckpt")
+    config, params, tokenizer = checkpoint_dir.load_pretrained(checkpoint / "ckpt")
     assert [e["linex_index"] for e in examples] == list(range(len(LINES)))
     # Reference: the un-jitted model on all examples at once, encoded by the tokenizer itself.
     pairs = [parse_line(line) for line in LINES]
@@ -80,7 +80,7 @@ def test_values_are_the_hidden_states_of_the_requested_layers(checkpoint, tmp_pa
 
 
 def test_batches_share_one_compiled_function(checkpoint):
-    config, params, tokenizer = pretrained.load_pretrained(checkpoint / "ckpt")
+    config, params, tokenizer = checkpoint_dir.load_pretrained(checkpoint / "ckpt")
     layers = parse_layers("-1,-2", config.num_layers)
     small = FeatureExtractor(config, params, tokenizer, layers, MAX_SEQ, batch_size=2)
     whole = FeatureExtractor(config, params, tokenizer, layers, MAX_SEQ, batch_size=len(LINES))

@@ -58,8 +58,8 @@ def test_classification_run_is_a_transformers_classifier_with_its_labels(checkpo
     import torch
     import transformers
 
+    from bertjax.checkpoint_dir import load_pretrained
     from bertjax.models.classification import BertForSequenceClassification
-    from bertjax.pretrained import load_pretrained
     from experiments.finetune_files import get_config
 
     rng = random.Random(0)
@@ -121,7 +121,7 @@ def test_regression_and_multiple_choice_runs_match_transformers(checkpoint, tmp_
     import torch
     import transformers
 
-    from bertjax.pretrained import load_pretrained
+    from bertjax.checkpoint_dir import load_pretrained
     from bertjax.tasks import BertForMultipleChoice, BertForSequenceClassification
     from experiments.finetune_files import get_config
 
@@ -169,8 +169,8 @@ def test_token_classification_run_keeps_its_tags(tmp_path):
     import torch
     import transformers
 
+    from bertjax.checkpoint_dir import load_pretrained
     from bertjax.models.tagging import BertForTokenClassification
-    from bertjax.pretrained import load_pretrained
     from experiments.ner import get_config
 
     checkpoint = td.write_checkpoint(tmp_path)

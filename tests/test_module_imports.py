@@ -8,7 +8,7 @@ command (a data_pipeline writer may use another's functions), and nothing in the
 imports `bertjax/demos`, `bertjax/benchmarks` or `experiments`; no two modules import each
 other. A planted back-edge of each kind is caught.
 
-In fresh interpreters: the checkpoint-directory format (`bertjax.pretrained`) never imports
+In fresh interpreters: the checkpoint-directory format (`bertjax.checkpoint_dir`) never imports
 the converters (`bertjax.convert`), which import it; no library module imports TensorFlow or
 torch when imported. Their errors are `bertjax.errors` classes."""
 
@@ -24,8 +24,8 @@ PACKAGES = ("bertjax", "data_pipeline", "experiments")
 OUTSIDE_LIBRARY = ("bertjax.demos", "bertjax.benchmarks", "experiments")
 # What each layer must never import (module-name prefixes).
 NEVER = {
-    "bertjax.models": ("bertjax.train", "bertjax.tasks", "bertjax.pretrained", "bertjax.convert",
-                       "data_pipeline"),
+    "bertjax.models": ("bertjax.train", "bertjax.tasks", "bertjax.checkpoint_dir",
+                       "bertjax.convert", "data_pipeline"),
     "bertjax.train": ("bertjax.tasks", "data_pipeline"),
     "bertjax.tasks": (),
     "data_pipeline": ("bertjax.tasks", "bertjax.train", "bertjax.models"),
@@ -123,7 +123,7 @@ def test_planted_back_edges_are_caught(tmp_path):
         "bertjax.tasks.planted_a and bertjax.tasks.planted_b import each other",
     }, found
 
-WATCHED = ("bertjax.convert", "bertjax.pretrained", "bertjax.tokenization", "orbax",
+WATCHED = ("bertjax.convert", "bertjax.checkpoint_dir", "bertjax.tokenization", "orbax",
            "tensorflow", "torch")
 
 
@@ -140,11 +140,11 @@ def imported_after(module):
 @pytest.mark.parametrize("module,expected", [
     ("bertjax", set()),  # load_pretrained is resolved lazily
     ("bertjax.models.layout", set()),
-    ("bertjax.pretrained", {"bertjax.pretrained"}),
-    ("bertjax.convert.mapping", {"bertjax.convert", "bertjax.pretrained"}),
-    ("bertjax.convert.__main__", {"bertjax.convert", "bertjax.pretrained"}),
-    ("bertjax.convert.tf_checkpoint", {"bertjax.convert", "bertjax.pretrained"}),
-    ("bertjax.convert.huggingface", {"bertjax.convert", "bertjax.pretrained"}),
+    ("bertjax.checkpoint_dir", {"bertjax.checkpoint_dir"}),
+    ("bertjax.convert.mapping", {"bertjax.convert", "bertjax.checkpoint_dir"}),
+    ("bertjax.convert.__main__", {"bertjax.convert", "bertjax.checkpoint_dir"}),
+    ("bertjax.convert.tf_checkpoint", {"bertjax.convert", "bertjax.checkpoint_dir"}),
+    ("bertjax.convert.huggingface", {"bertjax.convert", "bertjax.checkpoint_dir"}),
     ("bertjax.extract_features", set()),
 ])
 def test_import_direction(module, expected):

@@ -64,8 +64,8 @@ def test_variants_take_the_right_layers():
 def test_cache_holds_the_encoder_layers_of_extract_features(data_dir):
     import jax
 
+    from bertjax.checkpoint_dir import load_pretrained
     from bertjax.models import BertModel
-    from bertjax.pretrained import load_pretrained
     from bertjax.tasks import FineTuningJob, get_task
     from bertjax.tasks.extraction import FeatureExtractor
 
@@ -113,7 +113,7 @@ def test_cache_holds_the_encoder_layers_of_extract_features(data_dir):
 def test_training_reads_the_cache_and_leaves_the_encoder_unchanged(data_dir, tmp_path):
     import jax
 
-    from bertjax.pretrained import load_pretrained
+    from bertjax.checkpoint_dir import load_pretrained
     from bertjax.tasks import FineTuningJob, get_task
     from bertjax.train import loop
 

@@ -24,7 +24,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer(checkpoint):
-    from bertjax.pretrained import load_pretrained
+    from bertjax.checkpoint_dir import load_pretrained
 
     return load_pretrained(checkpoint)[2]
 

@@ -257,8 +257,8 @@ def _write_checkpoint_dir(directory, hidden_size=64):
     """A bertjax checkpoint directory (random params) for the MODEL above."""
     import jax
 
+    from bertjax.checkpoint_dir import save_pretrained
     from bertjax.models import BertConfig, BertForPreTraining
-    from bertjax.pretrained import save_pretrained
     from bertjax.tasks import pretraining
 
     cfg = BertConfig(num_layers=2, hidden_size=hidden_size, num_heads=8,

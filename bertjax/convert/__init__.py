@@ -5,7 +5,7 @@
     python -m bertjax.convert from_hf --input HF_DIR --output DIR
     python -m bertjax.convert to_hf --input DIR --output HF_DIR
 
-DIR is a bertjax checkpoint directory, written and read by `bertjax.pretrained` (which never
+DIR is a bertjax checkpoint directory, written and read by `bertjax.checkpoint_dir` (which never
 imports this package); load it with `bertjax.load_pretrained(DIR)`. `mapping` holds the one
 table of tensor names and layouts. Nothing here imports TensorFlow or torch at import time.
 """

@@ -29,7 +29,7 @@ import numpy as np
 from absl import flags
 from etils import epath
 
-from bertjax import cli, pretrained
+from bertjax import checkpoint_dir, cli
 from bertjax.convert.mapping import ConversionError
 from bertjax.models.config import BertConfig
 from bertjax.train import multihost
@@ -77,7 +77,7 @@ def _report(summary: dict, output: str, num_params: int, num_tensors: int) -> No
         counts = collections.Counter(skipped.values())
         parts = ", ".join(f"{n} {why}" for why, n in sorted(counts.items()))
         print(f"skipped {len(skipped)} source tensors ({parts}); listed in "
-              f"{epath.Path(output) / pretrained.CONVERSION_FILE}")
+              f"{epath.Path(output) / checkpoint_dir.CONVERSION_FILE}")
 
 
 def _count(params) -> tuple[int, int]:
@@ -92,7 +92,7 @@ def _vocab_file(vocab: str, flag: str) -> epath.Path:
     against the weights later (by save_pretrained), once the weights have been checked against
     the config, so a mismatch message blames the right file."""
     try:
-        return pretrained.vocab_path(vocab)
+        return checkpoint_dir.vocab_path(vocab)
     except ConversionError as e:
         raise ConversionError(f"{flag}: {e}") from e
 
@@ -100,7 +100,7 @@ def _vocab_file(vocab: str, flag: str) -> epath.Path:
 def _import(args, config: BertConfig, params, vocab, source: str, skipped, notes) -> None:
     # save_pretrained initialises (and reports) the head groups the source lacks.
     provenance = {"source": source, "skipped": skipped, "notes": notes}
-    summary = pretrained.save_pretrained(
+    summary = checkpoint_dir.save_pretrained(
         args.output, config, params, vocab, do_lower_case=args.do_lower_case,
         provenance=provenance, seed=args.seed, overwrite=args.overwrite,
     )
@@ -141,12 +141,12 @@ def to_hf(args) -> None:
     if (directory / "checkpoints").is_dir():
         return _finetuned_to_hf(args, directory)
     architecture = args.architecture or "BertForPreTraining"
-    config = pretrained.load_config(directory)
+    config = checkpoint_dir.load_config(directory)
     config = BertConfig.from_dict({**config.to_dict(), "scan_layers": False})
-    params = pretrained.load_params(directory, config)
+    params = checkpoint_dir.load_params(directory, config)
     notes = multihost.write_from_main(lambda: huggingface.write_hf_checkpoint(
-        args.output, config, params, pretrained.vocab_path(directory),
-        pretrained.load_do_lower_case(directory), architecture, args.dtype, args.overwrite,
+        args.output, config, params, checkpoint_dir.vocab_path(directory),
+        checkpoint_dir.load_do_lower_case(directory), architecture, args.dtype, args.overwrite,
     ))
     _wrote(args, architecture, directory, notes)
 

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from bertjax.checkpoint_dir import OPTIONAL_GROUPS, config_summary
 from bertjax.errors import CheckpointError
 from bertjax.models.config import BertConfig
-from bertjax.pretrained import OPTIONAL_GROUPS, config_summary
 
 # The name converters (and code that catches their errors) use: a checkpoint that does not
 # match what the config implies; the message names the tensor.

@@ -43,7 +43,7 @@ def capitalised_baseline(context: str) -> str:
 
 def main(argv):
     del argv
-    from bertjax.pretrained import load_config
+    from bertjax.checkpoint_dir import load_config
     from bertjax.tasks.squad import metrics as squad_metrics
     from bertjax.tasks.squad.readers import read_squad_json
 

@@ -115,8 +115,8 @@ def random_weights_cell(config, workdir: str) -> dict:
     import jax
     from etils import epath
 
+    from bertjax.checkpoint_dir import save_pretrained
     from bertjax.models import BertForPreTraining
-    from bertjax.pretrained import save_pretrained
     from bertjax.tasks.pretraining import step_fns
     from bertjax.train import configs
     from bertjax.train import step as step_lib
@@ -137,7 +137,7 @@ def export_step(job, config, workdir: str, step: int) -> str:
     directory `workdir/export_step_<step>` (for fine-tuning from part-way through)."""
     from etils import epath
 
-    from bertjax.pretrained import PARAMS_DIR, save_pretrained
+    from bertjax.checkpoint_dir import PARAMS_DIR, save_pretrained
     from bertjax.train import multihost
     from bertjax.train import sharding as sharding_lib
     from bertjax.train import step as step_lib
@@ -181,7 +181,7 @@ def plan(grid, workdir: str, seeds: list[int], tasks: list[str]):
     learning rate, seed, directory, pre-training cell key (name, seed), export step)."""
     from etils import epath
 
-    from bertjax.pretrained import count_vocab, vocab_path
+    from bertjax.checkpoint_dir import count_vocab, vocab_path
 
     root = epath.Path(workdir)
     export_steps = [int(s) for s in grid.get("export_steps", [])]

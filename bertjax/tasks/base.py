@@ -170,7 +170,7 @@ class EpochInput:
 def load_pretrained_model(config):
     """(model config with config.model overrides and the dtype policy, host params, tokenizer)
     of config.init_checkpoint."""
-    from bertjax.pretrained import load_pretrained
+    from bertjax.checkpoint_dir import load_pretrained
 
     overrides = dict(config.model)
     overrides["dtype"] = configs.compute_dtype(overrides.get("dtype", "auto"))
@@ -274,13 +274,13 @@ class FineTuningJob:
         write_json(workdir / EXPORT_FILE, self.export_record())
 
     def export_record(self) -> dict[str, Any]:
-        from bertjax import pretrained
+        from bertjax import checkpoint_dir
 
         checkpoint = self.config.init_checkpoint
         if "://" not in checkpoint:
             checkpoint = os.path.abspath(checkpoint)
         return {**self.task.hf_head(), "model": self.model_config.to_dict(),
-                "vocab": str(pretrained.vocab_path(checkpoint)),
+                "vocab": str(checkpoint_dir.vocab_path(checkpoint)),
                 "do_lower_case": self.do_lower_case, "init_checkpoint": checkpoint}
 
 

@@ -131,7 +131,7 @@ def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2
         max_seq_length: int = 128, batch_size: int = 32,
         do_lower_case: bool | None = None) -> int:
     """Writes `output_file`; returns the number of examples."""
-    from bertjax.pretrained import load_pretrained
+    from bertjax.checkpoint_dir import load_pretrained
 
     # The files first: a missing input or output directory must not cost a model load.
     out_dir = os.path.dirname(output_file) or "."

@@ -31,7 +31,7 @@ from bertjax.train.optimizer import make_optimizer
 def load_init_params(directory: str, model_cfg: BertConfig) -> dict[str, Any]:
     """Host params of a bertjax checkpoint directory (a phase-1 export or a converted release)
     in this run's layout and dtype; the model sizes must agree. No tokenizer is loaded."""
-    from bertjax.pretrained import load_config, load_params
+    from bertjax.checkpoint_dir import load_config, load_params
 
     loaded = load_config(directory)
     for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
@@ -110,7 +110,7 @@ class PretrainingJob:
         Every process joins the gather and the save (bertjax.train.multihost)."""
         if not self.config.get("vocab"):
             return
-        from bertjax.pretrained import save_pretrained
+        from bertjax.checkpoint_dir import save_pretrained
 
         save_pretrained(workdir / "export", self.model_config, multihost.to_host(params),
                         self.config.vocab, overwrite=True,
