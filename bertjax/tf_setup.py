@@ -105,3 +105,13 @@ def import_tensorflow():
 
     _hide_devices(tf)
     return tf
+
+
+def import_tfds():
+    """The `tensorflow_datasets` module, TensorFlow imported first as `import_tensorflow` does
+    (TFDS would import it itself, with accelerators and its start-up noise). Every TFDS reader
+    goes through here, so the task folders never import TensorFlow themselves."""
+    import_tensorflow()
+    import tensorflow_datasets as tfds
+
+    return tfds

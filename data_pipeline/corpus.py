@@ -127,10 +127,9 @@ def read_jsonl(path: str, text_key: str = "text") -> Iterator[Document]:
 def read_tfds(name: str, split: str = "train", text_key: str = "text", shard_index: int = 0,
               num_shards: int = 1, data_dir: str | None = None) -> Iterator[Document]:
     """Documents of a TFDS text dataset; shard i of n reads the i-th of n even sub-splits."""
-    from bertjax.tf_setup import import_tensorflow
+    from bertjax.tf_setup import import_tfds
 
-    import_tensorflow()  # before TFDS imports it: CPU only, quiet
-    import tensorflow_datasets as tfds
+    tfds = import_tfds()
 
     sub_split = tfds.even_splits(split, num_shards)[shard_index] if num_shards > 1 else split
     ds = tfds.load(name, split=sub_split, data_dir=data_dir, shuffle_files=False)

@@ -238,10 +238,9 @@ def read_glue(data_dir: str, task: GlueTask) -> dict[str, list[Example]]:
 
 def read_tfds_split(task: GlueTask, split: str, labelled: bool,
                     data_dir: str | None = None) -> list[Example]:
-    from bertjax.tf_setup import import_tensorflow
+    from bertjax.tf_setup import import_tfds
 
-    import_tensorflow()  # before TFDS imports it: CPU only, quiet
-    import tensorflow_datasets as tfds
+    tfds = import_tfds()
 
     name = f"glue/{task.name}"
     dataset = tfds.load(name, split=split, data_dir=data_dir, shuffle_files=False)

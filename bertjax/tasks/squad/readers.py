@@ -102,10 +102,9 @@ TFDS_NAMES = ("squad/v1.1", "squad/v2.0")
 
 def read_squad_tfds(name: str, split: str, data_dir: str | None = None) -> list[SquadExample]:
     """Examples of a TFDS SQuAD split (`squad/v1.1` or `squad/v2.0`; split train/validation)."""
-    from bertjax.tf_setup import import_tensorflow
+    from bertjax.tf_setup import import_tfds
 
-    import_tensorflow()
-    import tensorflow_datasets as tfds
+    tfds = import_tfds()
 
     if name not in TFDS_NAMES:
         raise ConfigError(f"tfds:{name} is not one of {' | '.join(TFDS_NAMES)}")

@@ -187,10 +187,9 @@ def read_tfds(split: str, *, data_dir: str | None = None, tag_feature: str = "ne
     across the neighbouring sentences of the split, which in CoNLL-2003 are mostly of the same
     article). Tags are mapped through the feature's class names.
     """
-    from bertjax.tf_setup import import_tensorflow
+    from bertjax.tf_setup import import_tfds
 
-    import_tensorflow()
-    import tensorflow_datasets as tfds
+    tfds = import_tfds()
 
     _check_scheme(scheme, target)
     builder = tfds.builder(name, data_dir=data_dir)
