@@ -212,10 +212,25 @@ def packed_rows(file_pattern: str, *, seq_len: int, seed: int = 0, shuffle: bool
     block_size: records packed together (`pack_block`); blocks are parsed and packed in
     parallel, and their rows all close at the block's end.
     """
+    files, record_len = _checked_input(file_pattern, seq_len, masking_cfg, num_open_rows,
+                                       block_size)
+    return _packed_rows(files, record_len, seq_len, seed, shuffle, repeat, num_open_rows,
+                        max_examples_per_row, block_size, shuffle_buffer, cycle_length)
+
+
+def _checked_input(file_pattern: str, seq_len: int, masking_cfg: MaskingConfig | None,
+                   num_open_rows: int, block_size: int) -> tuple[list[str], int]:
+    """(the files, their record length), the metadata, settings and first records checked."""
     record_len = metadata.check_packing(file_pattern, seq_len, masking_cfg)
     _check_packing(num_open_rows, block_size)
     files = data_files(file_pattern)
     check_schema(files, _record_spec(record_len))
+    return files, record_len
+
+
+def _packed_rows(files: list[str], record_len: int, seq_len: int, seed: int, shuffle: bool,
+                 repeat: bool, num_open_rows: int, max_examples_per_row: int | None,
+                 block_size: int, shuffle_buffer: int, cycle_length: int) -> tf.data.Dataset:
     ds = record_stream(files, seed=seed, shuffle=shuffle, repeat=repeat,
                        shuffle_buffer=shuffle_buffer, cycle_length=cycle_length)
     ds = ds.batch(block_size).map(
@@ -237,11 +252,9 @@ def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
     per-row number of predictions. None: unmasked rows (a left-to-right LM's input).
     """
     rows = host_rows(batch_size, process_index, process_count)
-    stream = packed_rows(file_pattern, seq_len=seq_len, seed=seed, shuffle=shuffle,
-                         repeat=repeat, num_open_rows=num_open_rows,
-                         max_examples_per_row=max_examples_per_row, block_size=block_size,
-                         shuffle_buffer=shuffle_buffer, cycle_length=cycle_length,
-                         masking_cfg=masking)
+    files, record_len = _checked_input(file_pattern, seq_len, masking, num_open_rows, block_size)
+    stream = _packed_rows(files, record_len, seq_len, seed, shuffle, repeat, num_open_rows,
+                          max_examples_per_row, block_size, shuffle_buffer, cycle_length)
     stream = stream.batch(batch_size, drop_remainder=True).enumerate()
 
     def to_host(index, batch):
@@ -250,8 +263,7 @@ def make_packed_dataset(file_pattern: str, *, seq_len: int, batch_size: int,
             batch.update(mask_rows(batch, masking, seed, index, rows, batch_size))
         return batch
 
-    return GlobalBatches(stream.prefetch(tf.data.AUTOTUNE), to_host,
-                         tuple(data_files(file_pattern)))
+    return GlobalBatches(stream.prefetch(tf.data.AUTOTUNE), to_host, tuple(files))
 
 
 def padding_stats(file_pattern: str, *, seq_len: int, num_open_rows: int = 8,

@@ -109,17 +109,17 @@ def run_pair_and_reference(args_for: Callable[[Path], list[str]], root: Path
                                                   for p in pair):
         time.sleep(0.1)
     reference = Process("reference", args_for(root / "single"), devices_env(2))
-    wait_all(pair, reference, deadline)
+    wait_all(pair, [reference], deadline)
     return pair, reference
 
 
-def wait_all(pair: list[Process], reference: Process, deadline: float) -> None:
-    """Waits for the three processes. Kills one at `deadline`; one silent for
+def wait_all(pair: list[Process], others: list[Process], deadline: float) -> None:
+    """Waits for the pair and the `others`. Kills one at `deadline`; one silent for
     2 * EXIT_BOUND_S after it has stepped (a hang: its bound fails anyway); a process of the
     pair whose peer failed more than EXIT_BOUND_S ago."""
-    while any(p.exited is None for p in [*pair, reference]):
+    while any(p.exited is None for p in [*pair, *others]):
         now = time.monotonic()
-        for p in [*pair, reference]:
+        for p in [*pair, *others]:
             if p.proc.poll() is not None:
                 continue
             peer_failed = p in pair and any(

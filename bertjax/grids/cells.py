@@ -19,7 +19,7 @@ from etils import epath
 
 from bertjax.errors import ConfigError, TrainingError
 from bertjax.train import multihost
-from bertjax.train.workdir import CONFIG_FILE, DIVERGED_FILE, RESULTS_FILE
+from bertjax.train.workdir import CONFIG_FILE, DIVERGED_FILE, RESULTS_FILE, flatten
 
 DONE, DIVERGED, STARTED, TO_DO = "done", "diverged", "started", "to do"
 
@@ -34,7 +34,7 @@ def state(directory: epath.Path) -> str:
 
 def is_finished(directory: epath.Path) -> bool:
     """Whether the cell in `directory` is done or diverged (a rerun skips it)."""
-    return (directory / RESULTS_FILE).exists() or (directory / DIVERGED_FILE).exists()
+    return state(directory) in (DONE, DIVERGED)
 
 
 def log_start(log: Callable[[str], Any], tag: str, directory: epath.Path) -> None:
@@ -67,17 +67,9 @@ def check_same_config(run_dir: epath.Path, config) -> None:
         return
     old, new = json.loads(stored.read_text()), json.loads(config.to_json_best_effort())
     if old != new:
-        flat_old, flat_new = _flatten(old), _flatten(new)
+        flat_old, flat_new = flatten(old), flatten(new)
         differ = sorted(k for k in flat_old.keys() | flat_new.keys()
                         if flat_old.get(k) != flat_new.get(k))
         raise ConfigError(f"{run_dir} finished with a different config (differs in "
                           f"{', '.join(differ[:5])}); use a new --workdir or delete that run")
 
-
-def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(tree, dict):
-        out = {}
-        for k, v in tree.items():
-            out.update(_flatten(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): tree}

@@ -1,7 +1,8 @@
 """The one rule for side effects on a multi-host run (one process per host, docs/tpu.md):
 
 1. Every collective is called by every process, in the same order: orbax saves and restores
-   (`Checkpointer`, `save_pretrained`), `to_host` (an all-gather), `write_from_main`'s sync.
+   (`Checkpointer`, `save_pretrained`), `to_host` (an all-gather), `write_from_main`'s
+   broadcast.
    Never put one under `if jax.process_index() == 0`: the other processes would not join it
    and the job would hang until JAX's shutdown barrier aborts it.
 2. Plain file writes (JSON, text, plots, prediction files) happen once, on process 0, through
@@ -79,10 +80,3 @@ def write_from_main(write: Callable[[], T]) -> T | None:
         raise error
     return result
 
-
-def sync(name: str) -> None:
-    """Every process waits here until all have arrived (a no-op on one process)."""
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)

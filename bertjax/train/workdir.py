@@ -42,11 +42,12 @@ def write_json(path: epath.Path, value: Any) -> None:
     multihost.write_from_main(write)
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A nested record as {"a.b.c": leaf}."""
     out = {}
     for key, value in tree.items():
         if isinstance(value, dict):
-            out.update(_flatten(value, f"{prefix}{key}."))
+            out.update(flatten(value, f"{prefix}{key}."))
         else:
             out[prefix + key] = value
     return out
@@ -59,11 +60,11 @@ def check_resumable(workdir: epath.Path, config_record: dict) -> None:
     if not path.exists():
         return
     try:
-        previous = _flatten(json.loads(path.read_text()))
+        previous = flatten(json.loads(path.read_text()))
     except ValueError as e:
         raise ConfigError(f"{path} is not valid JSON ({e}); it records the run being resumed: "
                           "restore it, or use a new --workdir") from None
-    current = _flatten(config_record)
+    current = flatten(config_record)
     differing = [
         f"config.{key}: {previous[key]!r} in the run at {workdir}, {current[key]!r} now"
         for key in sorted(previous.keys() & current.keys())
