@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # pytest and the benchmarks get it here). A value set by the user wins.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: install test test-fast demo bench lint clean
+.PHONY: install test test-fast demo bench lint clean parity
 
 install: $(STAMP)
 
@@ -40,6 +40,12 @@ bench: install data/demo_corpus.txt
 
 lint: install
 	$(PY) -m ruff check bertjax data_pipeline experiments tests
+
+# Training parity with transformers (bertjax.parity): parity.md, parity.json and
+# loss_vs_step.png in $(PARITY_WORKDIR).
+PARITY_WORKDIR ?= runs/parity
+parity: install
+	$(PY) -m bertjax.parity --workdir=$(PARITY_WORKDIR)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
