@@ -78,6 +78,27 @@ def scale_by_adam_no_bias_correction(
     return optax.GradientTransformation(init_fn, update_fn)
 
 
+def scale_by_trust_ratio_masked(mask=weight_decay_mask) -> optax.GradientTransformation:
+    """LAMB's layer adaptation (You et al. 2019, Algorithm 2): update · ||x|| / ||update||, ratio 1
+    where either norm is 0, applied only where `mask(params)` is True.
+
+    optax.lamb scales every parameter; the reference LAMB (MLPerf / NVIDIA BERT) skips layer
+    adaptation for the parameters it does not decay (LayerNorm, biases), so the same mask serves
+    both. No state (as optax.scale_by_trust_ratio), so the optimizer state keeps its structure.
+    """
+    trust = optax.scale_by_trust_ratio()
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("scale_by_trust_ratio_masked needs the params")
+        scaled, _ = trust.update(updates, state, params)
+        treedef = jax.tree.structure(updates)
+        flags = jax.tree.unflatten(treedef, jax.tree.leaves(mask(params)))
+        return jax.tree.map(lambda f, s, u: s if f else u, flags, scaled, updates), state
+
+    return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
 def with_phase_rewarmup(
     schedule: optax.Schedule, phase_starts: Sequence[int], warmup_steps: int
 ) -> optax.Schedule:
@@ -121,9 +142,12 @@ def make_optimizer(
             mask=weight_decay_mask,
         )
     elif opt.name == "lamb":
-        core = optax.lamb(
-            schedule, opt.b1, opt.b2, opt.eps, weight_decay=opt.weight_decay,
-            mask=weight_decay_mask,
+        # optax.lamb's pieces, with layer adaptation skipped where decay is (see above).
+        core = optax.chain(
+            optax.scale_by_adam(opt.b1, opt.b2, opt.eps),
+            optax.add_decayed_weights(opt.weight_decay, mask=weight_decay_mask),
+            scale_by_trust_ratio_masked(weight_decay_mask),
+            optax.scale_by_learning_rate(schedule),
         )
     else:
         raise ConfigError(
