@@ -11,10 +11,17 @@ r"""Token classification: CoNLL-2003 NER (the paper's Sec. 5.3 setting) or your 
 
 Paper (Sec. 5.3 / A.3): batch 32, 3 epochs, lr from {5e-5, 4e-5, 3e-5, 2e-5} on dev (one
 `bertjax.finetune_grid` run), a cased model, document context, first sub-token labelling, no
-CRF. Files: CoNLL columns (any token / tag column) or JSONL {"tokens": [...], "tags": [...]};
-tags in the file's `scheme` (iob1 | iob2 | bioes | none) are converted to
-`task.label_scheme`; the labels are those of the training file unless given
-(--config.data.labels=O,B-PER,I-PER,...).
+CRF.
+
+Document context (data.document_context, on by default) reads only inside the documents the
+data marks: CoNLL `-DOCSTART-` lines (CoNLL-2003 has them: the paper's setting), a JSONL
+"document" field, or a TFDS split (CoNLL-2003 in article order). A file without marks holds
+independent sentences (e.g. tweets), each encoded alone as `[CLS] sentence [SEP]`; one
+-DOCSTART- line at its top makes the whole file one document.
+
+Files: CoNLL columns (any token / tag column) or JSONL {"tokens": [...], "tags": [...]}; tags
+in the file's `scheme` (iob1 | iob2 | bioes | none) are converted to `task.label_scheme`; the
+labels are those of the training file unless given (--config.data.labels=O,B-PER,I-PER,...).
 """
 
 import ml_collections
@@ -34,7 +41,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
         tokens_key="tokens", tags_key="tags",  # JSONL fields
         scheme="iob2",  # the files' tag scheme: iob1 | iob2 | bioes | none (plain tags)
         labels="",  # comma-separated, or a file of one label a line; "" = the train tags
-        document_context=True,  # encode each sentence with its document's neighbours
+        document_context=True,  # each sentence with its marked document's neighbours
         stride=64,  # long sentences: windows of max_seq_length - 2 pieces every `stride`
     )
     data.update(overrides)

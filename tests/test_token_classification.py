@@ -166,3 +166,32 @@ def test_bad_file_is_one_error_line_from_the_cli(checkpoint, tmp_path):
     assert lines == [f"error: {tmp_path / 'train.conll'}:4: tag 'I-PER' after the sentence "
                      "start breaks the iob2 scheme (expected 'B-PER'); set the scheme the "
                      "file uses"], result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("layout", ["conll", "jsonl"])
+def test_document_context_only_inside_documents_the_file_marks(tokenizer, tmp_path, layout):
+    """A file without document marks (unrelated sentences, e.g. tweets) is encoded one
+    sentence a row, [CLS] sentence [SEP], under the default document_context; marks (one
+    -DOCSTART- on top, a JSONL "document" field) make a document, whose rows read across."""
+    from bertjax.tasks.tagging import readers
+    from experiments.ner import data_config
+
+    assert data_config().document_context  # the default stays on (the paper's setting)
+    data = td.dataset(5, 10, min_len=2, max_len=5)
+    plain, marked = tmp_path / f"plain.{layout}", tmp_path / f"marked.{layout}"
+    if layout == "conll":
+        td.write_conll(plain, data)
+        td.write_conll(marked, data, docs_every=len(data))  # one -DOCSTART- on top
+    else:
+        for path, doc in ((plain, None), (marked, "d")):
+            path.write_text("".join(json.dumps({"tokens": w, "tags": t, **(
+                {"document": doc} if doc else {})}) + "\n" for w, t in data))
+    pieces = [len(tokenizer.tokenize(" ".join(w))) for w, _ in data]
+    alone = readers.read_file(str(plain), scheme="iob2", first_document=3)
+    assert [s.document for s in alone] == list(range(3, 3 + len(data)))
+    rows = token_features.encode(tokenizer, alone, LABELS, 64, 64, True)
+    assert [len(r) for r in rows.input_ids] == [n + 2 for n in pieces]  # nothing but itself
+    together = readers.read_file(str(marked), scheme="iob2")
+    assert {s.document for s in together} == {0}
+    rows = token_features.encode(tokenizer, together, LABELS, 64, 64, True)
+    assert [len(r) for r in rows.input_ids] == [min(64, sum(pieces) + 2)] * len(data)

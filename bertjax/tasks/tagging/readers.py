@@ -24,7 +24,11 @@ class Sentence:
     words: tuple[str, ...]
     tags: tuple[str, ...] | None  # None: unlabelled (nothing to score)
     source: str  # "file:line" of the first word (or "tfds name/split:index")
-    document: int  # sentences of one document share it (document context stays inside it)
+    # Sentences of one document share it; document context stays inside it. A document is what
+    # the data marks (-DOCSTART- lines, a JSONL "document" field); unmarked sentences each
+    # stand alone (a file of unrelated sentences, e.g. tweets, gets no context from its
+    # neighbours).
+    document: int
     lines: tuple[int, ...] = dataclasses.field(default=(), compare=False)  # each word's line
 
     def where(self, word: int = 0) -> str:
@@ -77,7 +81,9 @@ def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
     documents (CoNLL-2003: `token POS chunk NER`, token_column 0, tag_column -1 = 3).
 
     Every line must have as many columns as the file's first token line. Without -DOCSTART-
-    lines the file is one document. labelled=False: the tag column may be absent.
+    lines every sentence is a document by itself (a file of unrelated sentences: no document
+    context); one -DOCSTART- line at the top makes the whole file one document.
+    labelled=False: the tag column may be absent.
     """
     _check_scheme(scheme, target)
     builder = _Builder(path, scheme, target, labelled, document=first_document)
@@ -85,7 +91,7 @@ def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
     tags: list[str] = []
     lines: list[int] = []
     width = None
-    started = False
+    started = marked = False
     try:
         handle = paths.open(path, encoding="utf-8")
     except OSError as e:
@@ -100,6 +106,7 @@ def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
                     words, tags, lines = [], [], []
                 continue
             if columns[0] == "-DOCSTART-":
+                marked = True
                 if words:
                     builder.add(words, tags if labelled else None, lines)
                     words, tags, lines = [], [], []
@@ -125,15 +132,18 @@ def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
         builder.add(words, tags if labelled else None, lines)
     if not builder.sentences:
         raise DataError(f"{path}: no sentences")
+    if not marked:
+        return [dataclasses.replace(s, document=first_document + i)
+                for i, s in enumerate(builder.sentences)]
     return builder.sentences
 
 
 def read_jsonl(path: str, *, tokens_key: str = "tokens", tags_key: str = "tags",
                scheme: str = "iob2", target: str = "iob2", labelled: bool = True,
                first_document: int = 0) -> list[Sentence]:
-    """One JSON object a line: {"tokens": [...], "tags": [...]} (and optionally "document":
-    any value; consecutive lines with the same value form a document, otherwise the file is
-    one document)."""
+    """One JSON object a line: {"tokens": [...], "tags": [...]} and optionally "document" (any
+    value): consecutive lines with the same value form a document; a line without the field
+    is a document by itself (no document context)."""
     _check_scheme(scheme, target)
     builder = _Builder(path, scheme, target, labelled, document=first_document)
     previous_document = None
@@ -149,7 +159,7 @@ def read_jsonl(path: str, *, tokens_key: str = "tokens", tags_key: str = "tags",
             if len(tags) != len(words):
                 raise DataError(f"{path}:{number}: {len(words)} tokens but {len(tags)} tags")
             tags = [str(t) for t in tags]
-        document = record.get("document")
+        document = record["document"] if "document" in record else object()  # unmarked: alone
         if builder.sentences and document != previous_document:
             builder.document += 1
         previous_document = document
