@@ -117,24 +117,26 @@ def read_batches(config, pattern: str, seq_len: int, predictions: int, num: int
     return [{k: np.asarray(v) for k, v in next(batches).items()} for _ in range(num)]
 
 
-def unpack(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+def unpack(batch: dict[str, np.ndarray], rows: int, seq_len: int) -> dict[str, np.ndarray]:
     """Packed rows → one example per row (position 0 onwards), `rows` rows (the rest padding).
 
     batch: input_ids, input_mask, segment_ids, packing_ids [b, seq] and, when masked,
     masked_lm_positions/ids/weights [b, p] (positions move with their example). Returns the
-    same keys with [rows, seq] and [rows, p]; packing_ids 1 on real tokens.
+    same keys with [rows, seq_len] and [rows, p]; packing_ids 1 on real tokens.
     """
-    seq = batch["input_ids"].shape[1]
     masked = "masked_lm_positions" in batch
-    out = {k: np.zeros((rows,) + v.shape[1:], v.dtype) for k, v in batch.items()}
+    seq = batch["input_ids"].shape[1]
+    out = {k: np.zeros((rows, seq_len if v.shape[1:] == (seq,) else v.shape[1]), v.dtype)
+           for k, v in batch.items()}
     n = 0
     for r in range(batch["input_ids"].shape[0]):
         ids = batch["packing_ids"][r]
         for example in [k for k in np.unique(ids) if k > 0]:
             where = np.flatnonzero(ids == example)
             start, length = where[0], len(where)
-            if n == rows:
-                raise DataError(f"unpack: more than {rows} examples in a batch")
+            if n == rows or length > seq_len:
+                raise DataError(f"unpack: more than {rows} examples in a batch, or one longer "
+                                f"than {seq_len} tokens")
             for key in ("input_ids", "input_mask", "segment_ids"):
                 out[key][n, :length] = batch[key][r, where]
             out["packing_ids"][n, :length] = 1
@@ -147,12 +149,16 @@ def unpack(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
                 out["masked_lm_ids"][n, :k] = batch["masked_lm_ids"][r, inside]
                 out["masked_lm_weights"][n, :k] = 1.0
             n += 1
-    assert out["input_ids"].shape[1] == seq
     return out
 
 
 def examples_per_batch(batch: dict[str, np.ndarray]) -> int:
     return sum(len([k for k in np.unique(row) if k > 0]) for row in batch["packing_ids"])
+
+
+def longest_example(batch: dict[str, np.ndarray]) -> int:
+    ids = batch["packing_ids"]
+    return max(int(np.sum(row == k)) for row in ids for k in np.unique(row) if k > 0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -287,8 +293,10 @@ def _packed_batches(steps: int, workdir: pathlib.Path, objective: str):
     seq_len, predictions = PACKED
     packed = read_batches(input_config(vocab_size, objective), data["segments"], seq_len,
                           predictions, steps)
-    rows = max(examples_per_batch(b) for b in packed)  # one shape: one compile per side
-    return vocab_size, packed, [unpack(b, rows) for b in packed]
+    # One shape for every unpacked batch: one compile per side.
+    rows = max(examples_per_batch(b) for b in packed)
+    length = max(longest_example(b) for b in packed)
+    return vocab_size, packed, [unpack(b, rows, length) for b in packed]
 
 
 def run_mlm(steps: int, workdir: pathlib.Path, optimizer=None) -> list[harness.Row]:
@@ -306,7 +314,7 @@ def run_mlm(steps: int, workdir: pathlib.Path, optimizer=None) -> list[harness.R
         side.config, final_packed, "BertForMaskedLM",
         _hf_state(side.config, final_unpacked, "BertForMaskedLM"))
     return [
-        harness.Row(f"No NSP (MLM only), one example per row (seq {PACKED[0]})",
+        harness.Row(f"No NSP (MLM only), one example per row (unpacked {PACKED[0]}-token rows)",
                     "transformers BertForMaskedLM + torch.optim.AdamW",
                     _keys(ours, keys), _keys(theirs, keys), param_rel_diff=diffs),
         harness.Row(f"No NSP: packed rows = the same examples unpacked (seq {PACKED[0]})",
@@ -325,7 +333,7 @@ def run_ltr(steps: int, workdir: pathlib.Path, optimizer=None) -> list[harness.R
     vocab_size, _, unpacked = _packed_batches(steps, workdir, "ltr")
     side = _model_side(vocab_size, "ltr")
     ours, theirs, diffs = compare(side, unpacked, steps, optimizer)
-    return [harness.Row(f"left-to-right LM, one example per row (seq {PACKED[0]})",
+    return [harness.Row(f"left-to-right LM, one example per row (unpacked {PACKED[0]}-token rows)",
                         "transformers BertLMHeadModel(is_decoder) + torch.optim.AdamW",
                         _keys(ours, ("loss",)), _keys(theirs, ("loss",)), param_rel_diff=diffs)]
 
