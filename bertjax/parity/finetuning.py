@@ -42,6 +42,7 @@ MAX_SEQ_LENGTH = 64
 LEARNING_RATE = 1e-3
 LABEL_NOISE = 0.2  # share of examples whose label is random: the loss keeps a floor
 DROPOUT_SEEDS = (0, 1, 2)
+MIN_BUCKET_LENGTH = 16  # buckets 16, 32, 64: batch shapes change between steps
 
 FILLERS = [f"w{i}" for i in range(30)]
 TYPES = ("PER", "LOC", "ORG")
@@ -195,7 +196,7 @@ def _config(kind: str, workdir: pathlib.Path) -> ml_collections.ConfigDict:
     config.data.validation = config.data.train  # read() wants a dev split; unused here
     config.max_seq_length = MAX_SEQ_LENGTH
     config.train.batch_size = BATCH_SIZE
-    config.min_bucket_length = 16  # buckets 16, 32, 64: shapes change between steps
+    config.min_bucket_length = MIN_BUCKET_LENGTH
     return config
 
 
