@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 import numpy as np
 
 EXCLUDED = ("LayerNorm", "layer_norm", "bias")
+RULES = ("bert_adamw", "adamw", "lamb")
 
 
 def decays(name: str, excluded: tuple[str, ...] = EXCLUDED) -> bool:
@@ -61,9 +62,21 @@ def lamb_step(x, g, m, v, t: int, lr, *, b1, b2, eps, weight_decay, adapt: bool)
     return x - lr * r, m, v
 
 
+def adamw_step(x, g, m, v, t: int, lr, *, b1, b2, eps, weight_decay, decay: bool):
+    """One AdamW step (Loshchilov & Hutter, as torch.optim.AdamW): bias-corrected moments,
+    decoupled decay on the old weights. Returns (x, m, v)."""
+    m = b1 * m + (1.0 - b1) * g
+    v = b2 * v + (1.0 - b2) * g * g
+    update = (m / (1.0 - b1**t)) / (np.sqrt(v / (1.0 - b2**t)) + eps)
+    if decay:
+        update = update + weight_decay * x
+    return x - lr * update, m, v
+
+
 @dataclasses.dataclass
 class NumpyOptimizer:
-    """`rule` ("bert_adamw" or "lamb") over named float64 tensors; state made on first use."""
+    """`rule` ("bert_adamw", "adamw" or "lamb") over named float64 tensors; the state of a
+    tensor is made on its first step."""
 
     rule: str
     b1: float = 0.9
@@ -77,8 +90,8 @@ class NumpyOptimizer:
     v: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        if self.rule not in ("bert_adamw", "lamb"):
-            raise ValueError(f"rule={self.rule!r} is not one of ('bert_adamw', 'lamb')")
+        if self.rule not in RULES:
+            raise ValueError(f"rule={self.rule!r} is not one of {RULES}")
 
     def step(self, params: Mapping[str, np.ndarray], grads: Mapping[str, np.ndarray],
              lr: float) -> dict[str, np.ndarray]:
@@ -99,6 +112,9 @@ class NumpyOptimizer:
             if self.rule == "bert_adamw":
                 x, m, v = adam_weight_decay_step(
                     x, g, m, v, lr, decay=decays(name, self.excluded), **hyper)
+            elif self.rule == "adamw":
+                x, m, v = adamw_step(
+                    x, g, m, v, self.t, lr, decay=decays(name, self.excluded), **hyper)
             else:
                 x, m, v = lamb_step(
                     x, g, m, v, self.t, lr, adapt=decays(name, self.excluded), **hyper)
@@ -128,6 +144,50 @@ def torch_step_fn(reference: NumpyOptimizer) -> Callable:
                 named_params[name].copy_(torch.from_numpy(value.astype(np.float32)))
 
     return step_fn
+
+
+def clip_by_global_norm(grads: Mapping[str, np.ndarray], clip_norm: float
+                        ) -> dict[str, np.ndarray]:
+    """The reference's clip_by_global_norm (float64): scaled by clip / max(norm, clip)."""
+    grads = {n: np.asarray(g, np.float64) for n, g in grads.items()}
+    norm = np.sqrt(sum(np.sum(g * g) for g in grads.values()))
+    if not clip_norm or clip_norm <= 0 or norm <= clip_norm:
+        return grads
+    return {n: g * (clip_norm / norm) for n, g in grads.items()}
+
+
+def pure_check(params, grads, optimizer, total_steps: int) -> dict[str, float]:
+    """The same gradient sequence through bertjax's `make_optimizer(optimizer)` and through
+    the NumPy reference (with the reference's own clipping and `harness.reference_lr`), no
+    model and no torch (schedule "reference" needs no torch).
+
+    params: a bertjax param tree {..: array}; grads: a sequence of trees like it.
+    Returns {"/"-joined param path: max|ours - reference| / max|reference|} after the last step.
+    """
+    import flax
+    import jax
+    import optax
+
+    from bertjax.parity import harness
+    from bertjax.train.optimizer import make_optimizer
+
+    tx, _ = make_optimizer(optimizer, total_steps)
+    update = jax.jit(tx.update)
+    params = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
+    ours, state = params, tx.init(params)
+    reference = reference_optimizer(optimizer)
+    lr_at = harness.reference_lr(optimizer, total_steps)
+    flat = lambda tree: {"/".join(k): v for k, v in  # noqa: E731
+                         flax.traverse_util.flatten_dict(tree).items()}
+    theirs = flat(params)
+    for step, g in enumerate(grads):
+        updates, state = update(g, state, ours)
+        ours = optax.apply_updates(ours, updates)
+        clipped = clip_by_global_norm(flat(g), optimizer.clip_norm)
+        theirs = reference.step(theirs, clipped, lr_at(step))
+    ours = {n: np.asarray(v, np.float64) for n, v in flat(ours).items()}
+    return {n: float(np.max(np.abs(ours[n] - theirs[n])) / max(np.max(np.abs(theirs[n])), 1e-30))
+            for n in theirs}
 
 
 # ---------------------------------------------------------------------------------------------
