@@ -25,7 +25,8 @@ def _num(x: float) -> str:
 def summary(row: Row) -> dict[str, Any]:
     """The table's figures for one row (NaN where they do not apply)."""
     record: dict[str, Any] = {"job": row.job, "reference": row.reference, "steps": row.steps,
-                              "tolerances": list(row.tolerances), "passed": row.passed(),
+                              "tolerances": list(row.tolerances),
+                              "param_tolerance": row.param_tolerance, "passed": row.passed(),
                               "note": row.note, "max_param_diff": row.max_param_diff()}
     if row.seeded:
         ours_in, theirs_in = row.seed_inside()
@@ -56,6 +57,8 @@ def markdown_table(rows: Sequence[Row]) -> str:
         else:
             first, every = _num(s["max_rel_loss_diff_first"]), _num(s["max_rel_loss_diff_all"])
             tolerance = f"{row.tolerances[0]:.0e} / {row.tolerances[1]:.0e}"
+            if math.isfinite(row.param_tolerance):
+                tolerance += f", params {row.param_tolerance:.0e}"
         mark = ""
         if row.note:
             notes.append(row.note)
