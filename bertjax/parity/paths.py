@@ -1,6 +1,6 @@
 """Compute-path rows: bertjax against itself, the default path as the reference.
 
-The default path is `harness.small_config` as it stands (attention_impl "auto", which on CPU
+The default path is `harness.small_config` with 4 heads (attention_impl "auto", which on CPU
 with dropout 0 is jax.nn.dot_product_attention's XLA implementation; remat "none"; unrolled
 layers; one device; no gradient accumulation). Every other path trains the same weights on the
 same pre-training batches (MLM + NSP, bertjax's synthetic input with a varying number of real
@@ -50,6 +50,8 @@ LOGICAL_AXIS_RULES = (
     ("embed_out", None),
 )
 ACCUM_STEPS = 4
+# harness.small_config with 4 heads, so that the heads split over tensor = 4.
+MODEL = {"num_heads": 4}
 KEYS = ("loss", "mlm_loss", "nsp_loss", "grad_norm")
 DEFAULT = "bertjax default path (attention auto, remat none, unrolled, 1 device, no accum.)"
 
@@ -82,7 +84,7 @@ def initial_params(boxed: bool = False):
     from bertjax.tasks import pretraining
 
     params = pretraining.init_params(
-        BertForPreTraining(harness.small_config(opt_rows.VOCAB)), jax.random.key(0))
+        BertForPreTraining(harness.small_config(opt_rows.VOCAB, **MODEL)), jax.random.key(0))
     return params if boxed else jax.device_get(nn.unbox(params))
 
 
@@ -103,7 +105,7 @@ def train(steps: int, *, model: Mapping[str, Any] | None = None, grad_accum_step
     from bertjax.tasks import pretraining
     from bertjax.train import sharding as sharding_lib
 
-    config = harness.small_config(opt_rows.VOCAB, **dict(model or {}))
+    config = harness.small_config(opt_rows.VOCAB, **dict(MODEL, **dict(model or {})))
     mesh = rules = None
     if mesh_sizes:
         n = int(np.prod(list(mesh_sizes.values())))
@@ -160,7 +162,8 @@ def accumulation_gap(k: int = ACCUM_STEPS, index: int = 0) -> dict[str, float]:
     from bertjax.parity import harness
     from bertjax.tasks import pretraining
 
-    _, loss_fn = pretraining.step_fns(BertForPreTraining(harness.small_config(opt_rows.VOCAB)))
+    config = harness.small_config(opt_rows.VOCAB, **MODEL)
+    _, loss_fn = pretraining.step_fns(BertForPreTraining(config))
     grad_fn = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, None)[0]))
     params, batch = initial_params(), batches(index + 1)[index]
     loss, grads = grad_fn(params, batch)
