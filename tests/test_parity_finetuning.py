@@ -94,3 +94,25 @@ def test_dropout_seed_bands_overlap(tmp_path):
     assert len({round(c[5], 6) for c in row.ours_seeds}) == 3
     assert len({round(c[5], 6) for c in row.theirs_seeds}) == 3
     assert row.passed(), row.seed_inside()
+
+
+@pytest.mark.parametrize("kind,config", [
+    ("classification", "experiments/finetune_files.py:classification"),
+    ("regression", "experiments/finetune_files.py:regression"),
+    ("multiple_choice", "experiments/finetune_files.py:multiple_choice"),
+    ("squad", "experiments/squad.py:v1"), ("tagging", "experiments/ner.py:files")])
+def test_row_configs_are_the_experiments_configs(kind, config, tmp_path):
+    """The rows build their configs inline (library code does not import experiments/):
+    every field they set exists in the experiment's config, task family and kind agree, and
+    the tagging row keeps the default document context."""
+    import importlib
+
+    path, arg = config.split(":")
+    module = path.removesuffix(".py").replace("/", ".")
+    reference = importlib.import_module(module).get_config(arg)
+    ours = ft._config(kind, tmp_path)
+    for group in ("task", "data"):
+        assert set(ours[group]) <= set(reference[group]), group
+    assert (ours.task.family, ours.task.kind) == (reference.task.family, reference.task.kind)
+    if kind == "tagging":
+        assert ours.data.document_context == reference.data.document_context

@@ -162,42 +162,45 @@ def write_conll(path: pathlib.Path, n: int, seed: int, docs_every: int = 4) -> N
 
 
 def _config(kind: str, workdir: pathlib.Path) -> ml_collections.ConfigDict:
-    """The experiments/ config of `kind`, pointed at generated files in `workdir`."""
+    """The fields of experiments/'s config of `kind` that the task reads (finetune_files.py,
+    squad.py:v1, ner.py:files; library code does not import experiments/), pointed at
+    generated files in `workdir`."""
     workdir.mkdir(parents=True, exist_ok=True)
+    task = dict(name=kind, kind=kind)
+    common = dict(tfds_data_dir="", validation="", test="")
     if kind in ("classification", "regression", "multiple_choice"):
-        from experiments.finetune_files import get_config
-
-        config = get_config(kind)
+        task["family"] = "files"
+        data = dict(common, dir="", tfds=False, text_b="", choices="", labels="")
         if kind == "classification":
             write_pairs(workdir / "pairs.jsonl", 400, 0)
-            config.data.update(train=str(workdir / "pairs.jsonl"), text_a="premise",
-                               text_b="hypothesis", label="label")
+            data.update(train=str(workdir / "pairs.jsonl"), text_a="premise",
+                        text_b="hypothesis", label="label")
         elif kind == "regression":
             write_scores(workdir / "scores.jsonl", 400, 1)
-            config.data.update(train=str(workdir / "scores.jsonl"), text_a="text",
-                               label="score")
+            data.update(train=str(workdir / "scores.jsonl"), text_a="text", label="score")
         else:
             write_choices(workdir / "choices.csv", 200, 2)
-            config.data.update(train=str(workdir / "choices.csv"), text_a="context",
-                               choices="a,b,c,d", label="answer")
+            data.update(train=str(workdir / "choices.csv"), text_a="context",
+                        choices="a,b,c,d", label="answer")
     elif kind == "squad":
-        from experiments.squad import get_config
-
-        config = get_config("v1")
         write_squad(workdir / "squad.json", 300, 3)
-        config.data.train = str(workdir / "squad.json")
-        config.task.update(doc_stride=24, max_query_length=16)
+        task.update(family="squad", name="squad_v1", kind="extractive_qa", version_2=False,
+                    doc_stride=24, max_query_length=16, n_best_size=20, max_answer_length=30,
+                    num_workers=1)
+        data = dict(common, train=str(workdir / "squad.json"))
     else:
-        from experiments.ner import get_config
-
-        config = get_config("files")
         write_conll(workdir / "train.conll", 300, 4)
-        config.data.train = str(workdir / "train.conll")
-    config.data.validation = config.data.train  # read() wants a dev split; unused here
-    config.max_seq_length = MAX_SEQ_LENGTH
-    config.train.batch_size = BATCH_SIZE
-    config.min_bucket_length = MIN_BUCKET_LENGTH
-    return config
+        task.update(family="token_classification", name="files", kind="tagging",
+                    label_scheme="iob2")
+        data = dict(common, dir="", tfds=False, train=str(workdir / "train.conll"),
+                    test_labelled=True,
+                    format="auto", token_column=0, tag_column=-1, tokens_key="tokens",
+                    tags_key="tags", scheme="iob2", labels="", document_context=True,
+                    stride=64)
+    data["validation"] = data["train"]  # read() wants a dev split; unused here
+    return ml_collections.ConfigDict(dict(
+        task=task, data=data, max_seq_length=MAX_SEQ_LENGTH,
+        train=dict(batch_size=BATCH_SIZE), min_bucket_length=MIN_BUCKET_LENGTH))
 
 
 def task_batches(kind: str, workdir: pathlib.Path, steps: int):
