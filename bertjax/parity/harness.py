@@ -57,18 +57,22 @@ SEED_INSIDE = 0.95  # fraction of steps a mean curve must lie inside the other s
 
 def seed_band(curves: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(mean, low, high) of seed curves [seeds, steps], each smoothed by a trailing moving
-    average of SEED_SMOOTHING steps; the band is min..max over seeds widened to mean ± 3 sd
-    (with 3 seeds min..max alone is too narrow a picture of the spread)."""
-    smoothed = np.stack([_moving_average(np.asarray(c, np.float64)) for c in curves])
+    average of SEED_SMOOTHING steps. The band is min..max over seeds widened to mean ± 3 sd,
+    the seeds' variance pooled over 3 × SEED_SMOOTHING neighbouring steps (3 seeds alone give
+    an sd that is often far too small at a single step)."""
+    smoothed = np.stack([_moving_average(np.asarray(c, np.float64), SEED_SMOOTHING)
+                         for c in curves])
     mean = smoothed.mean(0)
-    sd = smoothed.std(0, ddof=1) if len(smoothed) > 1 else np.zeros_like(mean)
+    var = smoothed.var(0, ddof=1) if len(smoothed) > 1 else np.zeros_like(mean)
+    sd = np.sqrt(_moving_average(var, 3 * SEED_SMOOTHING))
     return mean, np.minimum(smoothed.min(0), mean - 3 * sd), np.maximum(smoothed.max(0),
                                                                         mean + 3 * sd)
 
 
-def _moving_average(x: np.ndarray) -> np.ndarray:
+def _moving_average(x: np.ndarray, window: int) -> np.ndarray:
+    """Trailing mean over up to `window` steps (fewer at the start)."""
     cumsum = np.cumsum(np.insert(x, 0, 0.0))
-    counts = np.minimum(np.arange(1, len(x) + 1), SEED_SMOOTHING)
+    counts = np.minimum(np.arange(1, len(x) + 1), window)
     return (cumsum[1:] - cumsum[np.arange(1, len(x) + 1) - counts]) / counts
 
 
