@@ -37,7 +37,9 @@ def test_mesh_histories_round_trip(tmp_path):
 def test_accumulation_gap_vanishes_with_equal_predictions_only(monkeypatch):
     unequal = paths.accumulation_gap()
     assert len(set(unequal["predictions"])) > 1
-    assert unequal["loss_rel"] > 1e-4 and unequal["grad_rel"] > 1e-3
+    # At the initial weights every NLL is near log(vocab), so the loss gap is small (6e-5)
+    # while the gradient's is not (5%).
+    assert unequal["loss_rel"] > 1e-5 and unequal["grad_rel"] > 1e-2
     equal = paths.batches(1, equal_predictions=True)
     monkeypatch.setattr(paths, "batches", lambda steps, eq=False: equal)
     same = paths.accumulation_gap()
