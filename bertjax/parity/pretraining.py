@@ -20,7 +20,6 @@ Jobs:
 from __future__ import annotations
 
 import dataclasses
-import functools
 import pathlib
 import random
 from collections.abc import Callable
@@ -68,31 +67,33 @@ def write_corpus(path: pathlib.Path, num_docs: int = 160, seed: int = 0) -> list
 
 
 def prepare_data(workdir: pathlib.Path) -> dict[str, str]:
-    """Corpus, vocab.txt and the TFRecords of every job under `workdir` (kept between runs).
-    Returns {"vocab", "pairs_64", "pairs_128", "segments"} paths / patterns."""
-    from data_pipeline import create_pretraining_data as cpd
-    from data_pipeline import create_segments
+    """Corpus, vocab.txt and the TFRecords of every job under `workdir` (kept between runs),
+    written by the data_pipeline commands. Returns {"vocab", "pairs_64", "pairs_128",
+    "segments"} paths / patterns."""
+    import sys
+
+    from bertjax import cli
 
     workdir.mkdir(parents=True, exist_ok=True)
     corpus, vocab = workdir / "corpus.txt", workdir / "vocab.txt"
     words = write_corpus(corpus)
     vocab.write_text("\n".join(_SPECIALS + tuple(words)) + "\n", encoding="utf-8")
-    factory = functools.partial(cpd.load_tokenizer, str(vocab), True)
+    common = [f"--input={corpus}", f"--vocab={vocab}", "--do_lower_case=true",
+              "--shuffle_buffer=1000"]
     out = {"vocab": str(vocab)}
     for seq_len, predictions in (PHASE1, PHASE2):
         directory = workdir / f"pairs_{seq_len}"
         if not (directory / "metadata.json").exists():
-            cpd.create_pretraining_data(cpd.CreateConfig(
-                input=str(corpus), output_dir=str(directory), max_seq_length=seq_len,
-                max_predictions_per_seq=predictions, dupe_factor=2, shuffle_buffer=1000),
-                factory, vocab=str(vocab), do_lower_case=True)
+            cli.run_command([sys.executable, "-m", "data_pipeline.create_pretraining_data",
+                             *common, f"--output_dir={directory}",
+                             f"--max_seq_length={seq_len}",
+                             f"--max_predictions_per_seq={predictions}", "--dupe_factor=2"])
         out[f"pairs_{seq_len}"] = str(directory / "part-*")
     directory = workdir / "segments"
     if not (directory / "metadata.json").exists():
         # 32-token examples so that several share a 128-token row.
-        create_segments.create_segments(create_segments.SegmentsConfig(
-            input=str(corpus), output_dir=str(directory), max_seq_length=32,
-            shuffle_buffer=1000), factory)
+        cli.run_command([sys.executable, "-m", "data_pipeline.create_segments", *common,
+                         f"--output_dir={directory}", "--max_seq_length=32"])
     out["segments"] = str(directory / "part-*")
     return out
 
