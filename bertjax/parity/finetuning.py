@@ -40,6 +40,10 @@ Batch = dict[str, np.ndarray]
 BATCH_SIZE = 16
 MAX_SEQ_LENGTH = 64
 LEARNING_RATE = 1e-3
+# Multiple choice at 1e-3 turns chaotic after ~150 steps: bertjax against itself, with the
+# initial params perturbed by 1e-7 (relative), drifts as far from its own curve as from
+# transformers'. A lower peak keeps the 300-step trajectory stable, so the row tests the math.
+LEARNING_RATES = {"multiple_choice": 3e-4}
 LABEL_NOISE = 0.2  # share of examples whose label is random: the loss keeps a floor
 DROPOUT_SEEDS = (0, 1, 2)
 MIN_BUCKET_LENGTH = 16  # buckets 16, 32, 64: batch shapes change between steps
@@ -71,13 +75,15 @@ def _noisy(rng: random.Random, label, choices):
 
 
 def write_pairs(path: pathlib.Path, n: int, seed: int) -> None:
-    """JSONL sentence pairs {"premise", "hypothesis", "label": same | differ}: the label says
-    whether both sentences hold the same keyword (good / bad)."""
+    """JSONL sentence pairs {"premise", "hypothesis", "label": pos | neg}: the premise's
+    keyword (good / bad) decides; the hypothesis holds a random one. (A label that needs both
+    sentences, e.g. "same keyword", is XOR-like: the loss sits at chance until a seed-dependent
+    step, and 3 seed curves per side then say nothing about dropout.)"""
     rng = random.Random(seed)
     with open(path, "w") as f:
         for _ in range(n):
             a, b = rng.choice(("good", "bad")), rng.choice(("good", "bad"))
-            label = _noisy(rng, "same" if a == b else "differ", ("same", "differ"))
+            label = _noisy(rng, "pos" if a == "good" else "neg", ("pos", "neg"))
             f.write(json.dumps({"premise": _filler(rng, keyword=a),
                                 "hypothesis": _filler(rng, keyword=b), "label": label}) + "\n")
 
@@ -290,9 +296,9 @@ FAMILIES = {
 }
 
 
-def optimizer(steps: int) -> ml_collections.ConfigDict:
+def optimizer(steps: int, kind: str = "") -> ml_collections.ConfigDict:
     """adamw + from_peak, warmup 10% of the steps, decay 0.01, clipping 1.0 (both sides)."""
-    return harness.optimizer_config(learning_rate=LEARNING_RATE,
+    return harness.optimizer_config(learning_rate=LEARNING_RATES.get(kind, LEARNING_RATE),
                                      warmup_steps=max(1, steps // 10))
 
 
@@ -356,7 +362,7 @@ def run_family(kind: str, steps: int, workdir: pathlib.Path, *, torch_loss=None,
     task, vocab_size, batches = task_batches(kind, workdir, steps)
     config = harness.small_config(vocab_size, **model_overrides)
     model, params = init_params(task, config)
-    opt = optimizer(steps)
+    opt = optimizer(steps, kind)
     ours, final = harness.train_bertjax(params, our_loss or bertjax_loss(task, model), opt,
                                         batches, steps)
     torch_loss = torch_loss or reference_loss
