@@ -161,30 +161,20 @@ def _wrote(args, architecture: str, source, notes: list[str] | None) -> None:
 
 def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes."""
-    from bertjax import paths
     from bertjax.convert import huggingface
     from bertjax.models import layout
+    from bertjax.tasks.predict import read_finished_run
     from bertjax.train.checkpoints import read_params
-    from bertjax.train.workdir import EXPORT_FILE, RESULTS_FILE
 
-    unfinished = (f"--input {workdir}: no {{}}: the fine-tuning run has not finished or predates "
-                  "export.json; run its command again (a finished run only rewrites its "
-                  "outputs)")
-    for name in (RESULTS_FILE, EXPORT_FILE):
-        if not (workdir / name).exists():
-            raise ConversionError(unfinished.format(name))
-    record = paths.read_json_object(workdir / EXPORT_FILE, ConversionError)
+    record, step = read_finished_run(workdir, ConversionError, "--input")
     if record.get("architecture") is None:
         raise ConversionError(f"--input {workdir}: {record.get('why', 'not exportable')}")
     architecture = args.architecture or record["architecture"]
     if architecture not in (record["architecture"], "BertModel"):
         raise ConversionError(f"--architecture={architecture}: a {record['architecture']} "
                               "fine-tuning run is written as that class or as BertModel")
-    step = paths.read_json_object(workdir / RESULTS_FILE, ConversionError).get("best_step")
-    if step is None:
-        raise ConversionError(unfinished.format(f"best_step in {RESULTS_FILE}"))
     config = BertConfig.from_dict({**record["model"], "scan_layers": False})
-    params = layout.to_layout(read_params(str(workdir), int(step)), scan_layers=False)
+    params = layout.to_layout(read_params(str(workdir), step), scan_layers=False)
     notes = multihost.write_from_main(lambda: huggingface.write_hf_checkpoint(
         args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
         architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),

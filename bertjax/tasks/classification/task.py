@@ -16,11 +16,12 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from bertjax.errors import ConfigError
+from bertjax.errors import ConfigError, DataError
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.classification import metrics as metrics_lib
 from bertjax.tasks.classification.submission import write_submission
+from data_pipeline.finetune_data import ChoiceExample, Example
 
 Array = jax.Array
 
@@ -55,6 +56,13 @@ def regression_loss(
     return loss, {"loss": loss}
 
 
+def readers_module():
+    # Imported when used: the GLUE / SWAG / files readers are not needed to train on TFDS.
+    from bertjax.tasks.classification import readers
+
+    return readers
+
+
 # ---------------------------------------------------------------------------------------------
 # The task family
 
@@ -64,6 +72,7 @@ class SequenceTask(Task):
     (config.task.kind: classification | regression | multiple_choice)."""
 
     def __init__(self, config):
+        self.family, self.name = config.task.family, config.task.name
         self.min_bucket_length = config.min_bucket_length
         self.train_batch_size = config.train.batch_size
         self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head
@@ -189,10 +198,95 @@ class SequenceTask(Task):
         logits = logits.astype(jnp.float32)
         if self.kind == "regression":
             return {"prediction": logits.reshape(-1)}
-        return {"prediction": jnp.argmax(logits, axis=-1)}
+        # [batch, K] classes or [batch, choices]
+        return {"prediction": jnp.argmax(logits, axis=-1),
+                "probabilities": jax.nn.softmax(logits, axis=-1)}
 
     def metrics(self, predictions, features, split: str) -> dict[str, float]:
         return metrics_lib.compute(self.metric_names, features.labels, predictions["prediction"])
+
+    # ---- predictions from a finished run (tasks/predict.py)
+
+    def state(self):
+        return {"kind": self.kind, "labels": list(self.label_names),
+                "metric_names": list(self.metric_names)}
+
+    def restore(self, state):
+        self._declare(state["kind"], state["labels"], state["metric_names"])
+
+    def default_fields(self) -> dict[str, str]:
+        """Column names of new rows when the run's config names none (GLUE: the task's
+        columns where its files have a header, else text_a / text_b)."""
+        if self.family == "swag":
+            return {"text_a": "sent1", "choices": ",".join(readers_module().SWAG_ENDINGS)}
+        if self.family != "glue":
+            return {}
+        task = readers_module().glue_task(self.name)
+        named = lambda c, default: c if isinstance(c, str) else default  # noqa: E731
+        return {"text_a": named(task.text_a, "text_a"),
+                "text_b": "" if task.text_b is None else named(task.text_b, "text_b"),
+                "label": named(task.label, "label")}
+
+    def read_inputs(self, path, fields):
+        """Rows of a .csv / .tsv / .jsonl file with the users'-files columns (`fields`:
+        text_a, text_b, label, choices, id); labelled when the first row has the label
+        column. SWAG runs read the SWAG CSV layout (sent1, sent2, ending0-3)."""
+        readers = readers_module()
+        fields = {**fields, **{k: v for k, v in self.default_fields().items()
+                               if not fields.get(k)}}
+        labelled = fields["label"] in readers.first_record(path)
+        if self.family == "swag" and path.lower().endswith(".csv"):
+            return readers.read_swag_file(path, labelled), labelled
+        if not fields.get("text_a"):
+            raise ConfigError("--text_a: name the column holding the text")
+        choices = tuple(c for c in fields.get("choices", "").split(",") if c)
+        if self.kind == "multiple_choice" and len(choices) != len(self.label_names):
+            raise ConfigError(f"--choices={','.join(choices)}: the model was trained on "
+                              f"{len(self.label_names)} choices")
+        examples = readers.read_file(
+            path, self.kind, text_a=fields["text_a"], text_b=fields.get("text_b", ""),
+            label=fields["label"], choices=choices, labels=self.label_names,
+            labelled=labelled, id_column=fields.get("id") or "id")
+        return examples, labelled
+
+    def examples(self, items):
+        """str → a text; (a, b) → a pair; multiple choice: (context, [endings])."""
+        examples = []
+        for i, item in enumerate(items):
+            where = f"input[{i}]"
+            if self.kind == "multiple_choice":
+                if (not isinstance(item, tuple | list) or len(item) != 2
+                        or len(item[1]) != len(self.label_names)):
+                    raise DataError(f"{where}: give (context, [{len(self.label_names)} "
+                                    "endings]) for this multiple-choice model")
+                examples.append(ChoiceExample(where, str(item[0]), tuple(map(str, item[1])),
+                                              None, str(i)))
+            elif isinstance(item, str):
+                examples.append(Example(where, item, None, None, str(i)))
+            elif isinstance(item, tuple | list) and len(item) == 2:
+                examples.append(Example(where, str(item[0]), str(item[1]), None, str(i)))
+            else:
+                raise DataError(f"{where}: give a text or a (text_a, text_b) pair")
+        if not examples:
+            raise DataError("no inputs")
+        return examples
+
+    def records(self, predictions, features, examples):
+        """classification: {id, label, probabilities {name: p}}; regression: {id, score};
+        multiple choice: {id, choice, scores [choices]} (softmax over the choices)."""
+        out = []
+        for i, example in enumerate(examples):
+            if self.kind == "regression":
+                out.append({"id": example.index, "score": float(predictions["prediction"][i])})
+                continue
+            probabilities = [float(p) for p in predictions["probabilities"][i]]
+            choice = int(predictions["prediction"][i])
+            if self.kind == "multiple_choice":
+                out.append({"id": example.index, "choice": choice, "scores": probabilities})
+            else:
+                out.append({"id": example.index, "label": self.label_names[choice],
+                            "probabilities": dict(zip(self.label_names, probabilities))})
+        return out
 
     def write_outputs(self, predictions, examples, split: str, workdir, log) -> None:
         """GLUE leaderboard files (or test.tsv): `workdir/submission/<split>.tsv`."""

@@ -1,0 +1,374 @@
+"""Predictions of a trained model on new rows (`python -m bertjax.predict`, `bertjax.Predictor`),
+and masked-word predictions of a pre-trained checkpoint (`FillMask`).
+
+A finished fine-tuning workdir holds everything a prediction needs: `config.json` (the run's
+config: task family, field names, max_seq_length, batch sizes, mesh), `results.json` (the best
+step), `export.json` (model config, vocabulary, casing, and the task's `state()`: labels, kind,
+the v2.0 null threshold) and the best checkpoint. `load_workdir` reads them (the same reading
+as `bertjax.convert to_hf`: `read_finished_run`); `Engine` then runs the task's own code:
+
+    task.encode (length buckets of the run) → task.batches (fixed shapes per bucket)
+      → jitted task.outputs + task.predict, batches sharded over the mesh's data axes
+      → task.records (one plain record per example, in input order)
+
+so predictions on a split equal those the run wrote for it at the end of training (same
+batches, same compiled function, same params). Every process computes every batch (its share
+of the rows, then gathered); callers write from process 0 (multihost.write_from_main).
+
+Nothing here imports TensorFlow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from etils import epath
+
+from bertjax import paths
+from bertjax.errors import CheckpointError, ConfigError, DataError
+from bertjax.models import BertConfig
+from bertjax.tasks.base import Task, _predict, predict_rows
+from bertjax.train import configs
+from bertjax.train import sharding as sharding_lib
+from bertjax.train.loop import Runner
+from bertjax.train.workdir import CONFIG_FILE, EXPORT_FILE, RESULTS_FILE
+
+# Meshes for a checkpoint directory without a run config (fill-mask): data-parallel only.
+DATA_PARALLEL_MESH = {"data": -1, "fsdp": 1, "tensor": 1}
+DATA_PARALLEL_RULES = (("batch", ("data", "fsdp")),)
+
+
+# ---------------------------------------------------------------------------------------------
+# A finished fine-tuning run
+
+
+def read_finished_run(workdir: str | epath.Path, error: type[Exception] = CheckpointError,
+                      flag: str = "--workdir") -> tuple[dict, int]:
+    """(export.json record, best step) of a finished fine-tuning workdir; `error` with one
+    line otherwise (not a directory, a pre-training run, an unfinished run)."""
+    workdir = epath.Path(workdir)
+    if not workdir.is_dir():
+        raise error(f"{flag} {workdir}: no such directory")
+    config_file = workdir / CONFIG_FILE
+    if config_file.exists():
+        recorded = paths.read_json_object(config_file, error)
+        if "phases" in recorded or "task" not in recorded:
+            raise error(f"{flag} {workdir} is a pre-training run, not a fine-tuning one; its "
+                        f"model is the checkpoint directory {workdir / 'export'} "
+                        "(fill_mask --checkpoint=DIR)")
+    unfinished = (f"{flag} {workdir}: no {{}}: the fine-tuning run has not finished or predates "
+                  "export.json; run its command again (a finished run only rewrites its "
+                  "outputs)")
+    for name in (RESULTS_FILE, EXPORT_FILE):
+        if not (workdir / name).exists():
+            raise error(unfinished.format(name))
+    record = paths.read_json_object(workdir / EXPORT_FILE, error)
+    step = paths.read_json_object(workdir / RESULTS_FILE, error).get("best_step")
+    if step is None:
+        raise error(unfinished.format(f"best_step in {RESULTS_FILE}"))
+    return record, int(step)
+
+
+def _legacy_state(record: dict, config) -> dict[str, Any]:
+    """The task state of an export.json written before it recorded one (from its transformers
+    head fields and the run's config)."""
+    family = config.task.family
+    labels = list(record.get("labels") or ())
+    if family in ("glue", "swag", "files"):
+        kind = {"BertForMultipleChoice": "multiple_choice"}.get(
+            record.get("architecture"), "regression" if record.get("problem_type") ==
+            "regression" else "classification")
+        if kind == "multiple_choice":
+            labels = [str(i) for i in range(len(config.data.choices.split(",")) if
+                                            family == "files" else 4)]
+        metrics = {"regression": ["pearson", "spearman"]}.get(kind, ["accuracy"])
+        return {"kind": kind, "labels": labels, "metric_names": metrics}
+    if family == "token_classification":
+        return {"labels": labels, "scheme": config.task.label_scheme}
+    if family == "squad":
+        extra = record.get("extra_config") or {}
+        return {"version_2": bool(config.task.version_2),
+                "threshold": float(extra.get("null_score_diff_threshold", 0.0))}
+    raise ConfigError(f"config.task.family={family!r} has no predictions from a finished run")
+
+
+@dataclasses.dataclass
+class TrainedModel:
+    """What a finished fine-tuning run left: its config, the task with its learnt state, the
+    model config, the best checkpoint's params (host arrays) and the tokenizer."""
+
+    workdir: str
+    config: ml_collections.ConfigDict
+    task: Task
+    model_config: BertConfig
+    params: dict[str, Any]
+    tokenizer: Any
+    step: int
+
+
+def load_workdir(workdir: str, dtype: str | None = None) -> TrainedModel:
+    """The best checkpoint of a finished fine-tuning workdir, its task restored.
+
+    dtype: compute dtype override (default: the run's, e.g. float32 on CPU)."""
+    from bertjax.models import layout
+    from bertjax.tasks import get_task
+    from bertjax.tokenization import load_tokenizer
+    from bertjax.train.checkpoints import read_params
+
+    record, step = read_finished_run(workdir)
+    config = ml_collections.ConfigDict(
+        paths.read_json_object(epath.Path(workdir) / CONFIG_FILE, CheckpointError))
+    if config.task.family == "feature_based":
+        raise ConfigError(f"--workdir {workdir}: a feature-based tagger (frozen encoder + "
+                          "BiLSTM) has no prediction command yet")
+    task = get_task(config)
+    task.restore(record.get("task") or _legacy_state(record, config))
+    fields = dict(record["model"])
+    if dtype:
+        fields["dtype"] = configs.compute_dtype(dtype)
+    model_config = BertConfig.from_dict(fields)
+    params = layout.to_layout(read_params(str(workdir), step), model_config.scan_layers)
+    tokenizer = load_tokenizer(record["vocab"], do_lower_case=record["do_lower_case"])
+    return TrainedModel(str(workdir), config, task, model_config, params, tokenizer, step)
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+
+def place_params(model, init_inputs: tuple, params, mesh, rules) -> Any:
+    """Host params placed with the model's logical-axis shardings on `mesh`."""
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *init_inputs))["params"]
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh,
+                                            sharding_lib.as_rules(rules))
+    return jax.device_put(params, shardings)
+
+
+class Engine:
+    """A trained model's jitted task forward over the run's mesh (see the module docstring).
+
+    batch_size: rows per global batch (default: the run's config.eval.batch_size, which makes
+    predictions bitwise those of the run); it must divide over the data-parallel devices."""
+
+    def __init__(self, trained: TrainedModel, batch_size: int | None = None):
+        config, task = trained.config, trained.task
+        self.trained, self.task = trained, task
+        self.max_seq_length = int(config.max_seq_length)
+        self.batch_size = int(batch_size or config.eval.batch_size)
+        mesh = sharding_lib.make_mesh(config.mesh)
+        configs.check_batch_size(self.batch_size, mesh, field="--batch_size")
+        rules = config.logical_axis_rules
+        self.runner = Runner(sharding_lib.batch_sharding(mesh, rules))
+        model = task.model(trained.model_config)
+        self.params = place_params(model, task.init_inputs(), trained.params, mesh, rules)
+        self._predict = jax.jit(functools.partial(_predict, task=task, model=model))
+
+    def run(self, examples: list) -> tuple[Any, dict[str, Any], dict[str, int]]:
+        """(features, per-row predictions, {"real": tokens, "computed": token positions run})
+        of `examples`."""
+        features = self.task.encode(self.trained.tokenizer, examples, self.max_seq_length)
+        tokens = {"real": 0, "computed": 0}
+        predictions = predict_rows(self.task, self._predict, self.params, features,
+                                   self.batch_size, self.runner, tokens)
+        return features, predictions, tokens
+
+
+def padding_line(tokens: dict[str, int]) -> str:
+    waste = 1.0 - tokens["real"] / max(tokens["computed"], 1)
+    return (f"padding is {100 * waste:.1f}% of the {tokens['computed']:,} token positions "
+            "computed")
+
+
+class Predictor:
+    """Predictions of a finished fine-tuning run, as plain Python records.
+
+        predictor = bertjax.Predictor.from_workdir("runs/mrpc")
+        predictor(["a sentence", ...])           # classification / regression
+        predictor([("sentence a", "sentence b")])  # pairs
+        predictor([("context", ["ending 1", ...])])  # multiple choice
+        predictor([("question", "context")])     # SQuAD
+        predictor([["EU", "rejects", "German", "call"]])  # tagging (or "EU rejects ...")
+
+    Records: see each task's `records` (classification: {id, label, probabilities}).
+    """
+
+    def __init__(self, trained: TrainedModel, batch_size: int | None = None):
+        self.trained = trained
+        self.engine = Engine(trained, batch_size)
+        self.task = trained.task
+        self.last_padding = ""  # padding_line of the last call
+
+    @classmethod
+    def from_workdir(cls, workdir: str, batch_size: int | None = None,
+                     dtype: str | None = None) -> Predictor:
+        return cls(load_workdir(workdir, dtype), batch_size)
+
+    def _records(self, examples) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+        features, predictions, tokens = self.engine.run(examples)
+        self.last_padding = padding_line(tokens)
+        try:
+            return features, predictions, self.task.records(predictions, features, examples)
+        finally:
+            self.task.release(examples)
+
+    def __call__(self, items: list) -> list[dict[str, Any]]:
+        return self._records(self.task.examples(list(items)))[2]
+
+    def predict_file(self, path: str, fields: dict[str, Any] | None = None
+                     ) -> tuple[list, list[dict[str, Any]], dict[str, float] | None]:
+        """(examples, records, the task's metrics or None when the file has no gold labels)
+        of a file of new rows; `fields` override the run's users'-files field names."""
+        if not paths.exists(path):
+            raise DataError(f"--input {path}: no such file")
+        merged = {**dict(self.trained.config.get("data", {})),
+                  **{k: v for k, v in (fields or {}).items() if v is not None}}
+        examples, labelled = self.task.read_inputs(path, merged)
+        features, predictions, records = self._records(examples)
+        metrics = self.task.metrics(predictions, features, "input") if labelled else None
+        return examples, records, metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# Fill-mask: the masked-LM head of a pre-trained checkpoint
+
+
+class FillMask:
+    """Top-k fillers of each [MASK] of a text, from a bertjax checkpoint directory's MLM head.
+
+        fill = bertjax.FillMask.from_checkpoint("runs/demo/export")
+        fill("the capital of france is [MASK].", top_k=5)
+        → [{"position": 6, "candidates": [{"token", "word", "probability", "sequence"}]}]
+
+    Probabilities are the softmax over the whole vocabulary; the candidates skip special
+    tokens. A WordPiece continuation (`##s`) is shown as the whole word it completes (`word`).
+    Texts run in fixed-shape batches of length buckets (16, 32, ..., max_seq_length), sharded
+    over the data-parallel devices.
+    """
+
+    def __init__(self, model_config: BertConfig, params, tokenizer, max_seq_length: int = 128,
+                 batch_size: int = 8):
+        from bertjax.models import BertForPreTraining
+
+        self.tokenizer, self.batch_size = tokenizer, batch_size
+        self.max_seq_length = min(max_seq_length, model_config.max_position_embeddings)
+        mesh = sharding_lib.make_mesh(DATA_PARALLEL_MESH)
+        configs.check_batch_size(batch_size, mesh, field="--batch_size")
+        self.runner = Runner(sharding_lib.batch_sharding(mesh, DATA_PARALLEL_RULES))
+        model = BertForPreTraining(model_config)
+        ids = jnp.zeros((1, 2), jnp.int32)
+        self.params = place_params(model, (ids, ids, ids, jnp.zeros((1, 1), jnp.int32)),
+                                   params, mesh, DATA_PARALLEL_RULES)
+
+        def probabilities(params, batch):  # [batch, masks, vocab] float32
+            out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                              batch["input_mask"], batch["positions"])
+            return jax.nn.softmax(out["mlm_logits"].astype(jnp.float32), axis=-1)
+
+        self._probabilities = jax.jit(probabilities)
+
+    @classmethod
+    def from_checkpoint(cls, directory: str, max_seq_length: int = 128, batch_size: int = 8,
+                        dtype: str | None = None) -> FillMask:
+        from bertjax.checkpoint_dir import load_pretrained
+
+        overrides = {"dtype": configs.compute_dtype(dtype or "auto")}
+        config, params, tokenizer = load_pretrained(directory, **overrides)
+        return cls(config, params, tokenizer, max_seq_length, batch_size)
+
+    def probabilities(self, texts: list[str]) -> list[tuple[Any, np.ndarray]]:
+        """(encoding, [masks, vocab] probabilities at its [MASK] positions) per text."""
+        from data_pipeline.finetune_data import bucket_lengths
+        from data_pipeline.hosts import host_rows
+
+        encodings = [self.tokenizer.encode(t, max_seq_length=self.max_seq_length)
+                     for t in texts]
+        masks = []
+        for i, enc in enumerate(encodings):
+            found = [p for p, t in enumerate(enc.input_ids) if t == self.tokenizer.mask_id]
+            if not found:
+                raise DataError(f"text {i + 1} ({texts[i][:40]!r}) has no [MASK] within "
+                                f"{self.max_seq_length} tokens")
+            masks.append(found)
+        buckets = bucket_lengths(self.max_seq_length, min(16, self.max_seq_length))
+        width = max(len(m) for m in masks)
+        out: list = [None] * len(texts)
+        order = sorted(range(len(texts)), key=lambda i: sum(encodings[i].input_mask))
+        for first in range(0, len(order), self.batch_size):
+            rows = order[first:first + self.batch_size]
+            longest = max(sum(encodings[i].input_mask) for i in rows)
+            length = next(b for b in buckets if b >= longest)
+            batch = {k: np.zeros((self.batch_size, length), np.int32)
+                     for k in ("input_ids", "segment_ids", "input_mask")}
+            batch["positions"] = np.zeros((self.batch_size, width), np.int32)
+            for r, i in enumerate(rows):
+                enc = encodings[i]
+                batch["input_ids"][r] = enc.input_ids[:length]
+                batch["segment_ids"][r] = enc.segment_ids[:length]
+                batch["input_mask"][r] = enc.input_mask[:length]
+                batch["positions"][r, :len(masks[i])] = masks[i]
+            mine = host_rows(self.batch_size, jax.process_index(), jax.process_count())
+            _, probs = next(self.runner.run(self._probabilities, self.params,
+                                            [{k: v[mine] for k, v in batch.items()}]))
+            for r, i in enumerate(rows):
+                out[i] = (encodings[i], masks[i], np.asarray(probs[r, :len(masks[i])]))
+        return out
+
+    def __call__(self, text: str | list[str], top_k: int = 5):
+        """Per text (a list for a list of texts): [{position, candidates}] per [MASK]."""
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise DataError("no texts")
+        results = [self._candidates(*row, top_k) for row in self.probabilities(texts)]
+        return results[0] if isinstance(text, str) else results
+
+    def _candidates(self, enc, masks: list[int], probs: np.ndarray, top_k: int) -> list[dict]:
+        tokenizer = self.tokenizer
+        special = np.zeros(probs.shape[-1], bool)
+        special[list(tokenizer.special_ids)] = True
+        n = int(sum(enc.input_mask))
+        out = []
+        for m, position in enumerate(masks):
+            p = np.where(special, -1.0, probs[m])
+            best = np.argsort(-p, kind="stable")[:top_k]
+            candidates = []
+            for token_id in best:
+                token = tokenizer.convert_ids_to_tokens([int(token_id)])[0]
+                ids = list(enc.input_ids[1:n - 1])  # without [CLS] / [SEP]
+                ids[position - 1] = int(token_id)
+                candidates.append({"token": token, "word": whole_word(enc.tokens, position,
+                                                                      token),
+                                   "probability": float(probs[m, token_id]),
+                                   "sequence": tokenizer.decode(ids)})
+            out.append({"position": position, "candidates": candidates})
+        return out
+
+
+def whole_word(tokens: list[str], position: int, token: str) -> str:
+    """The word a candidate at `position` makes: a `##` continuation joined to the pieces
+    before it (and any continuations after it), otherwise the token and its continuations."""
+    def piece(t: str) -> str:
+        return t[2:] if t.startswith("##") else t
+
+    start = position
+    if token.startswith("##"):
+        while start > 1 and tokens[start - 1].startswith("##"):
+            start -= 1
+        start -= start > 1  # the word's first piece (not [CLS])
+    end = position + 1
+    while end < len(tokens) and tokens[end].startswith("##"):
+        end += 1
+    pieces = [token if i == position else tokens[i] for i in range(start, end)]
+    return pieces[0].removeprefix("##") + "".join(piece(t) for t in pieces[1:])
+
+
+def dump(record: dict[str, Any]) -> str:
+    """One JSONL line (non-ASCII kept as written)."""
+    return json.dumps(record, ensure_ascii=False)
