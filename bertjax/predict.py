@@ -62,9 +62,13 @@ def fill_mask(texts: Sequence[str]) -> None:
     if f.top_k < 1:
         sys.exit(f"error: --top_k={f.top_k} must be positive")
     from bertjax.tasks.predict import FillMask
+    from bertjax.train import multihost
 
     filler = FillMask.from_checkpoint(f.checkpoint, f.max_seq_length, dtype=f.dtype)
-    for text, masks in zip(texts, filler(list(texts), top_k=f.top_k)):
+    results = filler(list(texts), top_k=f.top_k)  # every process: the batches are collective
+    if not multihost.is_main():
+        return
+    for text, masks in zip(texts, results):
         print(text)
         for mask in masks:
             shown = ", ".join(f"{c['word']} {c['probability']:.3f}" for c in mask["candidates"])

@@ -227,7 +227,7 @@ class Predictor:
         """(examples, records, the task's metrics or None when the file has no gold labels)
         of a file of new rows; `fields` override the run's users'-files field names."""
         if not paths.exists(path):
-            raise DataError(f"--input {path}: no such file")
+            raise DataError(f"{path}: no such file")
         merged = {**dict(self.trained.config.get("data", {})),
                   **{k: v for k, v in (fields or {}).items() if v is not None}}
         examples, labelled = self.task.read_inputs(path, merged)
