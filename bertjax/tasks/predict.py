@@ -90,6 +90,12 @@ def _legacy_state(record: dict, config) -> dict[str, Any]:
             labels = [str(i) for i in range(len(config.data.choices.split(",")) if
                                             family == "files" else 4)]
         metrics = {"regression": ["pearson", "spearman"]}.get(kind, ["accuracy"])
+        if family == "glue":
+            from bertjax.tasks.classification.readers import glue_task
+
+            metrics = list(glue_task(config.task.name).metrics)
+        elif kind == "classification" and len(labels) == 2:
+            metrics = ["accuracy", "f1", "matthews_corrcoef"]
         return {"kind": kind, "labels": labels, "metric_names": metrics}
     if family == "token_classification":
         return {"labels": labels, "scheme": config.task.label_scheme}
