@@ -179,6 +179,7 @@ def test_classification_equals_exported_transformers_model(classification_run, t
             assert abs(record["probabilities"][label] - reference[label]) < 1e-4
 
 
+@pytest.mark.slow  # the module's classification run
 def test_bad_inputs_of_a_finished_run(classification_run, tmp_path):
     from bertjax import Predictor
 
