@@ -5,6 +5,7 @@ masked-word predictions of a pre-trained checkpoint.
       [--text_a=sentence1 --text_b=sentence2] [--batch_size=64]
   python -m bertjax.predict --workdir=runs/squad1 --input=questions.jsonl --output=answers.jsonl
   python -m bertjax.predict --workdir=runs/ner --input=new.conll --output=tagged.conll
+  python -m bertjax.predict --export=hf/mrpc --input=new.tsv --output=preds.jsonl  # to_hf DIR
   python -m bertjax.predict fill_mask --checkpoint=runs/demo/export \
       "the capital of france is [MASK]." [--top_k=5]
 
@@ -36,6 +37,8 @@ def define_flags() -> None:
     # Defined only when run as a program: modules imported together (e.g. by pytest) must not
     # compete for absl's global flag names.
     flags.DEFINE_string("workdir", None, "A finished fine-tuning workdir.")
+    flags.DEFINE_string("export", None, "Instead of --workdir: its transformers export "
+                        "(python -m bertjax.convert to_hf --input=WORKDIR --output=DIR).")
     flags.DEFINE_string("input", None, "Rows to predict: .csv | .tsv | .jsonl | .json | .conll.")
     flags.DEFINE_string("output", None, "Predictions: .jsonl (or .conll for tagging).")
     flags.DEFINE_integer("batch_size", None, "Rows per global batch (default: the run's "
@@ -80,12 +83,16 @@ def predict() -> None:
     from bertjax.train import multihost
 
     f = flags.FLAGS
-    for name in ("workdir", "input", "output"):
+    if bool(f.workdir) == bool(f.export):
+        sys.exit("error: give one of --workdir (a finished fine-tuning run) or --export (its "
+                 "convert to_hf directory)")
+    for name in ("input", "output"):
         if not f[name].value:
             sys.exit(f"error: --{name} is required")
     fields = {name: f[name].value for name in FIELD_FLAGS + ("format", "token_column",
                                                              "tag_column")}
-    predictor = Predictor.from_workdir(f.workdir, f.batch_size, f.dtype)
+    predictor = (Predictor.from_workdir(f.workdir, f.batch_size, f.dtype) if f.workdir else
+                 Predictor.from_export(f.export, f.batch_size, f.dtype))
     examples, records, metrics = predictor.predict_file(f.input, fields)
     conll = f.output.endswith(".conll")
     if conll and not hasattr(predictor.task, "conll_text"):
@@ -105,7 +112,8 @@ def predict() -> None:
     multihost.write_from_main(write)
     if multihost.is_main():
         print(f"wrote {len(records)} predictions to {f.output} (best step "
-              f"{predictor.trained.step} of {f.workdir}; {predictor.last_padding})")
+              f"{predictor.trained.step} of {f.workdir or f.export}; "
+              f"{predictor.last_padding})")
         if metrics is not None:
             print("metrics: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
 

@@ -177,6 +177,30 @@ def test_classification_equals_exported_transformers_model(classification_run, t
     for record, reference in zip(ours, expected):
         for label in labels:
             assert abs(record["probabilities"][label] - reference[label]) < 1e-4
+    # The export directory predicts by itself (its bertjax_task.json), bitwise as the run.
+    assert Predictor.from_export(str(tmp_path / "hf"))(texts) == ours
+    out = tmp_path / "export.jsonl"
+    result = run_python(["-m", "bertjax.predict", f"--export={tmp_path / 'hf'}",
+                         f"--input={classification_run['test']}", f"--output={out}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [json.loads(line)["probabilities"] for line in out.read_text().splitlines()] == [
+        r["probabilities"] for r in ours]
+
+
+def test_export_without_a_task_record_says_what_to_pass(tmp_path, checkpoint):
+    from bertjax import Predictor
+
+    with pytest.raises(CheckpointError, match="pre-trained bertjax checkpoint directory .*"
+                                              "fill_mask --checkpoint"):
+        Predictor.from_export(checkpoint)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(CheckpointError, match="no bertjax_task.json .* pass the fine-tuning "
+                                              "workdir"):
+        Predictor.from_export(str(tmp_path / "hf"))
+    (tmp_path / "hf" / "bertjax_task.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="transformers export; pass it as --export"):
+        Predictor.from_workdir(str(tmp_path / "hf"))
 
 
 @pytest.mark.slow  # the module's classification run

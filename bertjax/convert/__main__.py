@@ -11,7 +11,9 @@ r"""Convert BERT checkpoints to and from bertjax checkpoint directories.
 A fine-tuning workdir is written as its task's transformers class (BertForSequenceClassification
 with the label names, BertForMultipleChoice, BertForTokenClassification,
 BertForQuestionAnswering) from its best checkpoint, or with --architecture=BertModel as the
-fine-tuned encoder alone.
+fine-tuned encoder alone; the task's class also gets bertjax_task.json (the run's config and
+task state), so `python -m bertjax.predict --export=DIR` / `bertjax.Predictor.from_export(DIR)`
+predict with it.
 
 from_tf and from_hf also take --do_lower_case/--nodo_lower_case, --seed and --overwrite;
 to_hf takes --dtype and --overwrite. Every source tensor is either converted or listed as
@@ -163,7 +165,7 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes."""
     from bertjax.convert import huggingface
     from bertjax.models import layout
-    from bertjax.tasks.predict import read_finished_run
+    from bertjax.tasks.predict import TASK_FILE, read_finished_run, task_record
     from bertjax.train.checkpoints import read_params
 
     record, step = read_finished_run(workdir, ConversionError, "--input")
@@ -175,10 +177,18 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
                               "fine-tuning run is written as that class or as BertModel")
     config = BertConfig.from_dict({**record["model"], "scan_layers": False})
     params = layout.to_layout(read_params(str(workdir), step), scan_layers=False)
-    notes = multihost.write_from_main(lambda: huggingface.write_hf_checkpoint(
-        args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
-        architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
-        problem_type=record.get("problem_type"), extra_config=record.get("extra_config")))
+    task = task_record(workdir, ConversionError, "--input")
+
+    def write():
+        notes = huggingface.write_hf_checkpoint(
+            args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
+            architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
+            problem_type=record.get("problem_type"), extra_config=record.get("extra_config"))
+        if architecture != "BertModel":  # the task record: bertjax.Predictor.from_export
+            (epath.Path(args.output) / TASK_FILE).write_text(json.dumps(task, indent=2) + "\n")
+        return notes
+
+    notes = multihost.write_from_main(write)
     _wrote(args, architecture, f"{workdir} (best step {step})", notes)
 
 

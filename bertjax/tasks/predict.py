@@ -57,6 +57,9 @@ def read_finished_run(workdir: str | epath.Path, error: type[Exception] = Checkp
     workdir = epath.Path(workdir)
     if not workdir.is_dir():
         raise error(f"{flag} {workdir}: no such directory")
+    if (workdir / TASK_FILE).exists():
+        raise error(f"{flag} {workdir} is a fine-tuning run's transformers export; pass it as "
+                    "--export (Predictor.from_export)")
     config_file = workdir / CONFIG_FILE
     if config_file.exists():
         recorded = paths.read_json_object(config_file, error)
@@ -147,6 +150,105 @@ def load_workdir(workdir: str, dtype: str | None = None) -> TrainedModel:
 
 
 # ---------------------------------------------------------------------------------------------
+# A fine-tuning run's transformers export (`python -m bertjax.convert to_hf --input=WORKDIR`)
+
+# Written beside the export's config.json: what transformers' config cannot say (the run's
+# config: task family, field names, max_seq_length, mesh; the task's learnt state).
+TASK_FILE = "bertjax_task.json"
+
+
+def task_record(workdir: str | epath.Path, error: type[Exception] = CheckpointError,
+                flag: str = "--workdir") -> dict[str, Any]:
+    """The TASK_FILE record of a finished fine-tuning workdir."""
+    record, step = read_finished_run(workdir, error, flag)
+    config = paths.read_json_object(epath.Path(workdir) / CONFIG_FILE, error)
+    state = record.get("task") or _legacy_state(record, ml_collections.ConfigDict(config))
+    return {"config": config, "task": state, "model": record["model"],
+            "do_lower_case": record["do_lower_case"], "best_step": step,
+            "architecture": record.get("architecture"), "workdir": str(workdir)}
+
+
+def _fill_absent_pooler(params: dict, abstract: dict, directory) -> dict:
+    """`params` completed with zeros for the pooler (transformers' token-classification and
+    QA classes have none; the encoder computes it, these heads never read it); any other
+    missing or extra parameter is an error."""
+    def merge(have, want, path):
+        if not isinstance(want, dict):
+            return have
+        missing = sorted(set(want) - set(have or {}))
+        if missing and path != ("bert",) or set(have or {}) - set(want):
+            raise CheckpointError(f"--export {directory}: its weights do not fit the run's "
+                                  f"model at {'/'.join(path) or 'the top level'} (missing "
+                                  f"{missing}, extra {sorted(set(have or {}) - set(want))})")
+        out = {k: merge(have[k], want[k], path + (k,)) for k in want if k in have}
+        for k in missing:
+            if k != "pooler":
+                raise CheckpointError(f"--export {directory}: no bert/{k} weights")
+            out[k] = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), want[k])
+        return out
+
+    return merge(params, abstract, ())
+
+
+def load_export(directory: str, dtype: str | None = None) -> TrainedModel:
+    """A fine-tuning run as `bertjax.convert to_hf` exported it: transformers' config.json and
+    weights, the vocabulary, and TASK_FILE (the run's config and task state)."""
+    from bertjax.convert import huggingface
+    from bertjax.convert.mapping import ConversionError
+    from bertjax.models import layout
+    from bertjax.tasks import get_task
+    from bertjax.tokenization import load_tokenizer
+
+    path = epath.Path(directory)
+    if not (path / TASK_FILE).exists():
+        raise CheckpointError(_no_task_file(path))
+    record = paths.read_json_object(path / TASK_FILE, CheckpointError)
+    config = ml_collections.ConfigDict(record["config"])
+    task = get_task(config)
+    task.restore(record["task"])
+    fields = dict(record["model"])
+    if dtype:
+        fields["dtype"] = configs.compute_dtype(dtype)
+    model_config = BertConfig.from_dict(fields)
+    unrolled = BertConfig.from_dict({**fields, "scan_layers": False})
+    heads = huggingface.ARCHITECTURES.get(record.get("architecture"), ("classifier",
+                                                                       "qa_outputs"))
+    try:
+        params = huggingface.read_hf_checkpoint(path, unrolled, heads)[0]
+    except ConversionError as e:
+        raise CheckpointError(str(e).replace("--input", "--export")) from None
+    model = task.model(unrolled)
+    abstract = nn.unbox(jax.eval_shape(
+        lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"])
+    params = _fill_absent_pooler(params, abstract, path)
+    params = layout.to_layout(params, model_config.scan_layers)
+    tokenizer = load_tokenizer(str(_vocab(path)), do_lower_case=record["do_lower_case"])
+    return TrainedModel(str(directory), config, task, model_config, params, tokenizer,
+                        int(record.get("best_step", 0)))
+
+
+def _vocab(path: epath.Path) -> epath.Path:
+    from bertjax.checkpoint_dir import vocab_path
+
+    return vocab_path(path)
+
+
+def _no_task_file(path: epath.Path) -> str:
+    """Why a directory cannot be predicted with as an export, and what to pass instead."""
+    if (path / "params").is_dir():
+        return (f"--export {path} is a pre-trained bertjax checkpoint directory (no task "
+                "head): pass a finished fine-tuning workdir (--workdir), or ask it with "
+                "fill_mask --checkpoint")
+    if (path / "config.json").exists():
+        return (f"--export {path}: no {TASK_FILE} (transformers' config.json does not record "
+                "the task's fields, max length or thresholds): pass the fine-tuning workdir "
+                "(--workdir), or export it again with python -m bertjax.convert to_hf "
+                "--input=WORKDIR")
+    return (f"--export {path}: not an export of a fine-tuning run (no config.json, no "
+            f"{TASK_FILE})")
+
+
+# ---------------------------------------------------------------------------------------------
 # The engine
 
 
@@ -197,6 +299,7 @@ class Predictor:
     """Predictions of a finished fine-tuning run, as plain Python records.
 
         predictor = bertjax.Predictor.from_workdir("runs/mrpc")
+        predictor = bertjax.Predictor.from_export("hf/mrpc")  # convert to_hf of runs/mrpc
         predictor(["a sentence", ...])           # classification / regression
         predictor([("sentence a", "sentence b")])  # pairs
         predictor([("context", ["ending 1", ...])])  # multiple choice
@@ -216,6 +319,12 @@ class Predictor:
     def from_workdir(cls, workdir: str, batch_size: int | None = None,
                      dtype: str | None = None) -> Predictor:
         return cls(load_workdir(workdir, dtype), batch_size)
+
+    @classmethod
+    def from_export(cls, directory: str, batch_size: int | None = None,
+                    dtype: str | None = None) -> Predictor:
+        """From `python -m bertjax.convert to_hf --input=WORKDIR --output=DIR`'s DIR."""
+        return cls(load_export(directory, dtype), batch_size)
 
     def _records(self, examples) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
         features, predictions, tokens = self.engine.run(examples)
