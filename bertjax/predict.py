@@ -16,8 +16,9 @@ JSON record a line in input order (classification: {id, label, probabilities}; r
 {id, score}; multiple choice: {id, choice, scores}; SQuAD: {id, answer, start, end, score,
 nbest[, null_odds, threshold]}; tagging: {id, tokens, tags}), or for tagging a `.conll` file
 (`word tag`, `word gold tag` when the input has tags). An input with gold labels also prints
-the task's metrics. On a pod slice (--distributed) every process computes its share of each
-batch and process 0 writes.
+the task's metrics. --chunk_rows=N streams the input N rows at a time (a corpus larger than
+memory; the same output, no metrics). On a pod slice (--distributed) every process computes
+its share of each batch and process 0 writes.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch_size", None, "Rows per global batch (default: the run's "
                          "config.eval.batch_size, which reproduces its predictions bitwise).")
     flags.DEFINE_string("dtype", None, "Compute dtype (default: the run's).")
+    flags.DEFINE_integer("chunk_rows", 0, "Stream the input this many rows at a time "
+                         "(memory independent of its size; no metrics); 0: the whole file.")
     for name in FIELD_FLAGS:
         flags.DEFINE_string(name, None, f"Input field {name} (default: the run's config.data).")
     flags.DEFINE_enum("format", None, ["auto", "conll", "jsonl"], "Tagging input format.")
@@ -93,25 +96,33 @@ def predict() -> None:
                                                              "tag_column")}
     predictor = (Predictor.from_workdir(f.workdir, f.batch_size, f.dtype) if f.workdir else
                  Predictor.from_export(f.export, f.batch_size, f.dtype))
-    examples, records, metrics = predictor.predict_file(f.input, fields)
     conll = f.output.endswith(".conll")
     if conll and not hasattr(predictor.task, "conll_text"):
         sys.exit(f"error: --output={f.output}: a .conll output is for tagging runs; use .jsonl")
 
-    def write():
+    def text(examples, records, labelled) -> str:
+        if conll:
+            gold = [list(s.tags) for s in examples] if labelled else None
+            return predictor.task.conll_text(examples, gold, [r["tags"] for r in records])
+        return "".join(dump(r) + "\n" for r in records)
+
+    def append(examples, records, labelled, mode="a"):
         from bertjax import paths
 
-        with paths.open(f.output, "w", encoding="utf-8") as out:
-            if conll:
-                gold = [list(s.tags) for s in examples] if metrics is not None else None
-                out.write(predictor.task.conll_text(examples, gold,
-                                                    [r["tags"] for r in records]))
-            else:
-                out.writelines(dump(r) + "\n" for r in records)
+        with paths.open(f.output, mode, encoding="utf-8") as out:
+            if records:
+                out.write(text(examples, records, labelled))
 
-    multihost.write_from_main(write)
+    metrics = None
+    if f.chunk_rows:
+        multihost.write_from_main(lambda: append([], [], False, "w"))  # empty, then appended
+        count = predictor.predict_stream(f.input, append, fields, f.chunk_rows)
+    else:
+        examples, records, metrics = predictor.predict_file(f.input, fields)
+        multihost.write_from_main(lambda: append(examples, records, metrics is not None, "w"))
+        count = len(records)
     if multihost.is_main():
-        print(f"wrote {len(records)} predictions to {f.output} (best step "
+        print(f"wrote {count} predictions to {f.output} (best step "
               f"{predictor.trained.step} of {f.workdir or f.export}; "
               f"{predictor.last_padding})")
         if metrics is not None:

@@ -204,6 +204,44 @@ def test_export_without_a_task_record_says_what_to_pass(tmp_path, checkpoint):
 
 
 @pytest.mark.slow  # the module's classification run
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_streamed_chunks_equal_the_one_shot_output(classification_run, tmp_path, suffix):
+    from bertjax import Predictor
+
+    rng = random.Random(5)
+    # A generated file without an id column (ids are row numbers in the whole file), with
+    # quoted newlines and commas in the CSV, and a few rows that keep their own ids.
+    rows = []
+    for i in range(61):
+        text = filler_sentence(rng, "good" if i % 3 else "bad", 1 + (i % 4 == 0))
+        rows.append({"text": text + (", \"x\"\nfiller2" if i % 9 == 0 else ""),
+                     **({"id": f"own{i}"} if i % 10 == 0 else {})})
+    path = tmp_path / f"big{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f, delimiter="\t" if suffix == ".tsv" else ",")
+            writer.writerow(["text", "id"])
+            writer.writerows([r["text"], r.get("id", "")] for r in rows)
+    predictor = Predictor.from_workdir(str(classification_run["workdir"]))
+    whole = predictor.predict_file(str(path))[1]
+    assert [r["id"] for r in whole][:2] == ["own0", "1"]
+    chunks = []
+    count = predictor.predict_stream(str(path), lambda e, r, labelled: chunks.append(r),
+                                     chunk_rows=7)
+    assert count == 61 and [len(c) for c in chunks] == [7] * 8 + [5]
+    streamed = [r for c in chunks for r in c]
+    # Same ids and labels; the probabilities to float rounding only (a row's batch neighbours
+    # differ between a chunk and the whole file, and XLA's CPU kernels are not bitwise
+    # independent of them).
+    assert [(r["id"], r["label"]) for r in streamed] == [(r["id"], r["label"]) for r in whole]
+    for a, b in zip(streamed, whole):
+        assert np.allclose(list(a["probabilities"].values()),
+                           list(b["probabilities"].values()), rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow  # the module's classification run
 def test_bad_inputs_of_a_finished_run(classification_run, tmp_path):
     from bertjax import Predictor
 
@@ -322,6 +360,13 @@ def test_tagging_conll_output_equals_the_run_file(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert "metrics: accuracy" in result.stdout and " f1 " in result.stdout
     assert out.read_text() == (tmp_path / "run" / "predictions" / "test.conll").read_text()
+    # Streamed three sentences at a time (cut where a document starts): the same file.
+    streamed = tmp_path / "streamed.conll"
+    result = run_python(["-m", "bertjax.predict", f"--workdir={tmp_path / 'run'}",
+                         f"--input={paths['test']}", f"--output={streamed}", "--chunk_rows=3"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "metrics" not in result.stdout
+    assert streamed.read_text() == out.read_text()
     predictor = Predictor.from_workdir(str(tmp_path / "run"))
     records = predictor.predict_file(paths["test"])[1]
     words = [r["tokens"] for r in records]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import flax.linen as nn
@@ -349,6 +350,157 @@ class Predictor:
         features, predictions, records = self._records(examples)
         metrics = self.task.metrics(predictions, features, "input") if labelled else None
         return examples, records, metrics
+
+    def predict_stream(self, path: str, write, fields: dict[str, Any] | None = None,
+                       chunk_rows: int = 10_000) -> int:
+        """Predicts a file `chunk_rows` rows at a time (memory independent of its size) and
+        calls `write(examples, records, labelled)` per chunk, in input order, with the
+        records the one-shot `predict_file` gives those rows (ids numbered in the whole
+        file). Every process must call this (the batches are collective); `write` runs on
+        process 0 only. No metrics: they need every row at once. Returns the rows predicted."""
+        import os
+        import tempfile
+
+        from bertjax.train import multihost
+
+        if chunk_rows < 1:
+            raise ConfigError(f"--chunk_rows={chunk_rows} must be positive")
+        if not paths.exists(path):
+            raise DataError(f"{path}: no such file")
+        merged = {**dict(self.trained.config.get("data", {})),
+                  **{k: v for k, v in (fields or {}).items() if v is not None}}
+        total, real, computed = 0, 0, 0
+        with tempfile.TemporaryDirectory() as directory:
+            for chunk, start in input_chunks(self.task, path, chunk_rows, merged, directory):
+                examples, labelled = self.task.read_inputs(chunk, merged)
+                features, predictions, tokens = self.engine.run(examples)
+                try:
+                    records = self.task.records(predictions, features, examples)
+                finally:
+                    self.task.release(examples)
+                if hasattr(self.task, "conll_text"):  # tagging ids: sentence numbers
+                    records = [{**r, "id": str(start + i)} for i, r in enumerate(records)]
+                multihost.write_from_main(functools.partial(write, examples, records,
+                                                            labelled))
+                total += len(records)
+                real, computed = real + tokens["real"], computed + tokens["computed"]
+                os.remove(chunk)  # the next chunk is written only once this one is done
+        self.last_padding = padding_line({"real": real, "computed": computed})
+        return total
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming: a corpus larger than memory, a chunk of rows at a time
+
+def _write_chunk(directory: str, number: int, suffix: str, write) -> str:
+    import os
+
+    chunk = os.path.join(directory, f"chunk{number}{suffix}")
+    with open(chunk, "w", encoding="utf-8", newline="") as f:
+        write(f)
+    return chunk
+
+
+def _csv_chunks(path: str, rows: int, id_field: str, directory: str) -> Iterator[tuple[str, int]]:
+    """CSV / TSV chunks, the header repeated; a row without an id gets its 0-based row number
+    in the whole file (what the one-shot reader gives it)."""
+    import csv
+
+    delimiter = "\t" if path.lower().endswith(".tsv") else ","
+    with paths.open(path, encoding="utf-8-sig", newline="") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        header = next((h for h in reader if h and any(x.strip() for x in h)), None)
+        if header is None:
+            raise DataError(f"{path}: empty file (expected a header row)")
+        names = [h.strip() for h in header]
+        add_id = id_field not in names
+        column = len(header) if add_id else names.index(id_field)
+        start, buffer, number = 0, [], 0
+
+        def flush():
+            def write(out):
+                writer = csv.writer(out, delimiter=delimiter)
+                writer.writerow(header + ([id_field] if add_id else []))
+                writer.writerows(buffer)
+            return _write_chunk(directory, number, path[-4:], write)
+
+        for row in reader:
+            if not row or not any(x.strip() for x in row):
+                continue
+            index = start + len(buffer)
+            if add_id:
+                row = row + [""] * max(len(header) - len(row), 0) + [str(index)]
+            elif column < len(row) and row[column] == "":
+                row = row[:column] + [str(index)] + row[column + 1:]
+            buffer.append(row)
+            if len(buffer) == rows:
+                yield flush(), start
+                start, buffer, number = start + rows, [], number + 1
+        if buffer or start == 0:
+            yield flush(), start
+
+
+def _jsonl_chunks(path: str, rows: int, id_field: str | None, directory: str
+                  ) -> Iterator[tuple[str, int]]:
+    """JSONL chunks; an object without `id_field` gets its 0-based number in the whole file."""
+    start, buffer, number = 0, [], 0
+
+    def flush():
+        return _write_chunk(directory, number, ".jsonl",
+                            lambda out: out.writelines(dump(r) + "\n" for r in buffer))
+
+    for _, record in paths.jsonl_records(path, DataError):
+        if id_field and id_field not in record:
+            record = {**record, id_field: start + len(buffer)}
+        buffer.append(record)
+        if len(buffer) == rows:
+            yield flush(), start
+            start, buffer, number = start + rows, [], number + 1
+    if buffer or start == 0:
+        yield flush(), start
+
+
+def _conll_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, int]]:
+    """CoNLL chunks of at least `rows` sentences, cut only where a document starts
+    (-DOCSTART-): a sentence's document context stays what the whole file gives it."""
+    start, lines, sentences, number, in_sentence = 0, [], 0, 0, False
+
+    def flush():
+        return _write_chunk(directory, number, ".conll", lambda out: out.writelines(lines))
+
+    with paths.open(path, encoding="utf-8") as f:
+        for raw in f:
+            fields = raw.split()
+            if fields and fields[0] == "-DOCSTART-" and sentences >= rows:
+                yield flush(), start
+                start, lines, sentences, number = start + sentences, [], 0, number + 1
+            if fields and fields[0] != "-DOCSTART-":
+                sentences += not in_sentence
+                in_sentence = True
+            else:
+                in_sentence = False
+            lines.append(raw if raw.endswith("\n") else raw + "\n")
+    if lines or start == 0:
+        yield flush(), start
+
+
+def input_chunks(task: Task, path: str, rows: int, fields: dict[str, Any], directory: str
+                 ) -> Iterator[tuple[str, int]]:
+    """(chunk file of about `rows` rows, its first row's 0-based number in `path`), in order;
+    each chunk is written to `directory` and can be read by `task.read_inputs`."""
+    lower = path.lower()
+    if hasattr(task, "conll_text"):  # tagging
+        fmt = fields.get("format") or "auto"
+        if fmt == "conll" or (fmt == "auto" and not lower.endswith((".jsonl", ".json"))):
+            return _conll_chunks(path, rows, directory)
+        raise DataError(f"--input={path}: a JSONL tagging file is one document; stream a "
+                        "CoNLL file (its -DOCSTART- lines separate documents)")
+    if lower.endswith((".csv", ".tsv")) and getattr(task, "family", "") != "swag":
+        return _csv_chunks(path, rows, fields.get("id") or "id", directory)
+    if lower.endswith(".jsonl"):
+        return _jsonl_chunks(path, rows, fields.get("id") or "id", directory)
+    raise DataError(f"--input={path}: streaming (--chunk_rows) reads .csv, .tsv, .jsonl (or "
+                    "CoNLL for tagging), one row at a time; a .json file is one object")
 
 
 # ---------------------------------------------------------------------------------------------
