@@ -335,6 +335,30 @@ def test_squad_v2_predictions_equal_the_run_files(tmp_path):
     pair = predictor([(question["question"], first["context"])])[0]
     assert from_file["nbest"] == pair["nbest"] == records[0]["nbest"]
 
+    # The exported BertForQuestionAnswering: the Predictor's start / end logits of every
+    # window within 1e-4 at its real tokens; the export predicts by itself as the run does.
+    import torch
+    from transformers import BertForQuestionAnswering
+
+    result = run_python(["-m", "bertjax.convert", "to_hf", f"--input={tmp_path / 'run'}",
+                         f"--output={tmp_path / 'hf'}"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    examples = predictor.task.read_inputs(dev, {})[0]
+    features, predictions, _ = predictor.engine.run(examples)
+    predictor.task.release(examples)
+    model = BertForQuestionAnswering.from_pretrained(tmp_path / "hf").eval()
+    batch = {k: torch.tensor(np.asarray(getattr(features, k)), dtype=torch.long)
+             for k in ("input_ids", "segment_ids", "input_mask")}
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
+                    attention_mask=batch["input_mask"])
+    for name, reference in (("start_logits", out.start_logits), ("end_logits", out.end_logits)):
+        for row, ours in enumerate(predictions[name]):
+            n = int(batch["input_mask"][row].sum())
+            assert np.max(np.abs(ours[:n] - reference[row, :n].numpy())) < 1e-4, (name, row)
+    exported = Predictor.from_export(str(tmp_path / "hf")).predict_file(dev)[1]
+    assert [r["answer"] for r in exported] == [r["answer"] for r in records]
+
 
 @pytest.mark.slow
 def test_tagging_conll_output_equals_the_run_file(tmp_path):
@@ -370,6 +394,28 @@ def test_tagging_conll_output_equals_the_run_file(tmp_path):
     predictor = Predictor.from_workdir(str(tmp_path / "run"))
     records = predictor.predict_file(paths["test"])[1]
     words = [r["tokens"] for r in records]
+    # The exported BertForTokenClassification: the Predictor's logits within 1e-4 at real
+    # tokens; the export (no pooler) predicts by itself the same tags.
+    import torch
+    from transformers import BertForTokenClassification
+
+    result = run_python(["-m", "bertjax.convert", "to_hf", f"--input={tmp_path / 'run'}",
+                         f"--output={tmp_path / 'hf'}"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    model = BertForTokenClassification.from_pretrained(tmp_path / "hf").eval()
+    examples = predictor.task.read_inputs(paths["test"], {})[0]
+    features = predictor.engine.run(examples)[0]
+    engine = predictor.engine
+    for batch in predictor.task.batches(features, engine.batch_size, shuffle=False):
+        ours = np.asarray(predictor.task.outputs(engine.model, engine.params, batch))
+        with torch.no_grad():
+            reference = model(**{name: torch.tensor(batch[key], dtype=torch.long) for name, key in (
+                ("input_ids", "input_ids"), ("token_type_ids", "segment_ids"),
+                ("attention_mask", "input_mask"))}).logits.numpy()
+        mask = batch["input_mask"].astype(bool)
+        assert np.max(np.abs(ours[mask] - reference[mask])) < 1e-4
+    predictor.task.release(examples)
+    assert Predictor.from_export(str(tmp_path / "hf")).predict_file(paths["test"])[1] == records
     # Without document context (one sentence at a time) the tags may differ; each word has one.
     alone = predictor(words)
     assert [len(r["tags"]) for r in alone] == [len(w) for w in words]

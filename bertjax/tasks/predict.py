@@ -276,7 +276,7 @@ class Engine:
         configs.check_batch_size(self.batch_size, mesh, field="--batch_size")
         rules = config.logical_axis_rules
         self.runner = Runner(sharding_lib.batch_sharding(mesh, rules))
-        model = task.model(trained.model_config)
+        self.model = model = task.model(trained.model_config)
         self.params = place_params(model, task.init_inputs(), trained.params, mesh, rules)
         self._predict = jax.jit(functools.partial(_predict, task=task, model=model))
 
