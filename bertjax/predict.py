@@ -6,6 +6,7 @@ masked-word predictions of a pre-trained checkpoint.
   python -m bertjax.predict --workdir=runs/squad1 --input=questions.jsonl --output=answers.jsonl
   python -m bertjax.predict --workdir=runs/ner --input=new.conll --output=tagged.conll
   python -m bertjax.predict --export=hf/mrpc --input=new.tsv --output=preds.jsonl  # to_hf DIR
+  python -m bertjax.predict --workdir=runs/mrpc --dry_run [--topology=v5e-8] [--batch_size=256]
   python -m bertjax.predict fill_mask --checkpoint=runs/demo/export \
       "the capital of france is [MASK]." [--top_k=5]
 
@@ -52,6 +53,11 @@ def define_flags() -> None:
     flags.DEFINE_enum("format", None, ["auto", "conll", "jsonl"], "Tagging input format.")
     flags.DEFINE_integer("token_column", None, "Tagging CoNLL input: the word column.")
     flags.DEFINE_integer("tag_column", None, "Tagging CoNLL input: the gold tag column.")
+    flags.DEFINE_bool("dry_run", False, "With --workdir: compile the predict step for each "
+                      "length bucket and print per-device memory, FLOPs (and with --topology "
+                      "step time and sequences/s per chip); read no checkpoint, no input.")
+    flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
+                        "with the TPU compiler, on any machine (e.g. v5e-8, v5p-32).")
     flags.DEFINE_string("checkpoint", None, "fill_mask: a bertjax checkpoint directory.")
     flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].")
     flags.DEFINE_integer("max_seq_length", 128, "fill_mask: tokens per text.")
@@ -81,11 +87,27 @@ def fill_mask(texts: Sequence[str]) -> None:
             print(f"  [MASK] at token {mask['position']}: {shown}")
 
 
+def dry_run() -> None:
+    from bertjax.tasks.predict import inference_costs, inference_table
+
+    f = flags.FLAGS
+    if not f.workdir:
+        sys.exit("error: --dry_run needs --workdir (a finished fine-tuning run)")
+    costs, chips, header = inference_costs(f.workdir, f.topology, f.batch_size, f.dtype)
+    print(header)
+    for line in inference_table(costs, chips):
+        print(line)
+
+
 def predict() -> None:
     from bertjax.tasks.predict import Predictor, dump
     from bertjax.train import multihost
 
     f = flags.FLAGS
+    if f.dry_run:
+        return dry_run()
+    if f.topology:
+        sys.exit("error: --topology needs --dry_run")
     if bool(f.workdir) == bool(f.export):
         sys.exit("error: give one of --workdir (a finished fine-tuning run) or --export (its "
                  "convert to_hf directory)")

@@ -242,6 +242,33 @@ def test_streamed_chunks_equal_the_one_shot_output(classification_run, tmp_path,
 
 
 @pytest.mark.slow  # the module's classification run
+def test_dry_run_of_the_predict_step_on_a_tpu_slice(classification_run):
+    from bertjax.models import BertConfig
+    from bertjax.tasks.predict import inference_costs, read_finished_run
+    from bertjax.train import flops as flops_lib
+
+    workdir = str(classification_run["workdir"])
+    costs, chips, header = inference_costs(workdir, "v5e-4", batch_size=64)
+    assert chips == 4 and "v5litepod-4" in header and "bfloat16" in header
+    assert [c.seq_len for c in costs] == [16, 32]  # the run's length buckets
+    model = BertConfig.from_dict(read_finished_run(workdir)[0]["model"])
+    for c in costs:
+        # The compiled FLOPs per chip cover the encoder's matmuls on its 16 rows (an
+        # independent count), plus little else (head, softmax, LayerNorm).
+        matmuls = flops_lib.forward_flops_per_sequence(model, c.seq_len, 0) * 64 / chips
+        assert matmuls <= c.flops <= 2 * matmuls
+        assert c.fits and 0 < c.total_bytes < 1024**3
+        assert c.step_seconds > 0 and c.sequences_per_second_per_chip(chips) > 0
+    result = run_python(["-m", "bertjax.predict", f"--workdir={workdir}", "--dry_run",
+                         "--topology=v5e-4", "--batch_size=64"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == header and lines[1].split() == [
+        "length", "memory/chip", "fits", "GFLOP/chip", "step", "ms", "seq/s/chip"]
+    assert [line.split()[0] for line in lines[2:]] == ["16", "32"]
+
+
+@pytest.mark.slow  # the module's classification run
 def test_bad_inputs_of_a_finished_run(classification_run, tmp_path):
     from bertjax import Predictor
 

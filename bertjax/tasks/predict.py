@@ -390,6 +390,131 @@ class Predictor:
 
 
 # ---------------------------------------------------------------------------------------------
+# Dry run of the inference step (`python -m bertjax.predict --dry_run [--topology=v5e-8]`)
+
+
+@dataclasses.dataclass
+class InferenceCost:
+    """The jitted predict step of one bucket length, compiled for the mesh's devices; bytes,
+    FLOPs and time per device (chip)."""
+
+    seq_len: int
+    batch_size: int  # global
+    total_bytes: float
+    hbm_bytes: float | None  # the chip's HBM (None: the local machine's devices)
+    flops: float | None
+    step_seconds: float | None  # XLA's cost model, else the roofline (TPU only)
+
+    @property
+    def fits(self) -> bool:
+        return self.hbm_bytes is None or self.total_bytes <= self.hbm_bytes
+
+    def sequences_per_second_per_chip(self, chips: int) -> float | None:
+        return self.batch_size / self.step_seconds / chips if self.step_seconds else None
+
+
+def _bucket_lengths(task: Task, max_seq_length: int) -> tuple[int, ...]:
+    """The lengths the task's batches take (SQuAD windows are one length)."""
+    from data_pipeline.finetune_data import bucket_lengths
+
+    minimum = getattr(task, "min_bucket_length", None)
+    if minimum is None:
+        return (max_seq_length,)
+    return bucket_lengths(max_seq_length, min(minimum, max_seq_length))
+
+
+def inference_costs(workdir: str, topology: str | None = None, batch_size: int | None = None,
+                    dtype: str | None = None) -> tuple[list[InferenceCost], int, str]:
+    """([cost per bucket length], chips, a header line) of a finished run's predict step:
+    compiled by the TPU compiler for `topology`'s slice (any machine; dtype bfloat16 unless
+    given), or for this machine's devices. Abstract shapes only: no checkpoint is read."""
+    from bertjax.tasks import get_task
+    from bertjax.train import flops as flops_lib
+    from bertjax.train import topology as topology_lib
+
+    record, _ = read_finished_run(workdir)
+    config = ml_collections.ConfigDict(
+        paths.read_json_object(epath.Path(workdir) / CONFIG_FILE, CheckpointError))
+    task = get_task(config)
+    task.restore(record.get("task") or _legacy_state(record, config))
+    fields = dict(record["model"])
+    slice_ = topology_lib.parse(topology) if topology else None
+    devices = topology_lib.devices(slice_) if slice_ else jax.devices()
+    if dtype or slice_:
+        fields["dtype"] = configs.compute_dtype(dtype or "bfloat16")
+    model_config = BertConfig.from_dict(fields)
+    mesh = sharding_lib.make_mesh(config.mesh, devices)
+    batch_size = int(batch_size or config.eval.batch_size)
+    configs.check_batch_size(batch_size, mesh, field="--batch_size")
+    rules = sharding_lib.as_rules(config.logical_axis_rules)
+    model = task.model(model_config)
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"]
+    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                            nn.unbox(boxed), shardings)
+    batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
+    max_seq_length = int(config.max_seq_length)
+    chips = len(devices)
+    costs = []
+    # A TPU executable compiled without a TPU client cannot be read back from JAX's
+    # persistent compilation cache: keep it out (as bertjax.train.dry_run does).
+    caching = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        for length in _bucket_lengths(task, max_seq_length):
+            spec = task.batch_spec(batch_size, length)
+            step = jax.jit(functools.partial(_predict, task=task, model=model),
+                           in_shardings=(shardings, jax.tree.map(lambda _: batch_sharding,
+                                                                 spec)))
+            compiled = step.lower(abstract, spec).compile()
+            memory = compiled.memory_analysis()
+            cost = compiled.cost_analysis()
+            cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
+            total = float(memory.argument_size_in_bytes + memory.output_size_in_bytes
+                          - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
+            flops = float(cost.get("flops", 0.0)) or None
+            seconds = float(cost.get("optimal_seconds", 0.0)) if slice_ else 0.0
+            if slice_ and not seconds > 0 and flops:  # no cost-model time: the roofline
+                seconds = max(flops / slice_.peak_flops, float(cost.get("bytes accessed", 0.0))
+                              / (slice_.chip.hbm_gbps * 1e9))
+            if flops and model_config.scan_layers:
+                # XLA's cost analysis counts a scanned loop's body once: the other layers.
+                one = dataclasses.replace(model_config, num_layers=1)
+                extra = ((model_config.num_layers - 1) * batch_size / chips
+                         * flops_lib.forward_flops_per_sequence(one, length, 0))
+                seconds *= (flops + extra) / flops
+                flops += extra
+            costs.append(InferenceCost(length, batch_size, total,
+                                       slice_.hbm_bytes if slice_ else None, flops,
+                                       seconds or None))
+    finally:
+        jax.config.update("jax_enable_compilation_cache", caching)
+    where = (f"{slice_.accelerator_type} ({slice_.topology_name}, TPU compiler): {chips} chips "
+             f"of {slice_.chip.hbm_gib:g} GiB HBM" if slice_ else
+             f"this machine: {chips} {devices[0].platform} device(s)")
+    header = (f"Predict step of {workdir} ({type(model).__name__}, {model_config.dtype}) on "
+              f"{where}; mesh {dict(mesh.shape)}; global batch {batch_size}")
+    return costs, chips, header
+
+
+def inference_table(costs: list[InferenceCost], chips: int) -> list[str]:
+    """One line per bucket length: memory, FLOPs, step time and sequences/s per chip."""
+    gib = 1024.0**3
+    lines = [f"{'length':>6} {'memory/chip':>12} {'fits':>4} {'GFLOP/chip':>11} "
+             f"{'step ms':>8} {'seq/s/chip':>11}"]
+    for c in costs:
+        rate = c.sequences_per_second_per_chip(chips)
+        fits = "yes" if c.fits else "NO"
+        memory = (f"{c.total_bytes / gib:.2f} GiB" if c.total_bytes >= gib / 10 else
+                  f"{c.total_bytes / 1024**2:.1f} MiB")
+        lines.append(f"{c.seq_len:>6} {memory:>12} {fits:>4} "
+                     f"{(c.flops or 0) / 1e9:>11.2f} "
+                     f"{'n/a' if c.step_seconds is None else f'{c.step_seconds * 1e3:.3f}':>8} "
+                     f"{'n/a' if rate is None else f'{rate:,.0f}':>11}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------
 # Streaming: a corpus larger than memory, a chunk of rows at a time
 
 def _write_chunk(directory: str, number: int, suffix: str, write) -> str:
