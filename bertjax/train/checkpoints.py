@@ -189,6 +189,7 @@ class Checkpointer:
         logging.getLogger("absl").addFilter(self._log_filter)
         self._pending: int | None = None  # step of an async save not yet known to be done
         self._failed = False
+        self._abandoned = False
         self._sigterm = False
         self._previous_handler = None
         if jax.process_count() == 1:
@@ -308,9 +309,17 @@ class Checkpointer:
         except Exception as e:
             raise self._save_error(pending, e) from None
 
+    def abandon(self) -> None:
+        """Makes `close` leave a pending save unfinished (another process of the job is gone,
+        and the save would wait for it): orbax never marks it complete."""
+        self._abandoned = True
+
     def close(self) -> None:
         """Finishes the pending save and releases the manager; a save error already raised is
         not raised again (it would hide the first report)."""
+        if self._abandoned:
+            logging.getLogger("absl").removeFilter(self._log_filter)
+            return
         try:
             if not self._failed:
                 self.wait()
