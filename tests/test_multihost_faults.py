@@ -88,25 +88,45 @@ def only_committed_checkpoints(workdir) -> None:
 
 # ------------------------------------------------------------------------- a lost process
 
+def finetune_args(tmp_path):
+    """args_for(workdir) of a classification fine-tuning run from a tiny checkpoint: 64
+    examples, global batch 8, 2 epochs (16 steps), checkpoints every 2 steps."""
+    import random
+
+    from test_multihost import finetune, sentiment_rows, tiny_checkpoint, write_jsonl
+
+    rng = random.Random(1)
+    train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(rng, 64))
+    dev = write_jsonl(tmp_path / "dev.jsonl", sentiment_rows(rng, 16))
+    return finetune("experiments/finetune_files.py:classification", tiny_checkpoint(tmp_path),
+                    f"--config.data.train={train}", f"--config.data.validation={dev}",
+                    "--config.train.num_epochs=2", "--config.max_seq_length=32",
+                    "--config.min_bucket_length=32", "--config.checkpoint.every_steps=2",
+                    "--config.checkpoint.max_to_keep=3",
+                    f"--config.distributed.timeout_s={TIMEOUT_S}")
+
+
 @pytest.mark.slow
-def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("job", ["pretrain", "finetune"])
+def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path, job):
     """SIGKILL process 1 of 2 mid-run: process 0 exits non-zero at once with one line naming
     process 1. Starting both again resumes from the last complete checkpoint with the losses
     of an uninterrupted 2-process run, bit for bit; so does a restart as 1 process."""
-    reference = start(pretrain_args(tmp_path / "reference"), 2)
+    args_for = pretrain_args if job == "pretrain" else finetune_args(tmp_path)
+    reference = start(args_for(tmp_path / "reference"), 2)
     wait(reference, 900)
     assert [p.proc.returncode for p in reference] == [0, 0], reference[0].output()
     expected = losses(tmp_path / "reference")
 
     workdir = tmp_path / "run"
-    pair = start(pretrain_args(workdir), 2)
+    pair = start(args_for(workdir), 2)
     wait_for_step(pair, 5)
     killed = time.monotonic()
     pair[1].proc.kill()
     wait(pair, TIMEOUT_S + 120)
     survivor = pair[0]
     seconds = survivor.exited - killed
-    print(f"SIGKILL process 1 of 2 at step {steps_logged(survivor)}: process 0 exited "
+    print(f"{job}: SIGKILL process 1 of 2 at step {steps_logged(survivor)}: process 0 exited "
           f"{survivor.proc.returncode} after {seconds:.1f} s (bound {TIMEOUT_S} s): "
           f"{errors(survivor)}", flush=True)
     # Where the survivor was in a collective (gloo on CPU), the failure is at once and ours;
@@ -131,16 +151,16 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path):
 
         shutil.copytree(workdir, again)
         if n == 2:
-            restarted = start(pretrain_args(again), 2)
+            restarted = start(args_for(again), 2)
         else:
-            restarted = [Process("process 0", pretrain_args(again), devices_env(2))]
+            restarted = [Process("process 0", args_for(again), devices_env(2))]
         wait(restarted, 900)
         assert all(p.proc.returncode == 0 for p in restarted), restarted[0].output()
         assert any(f"Resumed from {again / 'checkpoints' / str(last)} at step {last}" in line
                    for _, line in restarted[0].lines), restarted[0].output()
         after = [s for s in sorted(expected) if s > last]
         got, want = [losses(again)[s] for s in after], [expected[s] for s in after]
-        print(f"restart on {name} from step {last}: losses of steps {after[0]}..{after[-1]} "
+        print(f"{job}: restart on {name} from step {last}: losses of steps {after[0]}..{after[-1]} "
               f"{'bitwise equal' if got == want else 'differ'}", flush=True)
         if n == 2:
             assert got == want
@@ -151,7 +171,8 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path):
 # ------------------------------------------------------------------------- a stalled input
 
 # The regression job of tests/test_faults.py as a multi-process command: the input of process
-# `argv[2]` opens a FIFO nobody writes to before batch 3 (a file system that stopped answering).
+# `argv[2]` opens a FIFO nobody writes to for batch 3, i.e. step 4 (a file system that stopped
+# answering).
 STALLING_COMMAND = """
 import sys
 sys.path.insert(0, "tests")
@@ -185,15 +206,19 @@ def test_a_stalled_input_is_named_on_every_process_within_the_input_timeout(tmp_
     os.mkfifo(fifo)
     processes = start(["-c", STALLING_COMMAND, str(tmp_path / "run"), str(stalling), str(fifo),
                        str(INPUT_TIMEOUT_S), str(TIMEOUT_S)], 2)
-    wait_for_step(processes, 2)
-    reached = time.monotonic()  # both wait for batch 3 from about now
+    deadline = time.monotonic() + 600
+    while not (tmp_path / "run" / "checkpoints" / "2" / "_CHECKPOINT_METADATA").exists():
+        assert time.monotonic() < deadline and all(p.exited is None for p in processes), \
+            "\n\n".join(p.output() for p in processes)
+        time.sleep(0.05)
+    reached = time.monotonic()  # step 3 takes a moment, then the input of step 4 stalls
     wait(processes, INPUT_TIMEOUT_S + TIMEOUT_S + 120)
     seconds = [p.exited - reached for p in processes]
-    print(f"input of process {stalling} stalled before step 3: exits "
+    print(f"input of process {stalling} stalled before step 4: exits "
           f"{[p.proc.returncode for p in processes]} after {[f'{s:.1f}' for s in seconds]} s "
           f"(input_timeout_s {INPUT_TIMEOUT_S:g}): {errors(processes[0])}", flush=True)
     expected = (f"error: the input of main on process {stalling} gave no batch for "
-                f"{INPUT_TIMEOUT_S:g} s (config.train.input_timeout_s) before step 3; stopping "
+                f"{INPUT_TIMEOUT_S:g} s (config.train.input_timeout_s) before step 4; stopping "
                 "without saving (last checkpoint: step 2)")
     for p in processes:
         assert p.proc.returncode == 1 and errors(p) == [expected], p.output()
