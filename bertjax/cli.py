@@ -247,7 +247,8 @@ def report_errors(fn: Callable[[], object], known: tuple[type[BaseException], ..
 def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | None = None
         ) -> None:
     """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet, and a
-    known failure (KNOWN_ERRORS) is one `error:` line (report_errors). On CPU machines the
+    known failure (KNOWN_ERRORS, another process of the job lost) is one `error:` line, after
+    which the process exits at once (exit_now). On CPU machines the
     command first restarts itself with faster memory allocation (_restart_with_malloc_tunable).
 
     define_flags: defines the command's flags first (commands that define them in a function,
@@ -263,9 +264,9 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
     def quiet_main(argv):
         logging.set_verbosity(logging.WARNING)  # they would drown the progress line
         try:
-            return report_errors(lambda: main(argv))
+            return main(argv)
         except SystemExit as e:
-            if isinstance(e.code, str):  # a known failure, reported in one line
+            if isinstance(e.code, str):  # a failure the command reported in one line
                 exit_now(e.code, 1)
             raise
         except KeyboardInterrupt:
@@ -273,11 +274,16 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
                 raise
             exit_now("error: interrupted (Ctrl-C)", 130)
         except Exception as e:
-            lost = _lost_process(e)
-            if lost is None or show_tracebacks():
+            if show_tracebacks():
                 raise
-            # With two processes the lost one was the only other: nobody to wait for.
-            exit_now(error_line(lost), 1, linger="of 2:" not in str(lost))
+            # A process of the job gone surfaces as whatever step failed (a collective, a
+            # checkpoint save): it is named first. With two, nobody else is left to wait for.
+            lost = _lost_process(e)
+            if lost is not None:
+                exit_now(error_line(lost), 1, linger=sys.modules["jax"].process_count() > 2)
+            if isinstance(e, KNOWN_ERRORS):
+                exit_now(error_line(e), 1)
+            raise
 
     app.run(quiet_main, flags_parser=parse_flags)
 

@@ -15,6 +15,7 @@ Each test prints the bound it measured (pytest -s):
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import time
@@ -140,9 +141,9 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path, j
         (line,) = errors(survivor)
         assert line.startswith("error: lost process 1 of 2: a collective failed ("), line
     else:
-        jax_log = [line for _, line in survivor.lines if line[:1] in "EF"]
-        assert "Task 1 heartbeat timeout" in survivor.output(tail=100_000), "\n".join(
-            line[:300] for line in jax_log[:40])
+        log = survivor.output(tail=1_000_000)
+        assert re.search(r"Task 1 heartbeat timeout|stopped sending heartbeats\):\n1\n", log), \
+            "\n".join(line[:300] for _, line in survivor.lines if line[:1] in "EF")
     only_committed_checkpoints(workdir)
     last = max(committed_steps(workdir))
 

@@ -14,7 +14,7 @@ checkpoint that fails to restore falls back to the one before, see checkpoints.p
 in a background thread (`InputWatch`), so SIGTERM and Ctrl-C work while the input is slow, and
 an input that gives nothing for `config.train.input_timeout_s` seconds stops the run with one
 line. On a multi-process run the processes tell each other before every step whether their
-batch came (`multihost.statuses`, through the coordination service: about a millisecond), so
+batch came (`multihost.statuses`: a few round trips to the coordination service), so
 every process names the stalled one instead of waiting for it in the step's collectives; a
 preemption (SIGTERM to any one process) stops them all at the same step (orbax's
 `reached_preemption`).
