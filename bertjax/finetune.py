@@ -33,7 +33,7 @@ def main(argv):
     if dry_run.from_flags(dry_run_job, config):
         return
     workdir = cli.require(_WORKDIR.value, "--workdir", "runs/mrpc")
-    cli.initialize_distributed()
+    cli.initialize_distributed(config)
     summary = train_and_evaluate(config, workdir, log=functools.partial(print, flush=True))
     print(f"Fine-tuning {summary['status']}.", flush=True)
 

@@ -48,3 +48,10 @@ def checkpoint(every_steps: int, max_to_keep: int = 3) -> ml_collections.ConfigD
     last `max_to_keep` are kept (plus the best by dev metric when a job evaluates one)."""
     return ml_collections.ConfigDict(dict(every_steps=every_steps, max_to_keep=max_to_keep,
                                           async_save=True))
+
+
+def distributed() -> ml_collections.ConfigDict:
+    """Multi-process runs (one process per host). timeout_s: how long JAX's coordination
+    service goes without a process's heartbeat before it ends every process of the job (a
+    host died or hangs), and how long a finishing process waits for the others."""
+    return ml_collections.ConfigDict(dict(timeout_s=300))

@@ -48,6 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.min_bucket_length = 16  # length buckets: 16, 32, 64, ..., max_seq_length
 
     config.mesh = common.mesh()
+    config.distributed = common.distributed()
     config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config
 

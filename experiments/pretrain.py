@@ -82,5 +82,6 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.vocab = ""  # vocab.txt / SentencePiece model of the data (needed by dynamic masking)
 
     config.mesh = common.mesh()
+    config.distributed = common.distributed()
     config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config
