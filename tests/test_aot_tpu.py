@@ -115,13 +115,13 @@ def _make_job(config):
 
 
 def _compile(name: str, batch_size: int, mesh: dict, preset="tiny", phase="phase1",
-             exact=True, breakdown=False, **model):
+             exact=True, **model):
     from bertjax.train import dry_run
 
     slice_ = topology.parse(name)
     job, config = _pretraining_job(preset, batch_size, mesh, phase, **model)
     [cost], _ = dry_run.compile_stages(_make_job, config, slice_, topology.devices(slice_),
-                                       exact=exact, breakdown=breakdown)
+                                       exact=exact)
     return job, cost
 
 
@@ -370,8 +370,8 @@ CALIBRATION = dict(num_layers=6, hidden_size=128, intermediate_size=512, num_hea
 def test_extrapolated_step_matches_the_full_unrolled_compile_on_v5p():
     from bertjax.train import flops as flops_lib
 
-    job, full = _compile("v5p-8", 64, {}, exact=True, breakdown=True, **CALIBRATION)
-    _, estimate = _compile("v5p-8", 64, {}, exact=False, breakdown=True, **CALIBRATION)
+    job, full = _compile("v5p-8", 64, {}, exact=True, **CALIBRATION)
+    _, estimate = _compile("v5p-8", 64, {}, exact=False, **CALIBRATION)
     for field in ("xla_flops", "step_seconds", "bytes_accessed", "temp_bytes", "total_bytes"):
         assert getattr(estimate, field) == pytest.approx(getattr(full, field), rel=0.05), field
     assert estimate.argument_bytes == pytest.approx(full.argument_bytes, rel=1e-3)

@@ -188,23 +188,28 @@ class Measure:
     flops: float  # XLA's count of the compiled step
     bytes_accessed: float  # XLA's HBM traffic estimate
     seconds: float | None  # XLA's cost model; None where it gives no time (< 0)
-    groups: dict | None = None  # --breakdown: {"category" | "op": {key: hlo_costs.Group}}
+    groups: dict | None = None  # the optimized HLO op by op: {"category" | "op": {key: Group}}
+
+    @property
+    def hlo_bytes(self) -> float | None:
+        """HBM bytes of the optimized HLO's ops (bertjax/train/hlo_costs.py)."""
+        if not self.groups:
+            return None
+        return sum(g.bytes for g in self.groups["category"].values())
 
 
-def measure(compiled, slice_: topology_lib.Slice, breakdown: bool = False) -> Measure:
-    """A compiled step's memory, FLOPs, bytes, cost-model time (and breakdown by op)."""
+def measure(compiled, slice_: topology_lib.Slice) -> Measure:
+    """A compiled step's memory, FLOPs, bytes, cost-model time and its ops' costs."""
+    from bertjax.train import hlo_costs
+
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
     seconds = float(cost.get("optimal_seconds", -1.0))
-    groups = None
-    if breakdown:
-        from bertjax.train import hlo_costs
-
-        ops = hlo_costs.op_costs(compiled.as_text())
-        rates = (slice_.peak_flops, slice_.chip.hbm_gbps * 1e9)
-        groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates),
-                  "op": hlo_costs.group(ops, hlo_costs.short_label, *rates)}
+    ops = hlo_costs.op_costs(compiled.as_text())
+    rates = (slice_.peak_flops, slice_.chip.hbm_gbps * 1e9)
+    groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates),
+              "op": hlo_costs.group(ops, hlo_costs.short_label, *rates)}
     return Measure(float(memory.argument_size_in_bytes),
                    float(memory.output_size_in_bytes - memory.alias_size_in_bytes),
                    float(memory.temp_size_in_bytes), float(cost.get("flops", 0.0)),
@@ -212,17 +217,19 @@ def measure(compiled, slice_: topology_lib.Slice, breakdown: bool = False) -> Me
                    groups)
 
 
-def extrapolate(one: Measure, two: Measure, layers: int) -> Measure:
-    """The step of `layers` encoder layers from compiles of 1 and 2 unrolled layers: every
-    figure is fixed + per-layer × layers, i.e. one + (layers - 1) × (two - one)."""
+def extrapolate(one: Measure, two: Measure, layers: int, first: int = 1) -> Measure:
+    """The step of `layers` encoder layers from compiles of `first` and `first` + 1 unrolled
+    layers: every figure is fixed + per-layer × layers, i.e. one + (layers - first) × (two -
+    one)."""
     def line(a, b):
-        return None if a is None or b is None else a + (layers - 1) * (b - a)
+        return None if a is None or b is None else a + (layers - first) * (b - a)
 
     groups = None
     if one.groups and two.groups:
         from bertjax.train import hlo_costs
 
-        groups = {k: hlo_costs.extrapolate_groups(one.groups[k], two.groups[k], layers)
+        groups = {k: hlo_costs.extrapolate_groups(one.groups[k], two.groups[k],
+                                                  layers - first + 1)
                   for k in one.groups}
     fields = ("argument_bytes", "output_bytes", "temp_bytes", "flops", "bytes_accessed",
               "seconds")
@@ -256,9 +263,10 @@ class StageCost:
     step_seconds: float | None  # XLA's cost model (`optimal_seconds`); None: it gives none
     message: str = ""  # the compiler's out-of-memory message
     bytes_accessed: float | None = None  # XLA's HBM traffic per chip
+    hlo_bytes: float | None = None  # HBM bytes of the optimized HLO's ops (hlo_costs.py)
+    groups: dict | None = None  # the ops' costs by category and by op (see Measure)
     compute_bound: float | None = None  # seconds: XLA's FLOPs at the chip's peak
-    memory_bound: float | None = None  # seconds: bytes accessed at the chip's HBM bandwidth
-    groups: dict | None = None  # --breakdown (see Measure)
+    memory_bound: float | None = None  # seconds: hlo_bytes at the chip's HBM bandwidth
 
     @property
     def sequences_per_second(self) -> float | None:
@@ -331,8 +339,7 @@ class _Step:
         spec = stage.batch_spec
         return _shard_bytes(spec, jax.tree.map(lambda _: self.batch_sharding, spec))
 
-    def compile(self, stage_name: str, slice_: topology_lib.Slice, breakdown: bool
-                ) -> Measure | str:
+    def compile(self, stage_name: str, slice_: topology_lib.Slice) -> Measure | str:
         """The stage's step compiled for the slice → its Measure, or the compiler's
         out-of-memory message (any other compile error is raised)."""
         stage = next(s for s in self.job.stages if s.name == stage_name)
@@ -351,7 +358,7 @@ class _Step:
             return message
         finally:
             jax.config.update("jax_enable_compilation_cache", caching)
-        return scaled(measure(compiled, slice_, breakdown), self.job.grad_accum_steps)
+        return scaled(measure(compiled, slice_), self.job.grad_accum_steps)
 
 
 def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_lib.Slice
@@ -374,29 +381,35 @@ def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_li
                      total_bytes=total, hbm_bytes=slice_.hbm_bytes,
                      fits=total <= slice_.hbm_bytes, xla_flops=m.flops or None,
                      step_seconds=m.seconds, bytes_accessed=m.bytes_accessed,
+                     hlo_bytes=m.hlo_bytes, groups=m.groups,
                      compute_bound=m.flops / slice_.peak_flops,
-                     memory_bound=m.bytes_accessed / (slice_.chip.hbm_gbps * 1e9),
-                     groups=m.groups)
+                     memory_bound=(m.hlo_bytes or m.bytes_accessed)
+                     / (slice_.chip.hbm_gbps * 1e9))
+
+
+# The smaller of the two layer counts compiled and extrapolated from.
+FIT_LAYERS = 1
 
 
 def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
-                   devices, exact: bool = False, breakdown: bool = False,
-                   until_misfit: bool = False) -> tuple[list[StageCost], str]:
+                   devices, exact: bool = False, until_misfit: bool = False
+                   ) -> tuple[list[StageCost], str]:
     """Each stage's train step on the slice, with its layers unrolled → (costs, how they were
     obtained). By default the steps of 1 and 2 layers are compiled and every figure
     extrapolated linearly to the model's layers; exact: the full step is compiled.
     until_misfit: longest sequences first, stopping at the first stage that does not fit."""
     full = _Step.build(make_job(layer_config(config, None)), config, devices)
     layers = full.job.model_config.num_layers
-    exact = exact or layers <= 2
+    first = FIT_LAYERS
+    exact = exact or layers <= first + 1
     if exact:
         variants = [full]
         method = f"measured: the full step compiled ({layers} unrolled layers)"
     else:
         variants = [_Step.build(make_job(layer_config(config, n)), config, devices)
-                    for n in (1, 2)]
-        method = (f"extrapolated to {layers} layers from compiles of 1 and 2 unrolled layers "
-                  "(fixed + per-layer x layers); analytic model FLOPs for MFU")
+                    for n in (first, first + 1)]
+        method = (f"extrapolated to {layers} layers from compiles of {first} and {first + 1} "
+                  "unrolled layers (fixed + per-layer x layers); analytic model FLOPs for MFU")
     stages = full.job.stages
     if until_misfit:
         stages = sorted(stages, key=lambda s: -s.tokens_per_example)
@@ -404,13 +417,13 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
     for stage in stages:
         measured = []
         for variant in variants:  # an out-of-memory compile ends the stage's compiles
-            measured.append(variant.compile(stage.name, slice_, breakdown))
+            measured.append(variant.compile(stage.name, slice_))
             if isinstance(measured[-1], str):
                 break
         if isinstance(measured[-1], str) or exact:
             result = measured[-1]
         else:
-            result = extrapolate(*measured, layers)
+            result = extrapolate(*measured, layers, first)
         costs.append(_stage_cost(stage, full, result, slice_))
         if until_misfit and not costs[-1].fits:
             break
@@ -432,10 +445,11 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
-    """The per-chip table of `run_on_slice`, one line per stage."""
+    """The per-chip table of `run_on_slice`, one line per stage. TFLOP/chip: XLA's count;
+    XLA GB: its bytes accessed; HLO GB: the HBM bytes of the optimized HLO's ops."""
     lines = [f"  {'stage':<8} {'seq':>5} {'batch':>6} {'args GiB':>9} {'temp GiB':>9} "
              f"{'total GiB':>10} {'HBM GiB':>8} {'fits':>4} {'TFLOP/chip':>10} "
-             f"{'HBM GB/chip':>11} {'step ms':>8} {'seq/s':>9} {'MFU':>6} {'steps':>9} "
+             f"{'XLA GB':>7} {'HLO GB':>7} {'step ms':>8} {'seq/s':>9} {'MFU':>6} {'steps':>9} "
              f"{'time':>9}"]
     for c in costs:
         mfu = c.mfu(slice_)
@@ -444,7 +458,8 @@ def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]
             f"{_fmt(c.temp_bytes / GIB, '.2f'):>9} {_fmt(c.total_bytes / GIB, '.2f'):>10} "
             f"{c.hbm_bytes / GIB:>8.2f} {'yes' if c.fits else 'NO':>4} "
             f"{_fmt(c.xla_flops and c.xla_flops / 1e12, '.2f'):>10} "
-            f"{_fmt(c.bytes_accessed and c.bytes_accessed / 1e9, '.1f'):>11} "
+            f"{_fmt(c.bytes_accessed and c.bytes_accessed / 1e9, '.1f'):>7} "
+            f"{_fmt(c.hlo_bytes and c.hlo_bytes / 1e9, '.1f'):>7} "
             f"{_fmt(c.step_seconds and c.step_seconds * 1e3, '.1f'):>8} "
             f"{_fmt(c.sequences_per_second, ',.0f'):>9} "
             f"{_fmt(mfu and 100 * mfu, '.1f') + ('%' if mfu else ''):>6} {c.steps:>9,} "
@@ -460,9 +475,10 @@ def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
         if c.fits and c.step_seconds is None and c.compute_bound is not None:
             lines.append(
                 f"  {c.name}: libtpu's cost model gives no step time for {slice_.chip.family} "
-                "(optimal_seconds < 0), so no time or MFU is estimated. Lower bounds only: "
-                f"XLA's FLOPs at peak {c.compute_bound * 1e3:.1f} ms; its bytes accessed at "
-                f"HBM bandwidth {c.memory_bound * 1e3:.1f} ms.")
+                "(optimal_seconds < 0), so no time or MFU is estimated. Two lower bounds "
+                f"instead: XLA's FLOPs at peak, {c.compute_bound * 1e3:.1f} ms; the HBM "
+                "bytes of the optimized HLO's ops at full bandwidth, "
+                f"{c.memory_bound * 1e3:.1f} ms.")
         if not c.fits:
             lines.append(f"  {c.name} does not fit: {c.total_bytes / GIB:.2f} GiB per chip "
                          f"needed, {c.hbm_bytes / GIB:.2f} GiB available"
@@ -508,15 +524,14 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
         print_fn("  (the config scans its layers; compiled unrolled here: a scanned step's time "
                  "is not costed right by XLA, and its temporaries are larger)")
     start = time.time()
-    costs, method = compile_stages(make_job, config, slice_, devices, exact=exact,
-                                   breakdown=breakdown)
+    costs, method = compile_stages(make_job, config, slice_, devices, exact=exact)
     print_fn(f"Train step per chip (TPU compiler; step time from XLA's cost model; {method}):")
     for line in stage_table(costs, slice_) + notes(costs, slice_):
         print_fn(line)
     total = [c.seconds for c in costs]
     print_fn((f"All {sum(c.steps for c in costs):,} steps: {_duration(sum(total))} "
               if all(total) else "") + f"(compiled in {time.time() - start:.0f} s)")
-    for c in costs:
+    for c in costs if breakdown else []:
         for line in breakdown_lines(c):
             print_fn(line)
     return costs

@@ -331,8 +331,8 @@ def group(costs: Iterable[OpCost], key, peak_flops: float, hbm_bytes_per_s: floa
 def extrapolate_groups(one: dict[str, Group], two: dict[str, Group], layers: int
                        ) -> dict[str, Group]:
     """Groups of an L-layer step from those of the 1- and 2-layer steps: each figure is
-    fixed + L × per-layer, i.e. one + (L - 1) × (two - one); a group absent from one side
-    counts zero there."""
+    fixed + L × per-layer, i.e. one + (L - 1) × (two - one) (from n and n + 1 layers, pass
+    L - n + 1); a group absent from one side counts zero there."""
     empty = Group("", 0.0, 0.0, 0.0, 0.0)
     out = {}
     for k in dict.fromkeys([*one, *two]):
