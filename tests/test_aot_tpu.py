@@ -345,6 +345,16 @@ def test_ops_are_categorised_by_their_module_path(name, expected):
     assert hlo_costs.category("all-reduce-start", name) == "collectives"
 
 
+def test_unnamed_ops_are_other_unless_they_make_random_bits():
+    from bertjax.train import hlo_costs
+
+    made_up = hlo_costs.parse_instruction(
+        '  %b = u32[64,2]{1,0} broadcast(%x), metadata={op_name="broadcast.2168"}')
+    assert hlo_costs.op_name(made_up) == ""
+    assert hlo_costs.category("broadcast", "", made_up.shape) == "dropout + RNG"
+    assert hlo_costs.category("broadcast", "", "f32[64,2]{1,0}") == "other"
+
+
 def test_extrapolation_is_fixed_plus_per_layer_times_layers():
     import dataclasses
 

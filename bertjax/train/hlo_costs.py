@@ -213,10 +213,10 @@ def matmul_flops(instruction: Instruction, computations: dict[str, list[Instruct
 
 
 def op_name(instruction: Instruction) -> str:
-    """The metadata op_name without its `jit(train_step)/` prefix, layers as `layer_N`."""
-    match = re.search(r'op_name="([^"]*)"', instruction.attributes)
-    name = match.group(1) if match else ""
-    name = re.sub(r"^jit\([^)]*\)/", "", name)
+    """The metadata op_name without its `jit(train_step)/` prefix, layers as `layer_N`; ""
+    for none, or one the compiler made up ("broadcast.2168")."""
+    match = re.search(r'op_name="(jit\([^)]*\)/[^"]*)"', instruction.attributes)
+    name = re.sub(r"^jit\([^)]*\)/", "", match.group(1)) if match else ""
     return re.sub(r"layer_\d+", "layer_N", name)
 
 
@@ -234,13 +234,16 @@ def short_label(op: OpCost) -> str:
     return f"{op.category}: {direction}{name or op.opcode}"
 
 
-def category(opcode: str, name: str) -> str:
-    """The category of an op from its opcode and normalised op_name (see CATEGORIES)."""
+def category(opcode: str, name: str, shape: str = "") -> str:
+    """The category of an op from its opcode, normalised op_name and result shape (see
+    CATEGORIES)."""
     lowered = name.lower()
     if opcode.removesuffix("-start") in COLLECTIVES:
         return "collectives"
     if "dropout" in lowered or "threefry" in lowered or "random_bits" in lowered:
         return "dropout + RNG"
+    if not name and shape.lstrip("(").startswith("u32["):
+        return "dropout + RNG"  # unnamed: random bits are the step's only u32 arrays
     if "layer_norm" in lowered or "layernorm" in lowered:
         return "layer norm"
     if "/attention/" in lowered:
@@ -297,7 +300,8 @@ def op_costs(text: str) -> list[OpCost]:
                 hbm_bytes(shapes.get(o, "")) for o in instruction.operands)
             label = op_name(instruction) or prefetched.get(instruction.name, "")
             costs.append(OpCost(instruction.name, instruction.opcode, label,
-                                category(instruction.opcode, label), moved * count,
+                                category(instruction.opcode, label, instruction.shape),
+                                moved * count,
                                 matmul_flops(instruction, computations, shapes) * count, count))
 
     walk(entry, 1.0)
