@@ -360,17 +360,25 @@ def test_extrapolation_is_fixed_plus_per_layer_times_layers():
 
     from bertjax.train import dry_run
 
-    # fixed 10, per layer 3 (and 0.5 ms per layer over 1 ms fixed)
+    # fixed 10, per layer 3 (and 0.5 ms per layer over 1 ms fixed), from 1 and 2 layers
     one = dry_run.Measure(1.0, 2.0, 13.0, 13.0, 13.0, 1.5e-3)
     two = dry_run.Measure(1.0, 2.0, 16.0, 16.0, 16.0, 2.0e-3)
-    twelve = dry_run.extrapolate(one, two, 12)
+    twelve = dry_run.extrapolate(one, two, 12, first=1)
     assert (twelve.temp_bytes, twelve.flops, twelve.bytes_accessed) == (46.0, 46.0, 46.0)
     assert twelve.argument_bytes == 1.0 and twelve.seconds == pytest.approx(7e-3)
+    # The same line from 2 and 3 layers.
+    three = dry_run.Measure(1.0, 2.0, 19.0, 19.0, 19.0, 2.5e-3)
+    fields = ("argument_bytes", "output_bytes", "temp_bytes", "flops", "bytes_accessed",
+              "seconds")
+    again = dry_run.extrapolate(two, three, 12, first=2)
+    for field in fields:
+        assert getattr(again, field) == pytest.approx(getattr(twelve, field)), field
     # No cost-model time on one side: none extrapolated.
-    assert dry_run.extrapolate(one, dataclasses.replace(two, seconds=None), 12).seconds is None
+    none = dataclasses.replace(two, seconds=None)
+    assert dry_run.extrapolate(one, none, 12, first=1).seconds is None
 
 
-# A BERT-mini-shaped step small enough to compile in a minute: 6 layers.
+# A BERT-mini-shaped step small enough to compile in minutes: 6 layers, fitted from 2 and 3.
 CALIBRATION = dict(num_layers=6, hidden_size=128, intermediate_size=512, num_heads=2,
                    vocab_size=1024)
 

@@ -30,6 +30,11 @@ from bertjax.train import topology as topology_lib
 
 GIB = 1024.0**3
 
+# The smaller of the two layer counts compiled and extrapolated from. Not 1: a 1-layer step's
+# cost-model time and temporaries are off the line of deeper steps (its peak memory is set by
+# what does not grow with depth); see docs/tpu_aot.md.
+FIT_LAYERS = 2
+
 
 def parameter_table(params: Any) -> list[tuple[str, int]]:
     """[(module path, count)] for bert/embeddings, bert/encoder, bert/pooler and each head."""
@@ -217,7 +222,7 @@ def measure(compiled, slice_: topology_lib.Slice) -> Measure:
                    groups)
 
 
-def extrapolate(one: Measure, two: Measure, layers: int, first: int = 1) -> Measure:
+def extrapolate(one: Measure, two: Measure, layers: int, first: int = FIT_LAYERS) -> Measure:
     """The step of `layers` encoder layers from compiles of `first` and `first` + 1 unrolled
     layers: every figure is fixed + per-layer × layers, i.e. one + (layers - first) × (two -
     one)."""
@@ -385,10 +390,6 @@ def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_li
                      compute_bound=m.flops / slice_.peak_flops,
                      memory_bound=(m.hlo_bytes or m.bytes_accessed)
                      / (slice_.chip.hbm_gbps * 1e9))
-
-
-# The smaller of the two layer counts compiled and extrapolated from.
-FIT_LAYERS = 1
 
 
 def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
