@@ -5,8 +5,11 @@ so nothing model-sized is allocated, and an out-of-memory configuration is caugh
 
 With `--topology=v5p-32` (bertjax/train/topology.py) the step is compiled by the TPU compiler
 (libtpu) for that slice, on any machine: per chip, memory against HBM (or "does not fit" with
-the compiler's figures), FLOPs, the step time of XLA's cost model, sequences/s, MFU and the time
-to finish each stage. `--sweep` ranks mesh shapes, batch sizes, remat and scan that way.
+the compiler's figures), FLOPs, bytes, the step time of XLA's cost model, sequences/s, MFU and
+the time to finish each stage. Layers are compiled unrolled, at 2 and 3 layers, and every
+figure extrapolated linearly to the model's (`--dry_run_exact`: the full step); `--breakdown`
+adds where the bytes and time go (bertjax/train/hlo_costs.py). `--sweep` ranks mesh shapes,
+batch sizes and remat that way.
 """
 
 from __future__ import annotations
@@ -146,7 +149,7 @@ def define_flags(what: str) -> None:
                       "memory of the compiled train step; exit.")
     flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
                         "with the TPU compiler, on any machine (needs the tpu extra): v4-32, "
-                        "v5p-128, v5litepod-16, v6e-64, v5p:4x4x4. The steps of 1 and 2 "
+                        "v5p-128, v5litepod-16, v6e-64, v5p:4x4x4. The steps of 2 and 3 "
                         "unrolled layers are compiled and extrapolated to the model's layers.")
     flags.DEFINE_bool("dry_run_exact", False, "With --topology: compile the full step, every "
                       "layer unrolled, instead of extrapolating (slower).")
@@ -396,8 +399,8 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
                    devices, exact: bool = False, until_misfit: bool = False
                    ) -> tuple[list[StageCost], str]:
     """Each stage's train step on the slice, with its layers unrolled → (costs, how they were
-    obtained). By default the steps of 1 and 2 layers are compiled and every figure
-    extrapolated linearly to the model's layers; exact: the full step is compiled.
+    obtained). By default the steps of FIT_LAYERS and FIT_LAYERS + 1 layers are compiled and
+    every figure extrapolated linearly to the model's layers; exact: the full step is compiled.
     until_misfit: longest sequences first, stopping at the first stage that does not fit."""
     full = _Step.build(make_job(layer_config(config, None)), config, devices)
     layers = full.job.model_config.num_layers
