@@ -378,9 +378,9 @@ def test_extrapolation_is_fixed_plus_per_layer_times_layers():
     assert dry_run.extrapolate(one, none, 12, first=1).seconds is None
 
 
-# A BERT-mini-shaped step small enough to compile in minutes: 6 layers, fitted from 2 and 3.
-CALIBRATION = dict(num_layers=6, hidden_size=128, intermediate_size=512, num_heads=2,
-                   vocab_size=1024)
+# BERT-mini (4 layers of 256), its 4 layers fitted from 2 and 3. A still smaller model is no
+# test of the fit: its temporaries peak in buffers that do not grow with depth (the MLM
+# logits, the optimizer update), so they are not linear in the layers (docs/tpu_aot.md).
 
 
 @pytest.mark.slow
@@ -388,8 +388,8 @@ CALIBRATION = dict(num_layers=6, hidden_size=128, intermediate_size=512, num_hea
 def test_extrapolated_step_matches_the_full_unrolled_compile_on_v5p():
     from bertjax.train import flops as flops_lib
 
-    job, full = _compile("v5p-8", 64, {}, exact=True, **CALIBRATION)
-    _, estimate = _compile("v5p-8", 64, {}, exact=False, **CALIBRATION)
+    job, full = _compile("v5p-8", 64, {}, "mini", exact=True)
+    _, estimate = _compile("v5p-8", 64, {}, "mini", exact=False)
     for field in ("xla_flops", "step_seconds", "bytes_accessed", "temp_bytes", "total_bytes"):
         assert getattr(estimate, field) == pytest.approx(getattr(full, field), rel=0.05), field
     assert estimate.argument_bytes == pytest.approx(full.argument_bytes, rel=1e-3)
