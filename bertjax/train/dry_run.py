@@ -408,7 +408,7 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
     exact = exact or layers <= first + 1
     if exact:
         variants = [full]
-        method = f"measured: the full step compiled ({layers} unrolled layers)"
+        method = f"measured: the full step compiled, layers unrolled ({layers})"
     else:
         variants = [_Step.build(make_job(layer_config(config, n)), config, devices)
                     for n in (first, first + 1)]
@@ -523,7 +523,7 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
     print_fn(f"Mesh {dict(zip(sharding_lib.MESH_AXES, mesh_shape, strict=True))}; global batch "
              f"{job.batch_size}" + (f" in {job.grad_accum_steps} micro-batches"
                                     if job.grad_accum_steps > 1 else "")
-             + f"; {cfg.dtype}; remat {cfg.remat_policy}; {cfg.num_layers} layers")
+             + f"; {cfg.dtype}; remat {cfg.remat_policy}; layers {cfg.num_layers}")
     if cfg.scan_layers:
         print_fn("  (the config scans its layers; compiled unrolled here: a scanned step's time "
                  "is not costed right by XLA, and its temporaries are larger)")
