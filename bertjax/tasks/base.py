@@ -11,7 +11,12 @@ and declares only what is its own:
   model(model_config)           -> the Flax module (BertModel "bert" + head)
   init_inputs()                 -> dummy inputs for model.init
   outputs(model, params, batch, **apply_kwargs) -> the head's outputs for a batch
-  loss(outputs, batch)          -> (loss, metrics) in float32
+  loss(outputs, batch, denominators=None) -> (loss, metrics) in float32
+  denominators(batch)           -> {term: [] float32}: the normalisers of `loss`'s weighted
+                                   means over a batch (sum of example / label weights), which
+                                   `loss` divides by when given them, else computes itself;
+                                   with them accumulated micro-batches sum to one batch
+                                   (bertjax/train/step.py). None: the task has none.
   predict(outputs, batch)       -> {name: [batch, ...]} per-example predictions (jitted)
   metrics(predictions, features, split) -> {metric: float}
   write_outputs(predictions, examples, split, workdir, log)   (test predictions, files)
@@ -112,8 +117,12 @@ class Task:
         return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
                            batch["input_mask"], **kwargs)
 
-    def loss(self, outputs, batch):
+    def loss(self, outputs, batch, denominators=None):
         raise NotImplementedError
+
+    # A method `denominators(batch) -> {term: []}` in the families that normalise by weights;
+    # None: accumulated micro-batches average (bertjax.train.step).
+    denominators = None
 
     def predict(self, outputs, batch) -> dict[str, jax.Array]:
         raise NotImplementedError
@@ -241,6 +250,7 @@ class FineTuningJob:
             + ", ".join(f"{len(v)} {k}" for k, v in self.splits.dev.items())
             + " examples" + task.describe(self.train_features))
         self.loss = functools.partial(_loss, task=task, model=self.model)
+        self.denominators = task.denominators
         self._predict = jax.jit(functools.partial(_predict, task=task, model=self.model))
         self.stages = [Stage(
             name="finetune", start=0, end=self.total_steps, make_input=self._train_input,
@@ -326,9 +336,12 @@ def predict_rows(task: Task, predict_fn, params, features, batch_size: int, runn
             for name, values in rows.items()}
 
 
-def _loss(params, batch, rng, *, task: Task, model):
+def _loss(params, batch, rng, denominators=None, *, task: Task, model):
     kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
-    return task.loss(task.outputs(model, params, batch, **kwargs), batch)
+    outputs = task.outputs(model, params, batch, **kwargs)
+    if denominators is None:
+        return task.loss(outputs, batch)
+    return task.loss(outputs, batch, denominators)
 
 
 def _predict(params, batch, *, task: Task, model):

@@ -74,7 +74,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
     )
     batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
     train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding, batch_sharding,
-                                         job.grad_accum_steps)
+                                         job.grad_accum_steps, getattr(job, "denominators", None))
     stages = {}
     header = (
         f"  {'stage':<8} {'seq':>5} {'preds':>5} {'GFLOP/seq':>10} {'XLA GFLOP/seq':>14} "
@@ -339,7 +339,8 @@ class _Step:
             job.init_params, tx, mesh, config.logical_axis_rules)
         batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
         train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
-                                             batch_sharding, job.grad_accum_steps)
+                                             batch_sharding, job.grad_accum_steps,
+                                             getattr(job, "denominators", None))
         return cls(job, train_step, abstract_state,
                    _shard_bytes(abstract_state, state_sharding), batch_sharding)
 

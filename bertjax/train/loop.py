@@ -23,6 +23,8 @@ The job's interface (duck-typed; see bertjax/tasks/pretraining/job.py and bertja
   model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
   stages: [Stage]; best_metric: str | None (None: no best checkpoint, e.g. pre-training)
   init_params(rng) -> boxed params;  loss(params, batch, rng) -> (loss, metrics)
+  denominators(batch) -> {term: []}   (optional; the loss's normalisers, see train/step.py:
+                                       accumulated micro-batches then sum to one batch)
   optimizer() -> (optax transform, schedule)
   pretrained_params() -> {group: host arrays} | None   (params-only init checkpoint)
   evaluate(params, stage, step, runner) -> {metric: float}  (runner: `Runner` below)
@@ -338,7 +340,8 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules)
     runner = Runner(sharding_lib.batch_sharding(mesh, rules))
     train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
-                                         runner.batch_sharding, job.grad_accum_steps)
+                                         runner.batch_sharding, job.grad_accum_steps,
+                                         getattr(job, "denominators", None))
     ckpt = config.checkpoint
     run = _Run(job, config, workdir_path, log, runner, train_step, abstract, state_sharding,
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),

@@ -26,33 +26,50 @@ from data_pipeline.finetune_data import ChoiceExample, Example
 Array = jax.Array
 
 
-def _weighted_mean(values: Array, weights: Array | None) -> Array:
-    if weights is None:
+def example_denominators(weights: Array) -> dict[str, Array]:
+    """{"examples": [] float32}: the normaliser of the weighted means over a batch, the sum of
+    the example weights [batch] (at least 1e-6: a batch of filler rows gives 0, not NaN)."""
+    return {"examples": jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1e-6)}
+
+
+def _weighted_mean(values: Array, weights: Array | None,
+                   denominators: dict[str, Array] | None) -> Array:
+    """values [batch] weighted by `weights`, over `denominators` (None: of these weights;
+    without weights, the plain mean)."""
+    if weights is None and denominators is None:
         return jnp.mean(values)
+    if weights is None:
+        weights = jnp.ones_like(values)
     weights = weights.astype(jnp.float32)
-    return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1e-6)
+    if denominators is None:
+        denominators = example_denominators(weights)
+    return jnp.sum(values * weights) / denominators["examples"]
 
 
 def classification_loss(
-    logits: Array, labels: Array, weights: Array | None = None
+    logits: Array, labels: Array, weights: Array | None = None,
+    denominators: dict[str, Array] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """Softmax cross-entropy. logits [batch, K]; labels [batch] int; weights [batch] (0 = pad)."""
+    """Softmax cross-entropy. logits [batch, K]; labels [batch] int; weights [batch] (0 = pad);
+    denominators: `example_denominators` of the batch the means run over (None: this one)."""
     logits = logits.astype(jnp.float32)
     labels = labels.reshape(-1).astype(jnp.int32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    loss = _weighted_mean(nll, weights)
-    return loss, {"loss": loss, "accuracy": _weighted_mean(correct, weights)}
+    loss = _weighted_mean(nll, weights, denominators)
+    return loss, {"loss": loss, "accuracy": _weighted_mean(correct, weights, denominators)}
 
 
 def regression_loss(
-    logits: Array, labels: Array, weights: Array | None = None
+    logits: Array, labels: Array, weights: Array | None = None,
+    denominators: dict[str, Array] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """Mean squared error. logits [batch, 1]; labels [batch] float; weights [batch] (0 = pad)."""
+    """Mean squared error. logits [batch, 1]; labels [batch] float; weights [batch] (0 = pad);
+    denominators: as in `classification_loss`."""
     predictions = logits.astype(jnp.float32).reshape(-1)
     loss = _weighted_mean(jnp.square(predictions - labels.reshape(-1).astype(jnp.float32)),
-                          weights)
+                          weights, denominators)
     return loss, {"loss": loss}
 
 
@@ -189,10 +206,13 @@ class SequenceTask(Task):
         ids = jnp.zeros((1, 2, 8) if self.kind == "multiple_choice" else (1, 8), jnp.int32)
         return ids, ids, ids
 
-    def loss(self, logits, batch):
+    def loss(self, logits, batch, denominators=None):
         # Multiple choice: a softmax cross-entropy across the choices' logits [batch, choices].
         loss_fn = regression_loss if self.kind == "regression" else classification_loss
-        return loss_fn(logits, batch["labels"], batch["weights"])
+        return loss_fn(logits, batch["labels"], batch["weights"], denominators)
+
+    def denominators(self, batch):
+        return example_denominators(batch["weights"])
 
     def predict(self, logits, batch) -> dict[str, Array]:
         logits = logits.astype(jnp.float32)

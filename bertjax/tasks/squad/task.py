@@ -36,11 +36,19 @@ from data_pipeline.hosts import host_rows
 Array = jax.Array
 
 
+def span_denominators(weights: Array) -> dict[str, Array]:
+    """{"rows": [] float32}: the normaliser of `span_loss`'s means over a batch, the sum of the
+    row weights [batch] (at least 1e-6: a batch of filler rows gives 0, not NaN)."""
+    return {"rows": jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1e-6)}
+
+
 def span_loss(start_logits: Array, end_logits: Array, start_positions: Array,
-              end_positions: Array, weights: Array | None = None
+              end_positions: Array, weights: Array | None = None,
+              denominators: dict[str, Array] | None = None
               ) -> tuple[Array, dict[str, Array]]:
     """Mean of the start and end softmax cross-entropies over all positions of the window.
-    logits [batch, seq]; positions [batch] int; weights [batch] (0 = filler row)."""
+    logits [batch, seq]; positions [batch] int; weights [batch] (0 = filler row);
+    denominators: `span_denominators` of the batch the means run over (None: this one)."""
 
     def nll(logits, positions):
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -50,7 +58,9 @@ def span_loss(start_logits: Array, end_logits: Array, start_positions: Array,
     if weights is None:
         weights = jnp.ones_like(per_row)
     weights = weights.astype(jnp.float32)
-    total = jnp.maximum(jnp.sum(weights), 1e-6)
+    if denominators is None:
+        denominators = span_denominators(weights)
+    total = denominators["rows"]
     loss = jnp.sum(per_row * weights) / total
     hit = ((jnp.argmax(start_logits, -1) == start_positions)
            & (jnp.argmax(end_logits, -1) == end_positions)).astype(jnp.float32)
@@ -170,10 +180,13 @@ class SquadTask(Task):
         ids = jnp.zeros((1, 8), jnp.int32)
         return ids, ids, ids
 
-    def loss(self, outputs, batch):
+    def loss(self, outputs, batch, denominators=None):
         start, end = outputs
         return span_loss(start, end, batch["start_positions"], batch["end_positions"],
-                         batch["weights"])
+                         batch["weights"], denominators)
+
+    def denominators(self, batch):
+        return span_denominators(batch["weights"])
 
     def predict(self, outputs, batch):
         start, end = outputs

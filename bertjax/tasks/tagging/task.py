@@ -38,17 +38,27 @@ CONLL2003_FILES = {"train": ("eng.train", "train.txt"), "dev": ("eng.testa", "va
                    "test": ("eng.testb", "test.txt")}
 
 
-def token_loss(logits: Array, labels: Array, weights: Array) -> tuple[Array, dict[str, Array]]:
+def label_denominators(weights: Array) -> dict[str, Array]:
+    """{"labels": [] float32}: the normaliser of `token_loss`'s means over a batch, the number
+    of scored positions (label weights [batch, seq] summed, at least 1)."""
+    return {"labels": jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)}
+
+
+def token_loss(logits: Array, labels: Array, weights: Array,
+               denominators: dict[str, Array] | None = None) -> tuple[Array, dict[str, Array]]:
     """Masked softmax cross-entropy in float32, averaged over the scored positions.
 
     logits [batch, seq, K]; labels [batch, seq] int; weights [batch, seq] (1 = a word's first
-    sub-token, 0 = anything else: other sub-tokens, context, specials, padding).
+    sub-token, 0 = anything else: other sub-tokens, context, specials, padding);
+    denominators: `label_denominators` of the batch the means run over (None: this one).
     """
     logits = logits.astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
     weights = weights.astype(jnp.float32)
-    count = jnp.maximum(jnp.sum(weights), 1.0)
+    if denominators is None:
+        denominators = label_denominators(weights)
+    count = denominators["labels"]
     loss = jnp.sum(nll * weights) / count
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     return loss, {"loss": loss, "accuracy": jnp.sum(correct * weights) / count}
@@ -196,8 +206,11 @@ class TokenClassificationTask(Task):
         ids = jnp.zeros((1, 8), jnp.int32)
         return ids, ids, ids
 
-    def loss(self, logits, batch):
-        return token_loss(logits, batch["label_ids"], batch["label_weights"])
+    def loss(self, logits, batch, denominators=None):
+        return token_loss(logits, batch["label_ids"], batch["label_weights"], denominators)
+
+    def denominators(self, batch):
+        return label_denominators(batch["label_weights"])
 
     def predict(self, logits, batch) -> dict[str, Array]:
         return {"tags": jnp.argmax(logits, axis=-1).astype(jnp.int32)}
