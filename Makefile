@@ -37,6 +37,7 @@ bench: install data/demo_corpus.txt
 	$(PY) -m bertjax.benchmarks.pretraining_input
 	$(PY) -m bertjax.benchmarks.squad_features
 	$(PY) -m bertjax.benchmarks.tokenization
+	$(PY) -m bertjax.benchmarks.inference
 
 lint: install
 	$(PY) -m ruff check bertjax data_pipeline experiments tests

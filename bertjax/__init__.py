@@ -16,4 +16,8 @@ def __getattr__(name):
         from bertjax.checkpoint_dir import load_pretrained
 
         return load_pretrained
+    if name in ("Predictor", "FillMask"):
+        from bertjax.tasks import predict
+
+        return getattr(predict, name)
     raise AttributeError(f"module 'bertjax' has no attribute {name!r}")

@@ -317,6 +317,9 @@ def save_pretrained(
 
     import orbax.checkpoint as ocp
 
+    from bertjax.train.checkpoints import ignore_late_callbacks
+
+    ignore_late_callbacks()
     checkpointer = ocp.StandardCheckpointer()
     checkpointer.save(_absolute(params_dir), params)
     checkpointer.wait_until_finished()
@@ -359,9 +362,12 @@ def load_params(directory: str | epath.Path, config: BertConfig) -> dict[str, An
     """Host NumPy params in `config.param_dtype`, in the layout `config.scan_layers` selects."""
     import orbax.checkpoint as ocp
 
+    from bertjax.train.checkpoints import read_checkpoint
+
     directory = epath.Path(directory)
     params_dir = directory / PARAMS_DIR
-    params = ocp.StandardCheckpointer().restore(_absolute(params_dir))
+    params = read_checkpoint(params_dir, lambda: ocp.StandardCheckpointer().restore(
+        _absolute(params_dir)), hint=("incomplete", "write or convert the checkpoint again"))
     stored = dataclasses.replace(config, scan_layers=False)
     check_params(stored, params, where=str(params_dir))
     return to_layout(_to_host(params, config.param_dtype), config.scan_layers)

@@ -178,19 +178,33 @@ def define_distributed_flags() -> None:
     flags.DEFINE_integer("process_id", None, "This process's index.")
 
 
-def initialize_distributed() -> None:
-    """jax.distributed.initialize() as the flags ask; call it before any other JAX call."""
+DEFAULT_DISTRIBUTED_TIMEOUT_S = 300  # experiments/common.py: distributed()
+
+
+def initialize_distributed(config=None) -> None:
+    """jax.distributed.initialize() as the flags ask; call it before any other JAX call.
+
+    config.distributed.timeout_s (default DEFAULT_DISTRIBUTED_TIMEOUT_S): JAX's coordination
+    service ends every process once one has sent no heartbeat for that long (a dead or hung
+    host), and a finishing process waits that long for the others."""
     import jax
 
     FLAGS = flags.FLAGS
+    if not (FLAGS.coordinator_address or FLAGS.distributed):
+        return
+    timeout = int((config or {}).get("distributed", {}).get("timeout_s",
+                                                             DEFAULT_DISTRIBUTED_TIMEOUT_S))
+    if timeout <= 0:
+        raise ConfigError(f"config.distributed.timeout_s={timeout} must be positive")
+    bounds = dict(heartbeat_timeout_seconds=timeout, shutdown_timeout_seconds=timeout)
     if FLAGS.coordinator_address:
         # Cross-process collectives on CPU (tests, laptops) go through gloo; no effect elsewhere.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
         jax.distributed.initialize(FLAGS.coordinator_address,
                                    num_processes=FLAGS.num_processes,
-                                   process_id=FLAGS.process_id)
-    elif FLAGS.distributed:
-        jax.distributed.initialize()
+                                   process_id=FLAGS.process_id, **bounds)
+    else:
+        jax.distributed.initialize(**bounds)
 
 
 def require(value, flag: str, example: str):
@@ -233,7 +247,8 @@ def report_errors(fn: Callable[[], object], known: tuple[type[BaseException], ..
 def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | None = None
         ) -> None:
     """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet, and a
-    known failure (KNOWN_ERRORS) is one `error:` line (report_errors). On CPU machines the
+    known failure (KNOWN_ERRORS, another process of the job lost) is one `error:` line, after
+    which the process exits at once (exit_now). On CPU machines the
     command first restarts itself with faster memory allocation (_restart_with_malloc_tunable).
 
     define_flags: defines the command's flags first (commands that define them in a function,
@@ -249,17 +264,70 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
     def quiet_main(argv):
         logging.set_verbosity(logging.WARNING)  # they would drown the progress line
         try:
-            return report_errors(lambda: main(argv))
+            return main(argv)
+        except SystemExit as e:
+            if isinstance(e.code, str):  # a failure the command reported in one line
+                exit_now(e.code, 1)
+            raise
         except KeyboardInterrupt:
             if show_tracebacks():
                 raise
-            # Exit at once: an XLA compile cut short would crash the interpreter's shutdown,
-            # and orbax keeps only complete checkpoints anyway.
-            print("error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
-            sys.stdout.flush()
-            os._exit(130)
+            exit_now("error: interrupted (Ctrl-C)", 130)
+        except Exception as e:
+            if show_tracebacks():
+                raise
+            # A process of the job gone surfaces as whatever step failed (a collective, a
+            # checkpoint save): it is named first. With two, nobody else is left to wait for.
+            lost = _lost_process(e)
+            if lost is not None:
+                exit_now(error_line(lost), 1, linger=sys.modules["jax"].process_count() > 2)
+            if isinstance(e, KNOWN_ERRORS):
+                exit_now(error_line(e), 1)
+            raise
 
     app.run(quiet_main, flags_parser=parse_flags)
+
+
+def exit_now(line: str, status: int, linger: bool = True) -> None:
+    """Prints `line` to stderr and ends the process at once, skipping the interpreter's
+    shutdown: threads still running there (an asynchronous checkpoint save, orbax's and
+    asyncio's finalisers, an XLA compile cut short) would print tracebacks after the one line,
+    and JAX's shutdown barrier would wait for processes that are gone. Nothing is lost: orbax
+    renames a checkpoint into place only once it is complete, and every file the run writes
+    itself is closed or replaced whole before an error reaches here. linger: on a multi-process
+    run, first wait (boundedly) for the other processes to stop too."""
+    sys.stdout.flush()
+    print(line, file=sys.stderr, flush=True)
+    if linger:
+        _leave_other_processes()
+    os._exit(status)
+
+
+SHUTDOWN_GRACE_S = 10.0
+
+
+def _leave_other_processes() -> None:
+    """On a multi-process run, JAX's shutdown (a barrier of every process) for at most
+    SHUTDOWN_GRACE_S: process 0 hosts the coordination service, and its exit ends the other
+    processes at once, before they have printed their own line."""
+    jax = sys.modules.get("jax")
+    if jax is None or not jax.distributed.is_initialized():
+        return
+    import threading
+
+    leaving = threading.Thread(target=jax.distributed.shutdown, daemon=True)
+    leaving.start()
+    leaving.join(SHUTDOWN_GRACE_S)
+
+
+def _lost_process(error: Exception) -> BertjaxError | None:
+    """On a multi-process run, `error` as the loss of another process (multihost.lost_process);
+    None for anything else (a bug: its traceback is shown)."""
+    if "jax" not in sys.modules:  # no JAX, no other processes
+        return None
+    from bertjax.train import multihost
+
+    return multihost.lost_process(error)
 
 
 def run_command(args: list[str]) -> None:

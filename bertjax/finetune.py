@@ -30,10 +30,11 @@ def main(argv):
     from bertjax.tasks import dry_run_job, train_and_evaluate
     from bertjax.train import dry_run
 
-    if dry_run.from_flags(dry_run_job, config):
+    # The checkpoint fixes the layers: a --topology dry run compiles the full step.
+    if dry_run.from_flags(dry_run_job, config, vary_layers=False):
         return
     workdir = cli.require(_WORKDIR.value, "--workdir", "runs/mrpc")
-    cli.initialize_distributed()
+    cli.initialize_distributed(config)
     summary = train_and_evaluate(config, workdir, log=functools.partial(print, flush=True))
     print(f"Fine-tuning {summary['status']}.", flush=True)
 

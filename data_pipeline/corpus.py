@@ -157,15 +157,27 @@ def expand_inputs(inputs: str) -> list[str]:
     return sorted(set(files))
 
 
-def require_documents(inputs: str, input_format: str = "reference") -> None:
-    """Raises CorpusError unless the input has at least one document (checked before any
-    output is written: an empty corpus would leave empty shards behind)."""
+def require_documents(inputs: str, input_format: str = "reference", minimum: int = 1,
+                      needed_for: str = "") -> None:
+    """Raises CorpusError unless the input has at least `minimum` documents (checked before
+    any output is written: an empty corpus would leave empty shards behind; a writer of
+    sentence pairs needs a second document for its NotNext partners). needed_for: why, for
+    the message."""
     if input_format == "tfds" or inputs.startswith("tfds:"):
         return  # a TFDS dataset is checked as it loads
     files = expand_inputs(inputs)
-    if next(iter_documents(inputs, input_format), None) is None:
+    documents = iter_documents(inputs, input_format)
+    found = [doc for doc, _ in zip(documents, range(minimum))]
+    if not found:
         raise CorpusError(f"{inputs}: no documents in {len(files)} file(s) (empty corpus?); "
                           "nothing written")
+    if len(found) < minimum:
+        expected = {"reference": "one sentence per line, blank lines between documents",
+                    "plain": "a file per document"}.get(input_format, "a document per line")
+        raise CorpusError(
+            f"{inputs}: only {len(found)} document(s) in {len(files)} file(s) (the first of "
+            f"{sum(map(len, found[0]))} characters), unusable {needed_for}; expected "
+            f"{expected}; nothing written")
 
 
 _READERS = {"reference": read_reference, "plain": read_plain, "jsonl": read_jsonl}

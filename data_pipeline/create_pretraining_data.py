@@ -245,7 +245,9 @@ def create_pretraining_data(cfg: CreateConfig, tokenizer_factory: Callable[[], o
 
     tokenizer_factory: a picklable callable returning the tokenizer (called once per worker).
     """
-    corpus.require_documents(cfg.input, cfg.input_format)  # before any file is written
+    # Before any file is written; NotNext partners come from another document.
+    corpus.require_documents(cfg.input, cfg.input_format, minimum=2,
+                             needed_for="for sentence pairs (NotNext takes another document)")
     with shards_lib.output_directory(cfg.output_dir, cfg.num_tasks == 1):
         start = time.perf_counter()
         tokenizer = tokenizer_factory()

@@ -38,7 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     config.train = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=3.0,
                                                   grad_accum_steps=1))
-    config.optimizer = common.optimizer(learning_rate=2e-5)
+    config.optimizer = common.optimizer(learning_rate=2e-5, name="adamw", schedule="from_peak")
     config.optimizer.warmup_proportion = 0.1
     # Evaluation on the dev set(s) every `every_steps` steps (0 = at the end of every epoch);
     # the checkpoint with the best dev metric is kept, and test predictions come from it.
@@ -48,6 +48,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.min_bucket_length = 16  # length buckets: 16, 32, 64, ..., max_seq_length
 
     config.mesh = common.mesh()
+    config.distributed = common.distributed()
     config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config
 

@@ -65,7 +65,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # block's end, so larger blocks pad slightly less.
     config.packing = dict(enabled=False, num_open_rows=8, block_size=1024)
 
-    config.optimizer = common.optimizer(learning_rate=1e-4)
+    config.optimizer = common.optimizer(1e-4, name="bert_adamw", schedule="reference")
     config.optimizer.warmup_steps = 10_000
     config.optimizer.phase_warmup_steps = 0  # > 0: warm up again at the start of phase 2
 
@@ -82,5 +82,6 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.vocab = ""  # vocab.txt / SentencePiece model of the data (needed by dynamic masking)
 
     config.mesh = common.mesh()
+    config.distributed = common.distributed()
     config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config

@@ -38,8 +38,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def coordinator_flags(port: int, process_id: int) -> list[str]:
-    return [f"--coordinator_address=localhost:{port}", "--num_processes=2",
+def coordinator_flags(port: int, process_id: int, num_processes: int = 2) -> list[str]:
+    return [f"--coordinator_address=localhost:{port}", f"--num_processes={num_processes}",
             f"--process_id={process_id}"]
 
 

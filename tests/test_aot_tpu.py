@@ -1,7 +1,10 @@
 """Ahead-of-time compiles for Cloud TPU slices on this CPU machine (bertjax/train/topology.py,
 bertjax/train/dry_run.py): slice names, the train step compiled by the TPU compiler for 4- and
 8-chip slices with memory that grows with the batch and shrinks under FSDP, and a configuration
-too large for its slice reported as not fitting, with the compiler's figures.
+too large for its slice reported as not fitting, with the compiler's figures; the calibrated
+estimate (2 and 3 unrolled layers extrapolated) against a full unrolled compile; the HLO
+breakdown (bertjax/train/hlo_costs.py): convolution FLOPs against einsum counts, bytes by
+memory space, and categories against the analytic FLOPs of attention and the FFN.
 
 The compile tests need libtpu (the `tpu` and `test` extras) and skip without it.
 """
@@ -105,12 +108,20 @@ def _pretraining_job(preset: str, batch_size: int, mesh: dict, phase: str, **mod
     return PretrainingJob(config, make_input=None), config
 
 
-def _compile(name: str, batch_size: int, mesh: dict, preset="tiny", phase="phase1", **model):
+def _make_job(config):
+    from bertjax.tasks.pretraining import PretrainingJob
+
+    return PretrainingJob(config, make_input=None)
+
+
+def _compile(name: str, batch_size: int, mesh: dict, preset="tiny", phase="phase1",
+             exact=True, **model):
     from bertjax.train import dry_run
 
     slice_ = topology.parse(name)
     job, config = _pretraining_job(preset, batch_size, mesh, phase, **model)
-    [cost] = dry_run._compile_job(job, config, slice_, topology.devices(slice_))
+    [cost], _ = dry_run.compile_stages(_make_job, config, slice_, topology.devices(slice_),
+                                       exact=exact)
     return job, cost
 
 
@@ -165,9 +176,10 @@ def test_bert_large_phase2_batch_4096_on_v5e_4_does_not_fit_and_says_so():
 
     lines = []
     slice_ = topology.parse("v5e-4")
-    # Scanned layers: the compiler reaches its memory verdict without compiling 24 layers.
-    job, config = _pretraining_job("large", 4096, {}, "phase2", scan_layers=True)
-    costs = dry_run._compile_job(job, config, slice_, topology.devices(slice_))
+    # One layer: the compiler reaches its memory verdict without compiling 24 layers, and
+    # with one layer already too large, the model is.
+    _, config = _pretraining_job("large", 4096, {}, "phase2")
+    costs, _ = dry_run.compile_stages(_make_job, config, slice_, topology.devices(slice_))
     [cost] = costs
     assert not cost.fits and cost.step_seconds is None
     assert "RESOURCE_EXHAUSTED" in cost.message
@@ -197,13 +209,13 @@ def test_sweep_ranks_by_sequences_over_the_whole_run_and_prints_its_flags():
                                  seconds)
 
     # 900 steps of 0.1 s and 100 of 0.5 s for 256 sequences each: 256,000 in 140 s.
-    run = dry_run.Candidate((4, 2, 1), "dots", True, 256,
+    run = dry_run.Candidate((4, 2, 1), "dots", 256,
                             [stage("phase1", 900, 256, 0.1), stage("phase2", 100, 256, 0.5)])
     assert run.fits and run.sequences_per_second == pytest.approx(256_000 / 140)
     assert run.flags() == ("--config.mesh.data=4 --config.mesh.fsdp=2 --config.mesh.tensor=1 "
                            "--config.train.batch_size=256 --config.model.remat_policy=dots "
-                           "--config.model.scan_layers=true")
-    misfit = dry_run.Candidate((8, 1, 1), "none", False, 512,
+                           "--config.model.scan_layers=false")
+    misfit = dry_run.Candidate((8, 1, 1), "none", 512,
                                [stage("phase2", 100, 512, None, fits=False)])
     assert not misfit.fits and misfit.sequences_per_second is None
 
@@ -219,3 +231,190 @@ def test_out_of_memory_figures_are_read_from_the_compiler_message():
     assert dry_run._oom_sizes("Used 20.5G of 15.75G hbm. Exceeded hbm capacity by 4.75G.") == (
         20.5 * gib, 15.75 * gib)
     assert dry_run._oom_sizes("RESOURCE_EXHAUSTED: no sizes") == (None, None)
+
+
+# --- The HLO breakdown (bertjax/train/hlo_costs.py) -----------------------------------------
+
+# Batched matmuls as the TPU compiler writes them (from a compiled BERT step: 64 sequences of
+# 128 tokens per chip, 2 heads of 64), with the einsum each one computes.
+CONVOLUTIONS = [
+    # attention scores bqhd,bkhd->bhqk: the batch and heads as strided, dilated windows
+    ("bf16[64,128,2,64]", "bf16[64,128,2,64]", "bf16[64,2,128,128]",
+     "window={size=64x2 stride=63x1 lhs_dilate=64x2}, dim_labels=0b1f_0o1i->01bf",
+     dict(b=64, q=128, k=128, h=2, d=64)),
+    # probabilities x values bhqk,bkhd->bqhd
+    ("bf16[64,128,2,64]", "bf16[64,2,128,128]", "bf16[64,2,64,128]",
+     "window={size=64x2 stride=63x1 lhs_dilate=64x2}, dim_labels=0f1b_01oi->01bf",
+     dict(b=64, q=128, k=128, h=2, d=64)),
+    # a key projection bse,ehd->bshd: the heads as a padded, reversed window
+    ("bf16[64,128,128,1]", "bf16[128,2,64,1]", "f32[64,128,2,64]",
+     "window={size=1x2 pad=0_0x1_1 rhs_reversal=0x1}, dim_labels=0bf1_i1o0->0b1f",
+     dict(b=64, s=128, e=128, h=2, d=64)),
+]
+
+
+@pytest.mark.parametrize("lhs,rhs,out,attributes,sizes", CONVOLUTIONS)
+def test_convolution_flops_equal_the_einsum_they_compute(lhs, rhs, out, attributes, sizes):
+    import math
+
+    from bertjax.train import hlo_costs
+
+    conv = hlo_costs.parse_instruction(
+        f"  %conv = {out}{{3,2,1,0}} convolution(%a, %b), {attributes}, "
+        'metadata={op_name="jit(train_step)/jvp(M)/bert/encoder/layer_0/attention/x"}')
+    assert (conv.opcode, conv.operands) == ("convolution", ("a", "b"))
+    # An einsum's multiply-adds: the product of every index's size.
+    assert hlo_costs.convolution_flops(conv, {"a": lhs, "b": rhs}) == 2 * math.prod(
+        sizes.values())
+
+
+HLO = """HloModule step
+
+%fused (p0: bf16[8,16], p1: bf16[16,4]) -> f32[8,4] {
+  %p0 = bf16[8,16]{1,0} parameter(0)
+  %p1 = bf16[16,4]{1,0} parameter(1)
+  ROOT %dot.1 = f32[8,4]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body (t: (s32[], f32[8,4])) -> (s32[], f32[8,4]) {
+  %t = (s32[], f32[8,4]{1,0}) parameter(0)
+  %x = f32[8,4]{1,0} get-tuple-element(%t), index=1
+  %y = f32[8,4]{1,0} add(%x, %x), metadata={op_name="jit(train_step)/add"}
+  %i = s32[] get-tuple-element(%t), index=0
+  ROOT %r = (s32[], f32[8,4]{1,0}) tuple(%i, %y)
+}
+
+%cond (t: (s32[], f32[8,4])) -> pred[] {
+  %t = (s32[], f32[8,4]{1,0}) parameter(0)
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (a: bf16[8,16], b: bf16[16,4]) -> f32[8,4] {
+  %a = bf16[8,16]{1,0:T(8,128)(2,1)} parameter(0)
+  %b = bf16[16,4]{1,0} parameter(1)
+  %cs = (bf16[8,16]{1,0:T(8,128)(2,1)S(1)}, bf16[8,16]{1,0:T(8,128)(2,1)}, u32[]{:S(2)}) copy-start(%a)
+  %cd = bf16[8,16]{1,0:T(8,128)(2,1)S(1)} copy-done(%cs)
+  %f = f32[8,4]{1,0} fusion(%cd, %b), kind=kOutput, calls=%fused, metadata={op_name="jit(train_step)/transpose(jvp(BertForPreTraining))/bert/encoder/layer_7/intermediate/dot_general"}
+  %init = (s32[], f32[8,4]{1,0}) tuple(%c0, %f)
+  %w = (s32[], f32[8,4]{1,0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %out = f32[8,4]{1,0} get-tuple-element(%w), index=1
+}
+"""  # noqa: E501 (HLO lines as the compiler prints them)
+
+
+def test_op_costs_count_hbm_bytes_matmul_flops_and_loop_trips():
+    from bertjax.train import hlo_costs
+
+    costs = {c.name: c for c in hlo_costs.op_costs(HLO)}
+    assert set(costs) == {"cs", "f", "y"}  # parameters, tuples, copy-done move nothing
+    # The prefetch reads `a` from HBM (its VMEM destination and sync flag are on chip) and is
+    # named after the op that reads what it fetched.
+    assert costs["cs"].bytes == 8 * 16 * 2
+    assert costs["cs"].op_name == costs["f"].op_name
+    # The fusion reads `b` from HBM (its other operand is in VMEM) and writes its result; its
+    # dot is 8 x 4 outputs of 16 multiply-adds.
+    assert costs["f"].bytes == 16 * 4 * 2 + 8 * 4 * 4
+    assert costs["f"].flops == 2 * 8 * 4 * 16
+    assert costs["f"].op_name.endswith("/bert/encoder/layer_N/intermediate/dot_general")
+    assert costs["f"].category == "FFN"
+    # The loop body runs 3 times: reads x twice and writes y, each time.
+    assert costs["y"].bytes == 3 * 3 * 8 * 4 * 4 and costs["y"].count == 3
+    assert costs["y"].category == "optimizer update"
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("jvp(BertForPreTraining)/bert/encoder/layer_N/attention/Dropout_0/jit(_where)/select_n",
+     "dropout + RNG"),
+    ("jvp(BertForPreTraining)/bert/embeddings/dropout/jit(_threefry_fold_in)/add", "dropout + RNG"),
+    ("transpose(jvp(BertForPreTraining))/bert/encoder/layer_N/output_layer_norm/div",
+     "layer norm"),
+    ("transpose(jvp(BertForPreTraining))/bert/encoder/layer_N/attention/bhqk,bkhd->bqhd/x",
+     "attention"),
+    ("jvp(BertForPreTraining)/bert/encoder/layer_N/erfc", "FFN"),
+    ("jvp(BertForPreTraining)/bert/embeddings/word_embeddings/jit(_take)/gather", "embeddings"),
+    ("transpose(jvp(BertForPreTraining))/mlm/dot_general", "heads + loss"),
+    ("jvp(BertForPreTraining)/bert/pooler/dense/dot_general", "heads + loss"),
+    ("jvp(jit(log_softmax))/reduce_max", "heads + loss"),
+    ("sqrt", "optimizer update"),
+    ("", "other"),
+])
+def test_ops_are_categorised_by_their_module_path(name, expected):
+    from bertjax.train import hlo_costs
+
+    assert hlo_costs.category("fusion", name) == expected
+    assert hlo_costs.category("all-reduce-start", name) == "collectives"
+
+
+def test_unnamed_ops_are_other_unless_they_make_random_bits():
+    from bertjax.train import hlo_costs
+
+    made_up = hlo_costs.parse_instruction(
+        '  %b = u32[64,2]{1,0} broadcast(%x), metadata={op_name="broadcast.2168"}')
+    assert hlo_costs.op_name(made_up) == ""
+    assert hlo_costs.category("broadcast", "", made_up.shape) == "dropout + RNG"
+    assert hlo_costs.category("broadcast", "", "f32[64,2]{1,0}") == "other"
+
+
+def test_extrapolation_is_fixed_plus_per_layer_times_layers():
+    import dataclasses
+
+    from bertjax.train import dry_run
+
+    # fixed 10, per layer 3 (and 0.5 ms per layer over 1 ms fixed), from 1 and 2 layers
+    one = dry_run.Measure(1.0, 2.0, 13.0, 13.0, 13.0, 1.5e-3)
+    two = dry_run.Measure(1.0, 2.0, 16.0, 16.0, 16.0, 2.0e-3)
+    twelve = dry_run.extrapolate(one, two, 12, first=1)
+    assert (twelve.temp_bytes, twelve.flops, twelve.bytes_accessed) == (46.0, 46.0, 46.0)
+    assert twelve.argument_bytes == 1.0 and twelve.seconds == pytest.approx(7e-3)
+    # The same line from 2 and 3 layers.
+    three = dry_run.Measure(1.0, 2.0, 19.0, 19.0, 19.0, 2.5e-3)
+    fields = ("argument_bytes", "output_bytes", "temp_bytes", "flops", "bytes_accessed",
+              "seconds")
+    again = dry_run.extrapolate(two, three, 12, first=2)
+    for field in fields:
+        assert getattr(again, field) == pytest.approx(getattr(twelve, field)), field
+    # No cost-model time on one side: none extrapolated.
+    none = dataclasses.replace(two, seconds=None)
+    assert dry_run.extrapolate(one, none, 12, first=1).seconds is None
+
+
+# BERT-mini (4 layers of 256), its 4 layers fitted from 2 and 3. A still smaller model is no
+# test of the fit: its temporaries peak in buffers that do not grow with depth (the MLM
+# logits, the optimizer update), so they are not linear in the layers (docs/tpu_aot.md).
+
+
+@pytest.mark.slow
+@needs_libtpu
+def test_extrapolated_step_matches_the_full_unrolled_compile_on_v5p():
+    from bertjax.train import flops as flops_lib
+
+    job, full = _compile("v5p-8", 64, {}, "mini", exact=True)
+    _, estimate = _compile("v5p-8", 64, {}, "mini", exact=False)
+    for field in ("xla_flops", "step_seconds", "bytes_accessed", "temp_bytes", "total_bytes"):
+        assert getattr(estimate, field) == pytest.approx(getattr(full, field), rel=0.05), field
+    assert estimate.argument_bytes == pytest.approx(full.argument_bytes, rel=1e-3)
+    # The breakdown: its matmul FLOPs by category are the analytic ones (3 x forward: the
+    # forward pass, and two matmuls per matmul in the backward pass), per chip.
+    cfg, chips, stage = job.model_config, 4, job.stages[0]
+    tokens = job.batch_size * stage.tokens_per_example / chips
+    hidden, inner = cfg.hidden_size, cfg.intermediate_size
+    attention = 3 * cfg.num_layers * (2 * tokens * 4 * hidden**2
+                                      + 2 * 2 * tokens * stage.tokens_per_example * hidden)
+    ffn = 3 * cfg.num_layers * 2 * tokens * 2 * hidden * inner
+    for cost in (full, estimate):
+        category = cost.groups["category"]
+        assert category["attention"].flops == pytest.approx(attention, rel=0.01)
+        assert category["FFN"].flops == pytest.approx(ffn, rel=0.01)
+        # Every matmul is in some category: together they are the model's FLOPs.
+        matmuls = sum(g.flops for g in category.values())
+        model = flops_lib.train_flops_per_sequence(cfg, stage.tokens_per_example, 20) \
+            * job.batch_size / chips
+        assert matmuls == pytest.approx(model, rel=0.02)
+    # The ops' table covers the same ops as the categories; extrapolated, each category's
+    # bytes are those of the full compile.
+    category = full.groups["category"]
+    assert sum(g.bytes for g in full.groups["op"].values()) == pytest.approx(
+        sum(g.bytes for g in category.values()), rel=1e-9)
+    for name, group in category.items():
+        assert estimate.groups["category"][name].bytes == pytest.approx(
+            group.bytes, rel=0.05, abs=1e6), name

@@ -308,6 +308,11 @@ corpus_case("bad_jsonl", "c.jsonl:2: invalid JSON", files={"c.jsonl": '{"text": 
             input="{t}/c.jsonl", input_format="jsonl")
 corpus_case("jsonl_no_text", "c.jsonl:1: expected an object with a string 'text'",
             files={"c.jsonl": '{"body": "the cat"}\n'}, input="{t}/c.jsonl", input_format="jsonl")
+corpus_case("one_long_line", "line.txt: only 1 document(s) in 1 file(s) (the first of",
+            "unusable for sentence pairs",
+            "expected one sentence per line, blank lines between documents",
+            files={"line.txt": " ".join(["the cat sat on the mat ."] * 125_000)},
+            input="{t}/line.txt")
 corpus_case("predictions_over_length", "--max_predictions_per_seq", max_predictions_per_seq=64)
 corpus_case("shards_0", "--num_shards must be >= 1", num_shards=0)
 corpus_case("missing_vocab", "--vocab: no such file or directory", vocab="{t}/nope/vocab.txt")
@@ -621,6 +626,44 @@ def _(w, t):
     return lambda: extract_features.run(w["ckpt"], f"{t}/in.txt", f"{t}/missing/out.jsonl")
 
 
+def _truncated_checkpoint(w, t) -> str:
+    """A copy of the checkpoint whose parameter data file is cut in half (a copy or a disk
+    that failed)."""
+    import shutil
+
+    shutil.copytree(w["ckpt"], f"{t}/ckpt")
+    (data,) = [os.path.join(f"{t}/ckpt/params/d", n) for n in os.listdir(f"{t}/ckpt/params/d")]
+    with open(data, "rb+") as f:
+        f.truncate(os.path.getsize(data) // 2)
+    return f"{t}/ckpt"
+
+
+TRUNCATED = ("ckpt/params is unreadable or incomplete (", "ckpt/params/d/",
+             "write or convert the checkpoint again")
+
+
+@case("checkpoints", "to_hf_truncated_params", *TRUNCATED)
+def _(w, t):
+    return _convert(["to_hf", f"--input={_truncated_checkpoint(w, t)}", f"--output={t}/out"])
+
+
+@case("checkpoints", "extract_features_truncated_params", *TRUNCATED)
+def _(w, t):
+    from bertjax.tasks import extraction
+
+    _write(f"{t}/in.txt", "the cat\n")
+    checkpoint = _truncated_checkpoint(w, t)
+    return lambda: extraction.run(checkpoint, f"{t}/in.txt", f"{t}/out.jsonl")
+
+
+@case("checkpoints", "finetune_init_truncated_params", *TRUNCATED)
+def _(w, t):
+    from bertjax.tasks.base import load_pretrained_model
+
+    config = finetune_config(w, init_checkpoint=_truncated_checkpoint(w, t))
+    return lambda: load_pretrained_model(config)
+
+
 # workdir
 
 
@@ -766,3 +809,57 @@ def test_a_demo_whose_step_fails_ends_in_one_line(tmp_path):
         "error: --vocab_size must be positive, got 0",
         "error: the step above failed (exit 1): -m bertjax.tokenization"], result.stderr
     assert not (tmp_path / "run").exists()
+
+
+# A command (cli.run) whose checkpoint save fails with EFBIG (a file size limit, as a full disk
+# fails with ENOSPC), while orbax's asynchronous save threads are still running.
+FAILED_SAVE_COMMAND = """
+import resource, signal, sys
+sys.path.insert(0, "tests")
+import test_faults as t
+from bertjax import cli
+from bertjax.train import checkpoints
+
+original_save = checkpoints.Checkpointer.save
+
+
+def save_on_a_full_disk(self, step, *args, **kwargs):
+    if step == 4:
+        self.wait()  # step 2 complete
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, resource.RLIM_INFINITY))
+    return original_save(self, step, *args, **kwargs)
+
+
+def main(argv):
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill
+    checkpoints.Checkpointer.save = save_on_a_full_disk
+    t.run(argv[1], 4, pad=64)
+
+
+cli.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_a_failed_save_and_a_truncated_checkpoint_end_in_exactly_one_line(world, tmp_path):
+    """The error line is all of stderr: no traceback from threads still running while the
+    process shuts down (asynchronous saves, orbax's and asyncio's finalisers)."""
+    result = run_python(["-c", FAILED_SAVE_COMMAND, str(tmp_path / "run")])
+    assert result.returncode == 1, result.stderr[-3000:]
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: saving checkpoint step 4 to {tmp_path / 'run'}"), line
+    assert "step 2 is intact" in line
+    # Step 4 stays an orbax temporary directory, never a checkpoint.
+    assert [n for n in os.listdir(tmp_path / "run" / "checkpoints") if "tmp" not in n] == ["2"]
+
+    checkpoint = _truncated_checkpoint(world, str(tmp_path))
+    _write(f"{tmp_path}/in.txt", "the cat\n")
+    for args in (["-m", "bertjax.convert", "to_hf", f"--input={checkpoint}",
+                  f"--output={tmp_path}/hf"],
+                 ["-m", "bertjax.extract_features", f"--checkpoint={checkpoint}",
+                  f"--input_file={tmp_path}/in.txt", f"--output_file={tmp_path}/out.jsonl"]):
+        result = run_python(args)
+        assert result.returncode == 1
+        (line,) = result.stderr.splitlines()
+        assert line.startswith(f"error: {checkpoint}/params is unreadable or incomplete"), line
+    assert not os.path.exists(f"{tmp_path}/hf") and not os.path.exists(f"{tmp_path}/out.jsonl")

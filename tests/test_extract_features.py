@@ -79,14 +79,23 @@ def test_values_are_the_hidden_states_of_the_requested_layers(checkpoint, tmp_pa
     assert tokens[4][:2] == ["[CLS]", "[UNK]"]
 
 
-def test_batches_share_one_compiled_function(checkpoint):
+def test_batches_share_one_compiled_function_per_length_bucket(checkpoint):
     config, params, tokenizer = checkpoint_dir.load_pretrained(checkpoint / "ckpt")
     layers = parse_layers("-1,-2", config.num_layers)
-    small = FeatureExtractor(config, params, tokenizer, layers, MAX_SEQ, batch_size=2)
-    whole = FeatureExtractor(config, params, tokenizer, layers, MAX_SEQ, batch_size=len(LINES))
-    in_batches_of_two = list(small(LINES))  # 3 batches, the last one padded
-    assert small.compute._cache_size() == 1
-    for a, b in zip(in_batches_of_two, whole(LINES), strict=True):
+    small = FeatureExtractor(config, params, tokenizer, layers, 32, batch_size=2)
+    whole = FeatureExtractor(config, params, tokenizer, layers, 32, batch_size=len(LINES))
+    lines = LINES * 3  # buckets 16 and 32, batches of two, a bucket's last one padded
+    in_batches_of_two = list(small(lines))
+    assert small.compute._cache_size() == 2  # one compilation per bucket length
+    lengths = [len(e["features"]) for e in in_batches_of_two]
+    assert {n <= 16 for n in lengths} == {True, False}
+    # Only the bucket lengths are computed, not max_seq_length for every line.
+    assert small.tokens["real"] == sum(lengths)
+    short = sum(n <= 16 for n in lengths)
+    batches = {16: -(-short // 2), 32: -(-(len(lengths) - short) // 2)}  # ceil
+    assert small.tokens["computed"] == sum(2 * length * n for length, n in batches.items())
+    assert [e["linex_index"] for e in in_batches_of_two] == list(range(len(lines)))
+    for a, b in zip(in_batches_of_two, whole(lines), strict=True):
         assert a["linex_index"] == b["linex_index"]
         for fa, fb in zip(a["features"], b["features"], strict=True):
             assert fa["token"] == fb["token"]

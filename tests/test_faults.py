@@ -8,6 +8,7 @@ under a second); the loop never looks inside a job, so pre-training and fine-tun
 same paths. Only the SIGTERM test starts a subprocess.
 """
 
+import errno
 import json
 import os
 import resource
@@ -28,7 +29,8 @@ import pytest
 from conftest import ROOT
 
 from bertjax.errors import CheckpointError, ConfigError, DataError, TrainingError
-from bertjax.train import checkpoints, loop
+from bertjax.train import checkpoints, loop, multihost
+from bertjax.train import metrics as metrics_lib
 
 # ------------------------------------------------------------------------- a tiny job
 
@@ -451,3 +453,66 @@ def test_foreign_or_wrong_length_records_are_named_before_reading(tmp_path):
     with pytest.raises(DataError) as e:
         read(str(tmp_path / "text.tfrecord"))
     assert str(e.value).startswith(f"{tmp_path / 'text.tfrecord'}: corrupted record")
+
+
+# ------------------------------------------------------------- a flaky remote file system
+
+
+def flaky(write, failing_calls, error):
+    """`write` on a remote file system that fails the calls numbered in `failing_calls` (from
+    0) with `error`, after writing half of what it was given where it takes text."""
+    calls = []
+
+    def wrapper(self, *args):
+        calls.append(1)
+        if len(calls) - 1 in failing_calls:
+            if write is metrics_lib.MetricsWriter._append:  # a partial line, then the failure
+                with open(os.path.join(self.workdir, "metrics.jsonl"), "a") as f:
+                    f.write("".join(self._lines)[:10])
+            raise error
+        return write(self, *args)
+
+    return wrapper
+
+
+def test_transient_write_errors_are_retried_and_the_run_ends_as_an_undisturbed_one(
+        four_steps, tmp_path, monkeypatch, caplog):
+    """Metrics appends (each failing after half a line) and the input positions written into
+    checkpoints fail now and then with a reset connection or a timeout: retried with backoff,
+    the run writes what an undisturbed run writes."""
+    monkeypatch.setattr(multihost, "RETRY_DELAYS_S", (0.01, 0.02, 0.04))
+    monkeypatch.setattr(metrics_lib.MetricsWriter, "_append", flaky(
+        metrics_lib.MetricsWriter._append, {0, 1, 4},
+        ConnectionResetError(errno.ECONNRESET, "Connection reset by peer")))
+    monkeypatch.setattr(RegressionInput, "save", flaky(
+        RegressionInput.save, {0, 2}, TimeoutError(errno.ETIMEDOUT, "Connection timed out")))
+    workdir = tmp_path / "run"
+    summary, _ = run(workdir, 4)
+    assert summary["status"] == "done"
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    assert losses(workdir) == losses(four_steps)
+    assert steps_on_disk(workdir) == ["2", "4"]
+    for step in (2, 4):
+        assert json.loads((workdir / "checkpoints" / str(step) / "data" / "position.json")
+                          .read_text()) == {"index": step}
+    assert caplog.text.count("trying again") == 5
+
+
+def test_a_permanent_write_error_is_one_line_at_once_and_keeps_the_checkpoints(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(multihost, "RETRY_DELAYS_S", (30.0,))
+    monkeypatch.setattr(metrics_lib.MetricsWriter, "_append", flaky(
+        metrics_lib.MetricsWriter._append, {2},
+        OSError(errno.ENOSPC, "No space left on device")))
+    workdir = tmp_path / "run"
+    start = time.monotonic()
+    with pytest.raises(TrainingError) as e:
+        run(workdir, 6)
+    assert time.monotonic() - start < 30  # not retried
+    assert str(e.value) == (f"writing metrics to {workdir} failed (No space left on device); "
+                            "the checkpoints saved so far are kept")
+    assert steps_on_disk(workdir) == ["2"]
+    # The half-written line is cut off; the closing flush still writes step 3's record.
+    assert [json.loads(line)["step"]
+            for line in (workdir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]

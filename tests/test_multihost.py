@@ -268,6 +268,35 @@ def test_feature_extraction(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("chunk_rows", [0, 7])
+def test_predict_on_a_finished_run(tmp_path, chunk_rows):
+    """`python -m bertjax.predict` (whole file, and streamed 7 rows at a time): every process
+    computes its share of each batch, process 0 writes; the same bytes as one process."""
+    checkpoint = tiny_checkpoint(tmp_path)
+    rng = random.Random(2)
+    train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(rng, 32))
+    new = write_jsonl(tmp_path / "new.jsonl", sentiment_rows(rng, 45, labelled=False))
+    result = run_python(finetune(
+        "experiments/finetune_files.py:classification", checkpoint,
+        f"--config.data.train={train}", f"--config.data.validation={train}",
+        "--config.train.num_epochs=1", "--config.max_seq_length=32",
+        "--config.eval.batch_size=8")(tmp_path / "run"), env=devices_env(1))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    def args_for(out):
+        out.mkdir()
+        return ["-m", "bertjax.predict", f"--workdir={tmp_path / 'run'}", f"--input={new}",
+                f"--output={out / 'predictions.jsonl'}", f"--chunk_rows={chunk_rows}"]
+
+    pair, reference = run_pair_and_reference(args_for, tmp_path)
+    check_job(f"predict classification (chunk_rows={chunk_rows})", pair, reference, None,
+              lambda: assert_same_files(tmp_path / "pair", tmp_path / "single",
+                                        ["predictions.jsonl"]))
+    lines = (tmp_path / "single" / "predictions.jsonl").read_text().splitlines()
+    assert [json.loads(line)["id"] for line in lines] == [str(i) for i in range(45)]
+
+
+@pytest.mark.slow
 def test_ablation_grid_cell(tmp_path):
     """One cell of Table 5 at test scale: the MLM + NSP pre-training and its Rotten-Tomatoes-
     style fine-tuning, one seed."""

@@ -11,7 +11,9 @@ r"""Convert BERT checkpoints to and from bertjax checkpoint directories.
 A fine-tuning workdir is written as its task's transformers class (BertForSequenceClassification
 with the label names, BertForMultipleChoice, BertForTokenClassification,
 BertForQuestionAnswering) from its best checkpoint, or with --architecture=BertModel as the
-fine-tuned encoder alone.
+fine-tuned encoder alone; the task's class also gets bertjax_task.json (the run's config and
+task state), so `python -m bertjax.predict --export=DIR` / `bertjax.Predictor.from_export(DIR)`
+predict with it.
 
 from_tf and from_hf also take --do_lower_case/--nodo_lower_case, --seed and --overwrite;
 to_hf takes --dtype and --overwrite. Every source tensor is either converted or listed as
@@ -161,34 +163,32 @@ def _wrote(args, architecture: str, source, notes: list[str] | None) -> None:
 
 def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes."""
-    from bertjax import paths
     from bertjax.convert import huggingface
     from bertjax.models import layout
+    from bertjax.tasks.predict import TASK_FILE, read_finished_run, task_record
     from bertjax.train.checkpoints import read_params
-    from bertjax.train.workdir import EXPORT_FILE, RESULTS_FILE
 
-    unfinished = (f"--input {workdir}: no {{}}: the fine-tuning run has not finished or predates "
-                  "export.json; run its command again (a finished run only rewrites its "
-                  "outputs)")
-    for name in (RESULTS_FILE, EXPORT_FILE):
-        if not (workdir / name).exists():
-            raise ConversionError(unfinished.format(name))
-    record = paths.read_json_object(workdir / EXPORT_FILE, ConversionError)
+    record, step = read_finished_run(workdir, ConversionError, "--input")
     if record.get("architecture") is None:
         raise ConversionError(f"--input {workdir}: {record.get('why', 'not exportable')}")
     architecture = args.architecture or record["architecture"]
     if architecture not in (record["architecture"], "BertModel"):
         raise ConversionError(f"--architecture={architecture}: a {record['architecture']} "
                               "fine-tuning run is written as that class or as BertModel")
-    step = paths.read_json_object(workdir / RESULTS_FILE, ConversionError).get("best_step")
-    if step is None:
-        raise ConversionError(unfinished.format(f"best_step in {RESULTS_FILE}"))
     config = BertConfig.from_dict({**record["model"], "scan_layers": False})
-    params = layout.to_layout(read_params(str(workdir), int(step)), scan_layers=False)
-    notes = multihost.write_from_main(lambda: huggingface.write_hf_checkpoint(
-        args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
-        architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
-        problem_type=record.get("problem_type"), extra_config=record.get("extra_config")))
+    params = layout.to_layout(read_params(str(workdir), step), scan_layers=False)
+    task = task_record(workdir, ConversionError, "--input")
+
+    def write():
+        notes = huggingface.write_hf_checkpoint(
+            args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
+            architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
+            problem_type=record.get("problem_type"), extra_config=record.get("extra_config"))
+        if architecture != "BertModel":  # the task record: bertjax.Predictor.from_export
+            (epath.Path(args.output) / TASK_FILE).write_text(json.dumps(task, indent=2) + "\n")
+        return notes
+
+    notes = multihost.write_from_main(write)
     _wrote(args, architecture, f"{workdir} (best step {step})", notes)
 
 

@@ -8,7 +8,8 @@ r"""`make demo`: pre-train a tiny BERT on real English on a CPU, end to end, in 
 4. Runs `python -m bertjax.pretrain --config=experiments/pretrain_demo.py` (phase 1 at 64
    tokens, phase 2 at 256), evaluating on the held-out documents.
 5. Prints held-out MLM accuracy next to the unigram baseline: always predicting the token
-   that is most frequent among the training targets.
+   that is most frequent among the training targets, then the model's top fillers of a
+   [MASK] in a few news sentences (`python -m bertjax.predict fill_mask`).
 6. Fine-tunes the exported model on Rotten Tomatoes sentences (positive / negative, from
    `make rotten_tomatoes`) and prints dev accuracy next to the majority class.
 
@@ -37,6 +38,13 @@ _FINETUNE_DATA = flags.DEFINE_string(
     "finetune_data", "data/rotten_tomatoes", "Rotten Tomatoes JSONL (empty: no fine-tuning).")
 _CONFIG = "experiments/pretrain_demo.py"
 HELD_OUT_EVERY = 20  # every 20th document is held out
+# BBC-News-like sentences (not from the corpus) for the fill-mask step.
+FILL_MASK_SENTENCES = (
+    "the prime minister said the [MASK] would be announced next week.",
+    "shares in the company [MASK] by 5% on monday.",
+    "chelsea beat arsenal 2-0 in the [MASK] on saturday.",
+    "the government [MASK] to cut taxes.",
+)
 
 
 def split_documents(corpus: str, train_path: str, eval_path: str) -> tuple[int, int]:
@@ -163,6 +171,10 @@ def main(argv):
     summary["first_train_loss"], summary["last_train_loss"] = losses[0], losses[-1]
     with open(os.path.join(_WORKDIR.value, "demo_summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
+    print("\nWhat it learnt: its top guesses for a masked word (held-out style sentences):")
+    cli.run_command([python, "-m", "bertjax.predict", "fill_mask",
+                     f"--checkpoint={os.path.join(_WORKDIR.value, 'export')}", "--top_k=5",
+                     *FILL_MASK_SENTENCES])
     if _FINETUNE_DATA.value:
         finetune_demo(os.path.join(_WORKDIR.value, "export"))
 

@@ -6,6 +6,7 @@ from bertjax.models.pretraining import (
     BertForPreTraining,
     MaskedLMHead,
     gather_positions,
+    pretraining_denominators,
     pretraining_loss,
 )
 
@@ -20,5 +21,6 @@ __all__ = [
     "MaskedLMHead",
     "Pooler",
     "gather_positions",
+    "pretraining_denominators",
     "pretraining_loss",
 ]

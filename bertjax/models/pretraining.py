@@ -84,30 +84,49 @@ class BertForPreTraining(nn.Module):
         return {"mlm_logits": mlm_logits, "nsp_logits": nsp_logits}
 
 
+def pretraining_denominators(batch: dict[str, Any]) -> dict[str, Array]:
+    """The normalisers of `pretraining_loss`'s terms over `batch`, each [] float32: "mlm_loss"
+    (sum of masked_lm_weights + 1e-5, the reference's: an all-padding batch gives 0, not NaN),
+    "mlm_accuracy" (that sum, at least 1e-5) and, where the batch has next_sentence_labels,
+    "nsp" (the number of rows). They depend on the batch only, never on the parameters."""
+    weight_sum = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+    out = {"mlm_loss": weight_sum + 1e-5, "mlm_accuracy": jnp.maximum(weight_sum, 1e-5)}
+    if "next_sentence_labels" in batch:
+        out["nsp"] = jnp.asarray(batch["next_sentence_labels"].size, jnp.float32)
+    return out
+
+
 def pretraining_loss(
-    outputs: dict[str, Array], batch: dict[str, Any], nsp_weight: float = 1.0
+    outputs: dict[str, Array], batch: dict[str, Any], nsp_weight: float = 1.0,
+    denominators: dict[str, Array] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """Loss = weighted-mean MLM NLL + nsp_weight × mean NSP NLL, all in float32.
 
     batch: masked_lm_ids [batch, n] int, masked_lm_weights [batch, n] float,
       next_sentence_labels [batch] or [batch, 1] int (0 = IsNext, 1 = NotNext).
+    denominators: `pretraining_denominators` of the batch the means run over; None = of
+      `batch` itself. Given those of a larger batch that `batch` is a part of, the loss and
+      every metric are this part's share of the larger batch's values (shares add up).
     """
+    if denominators is None:
+        denominators = pretraining_denominators(batch)
     mlm_logits = outputs["mlm_logits"].astype(jnp.float32)
     ids = batch["masked_lm_ids"].astype(jnp.int32)
     weights = batch["masked_lm_weights"].astype(jnp.float32)
     log_probs = jax.nn.log_softmax(mlm_logits, axis=-1)
     mlm_nll = -jnp.take_along_axis(log_probs, ids[..., None], axis=-1)[..., 0]
-    weight_sum = jnp.sum(weights)
-    # The reference divides by sum(weights) + 1e-5 (so an all-padding batch gives 0, not NaN).
-    mlm_loss = jnp.sum(mlm_nll * weights) / (weight_sum + 1e-5)
+    mlm_loss = jnp.sum(mlm_nll * weights) / denominators["mlm_loss"]
     mlm_correct = (jnp.argmax(mlm_logits, axis=-1) == ids).astype(jnp.float32)
-    mlm_accuracy = jnp.sum(mlm_correct * weights) / jnp.maximum(weight_sum, 1e-5)
+    mlm_accuracy = jnp.sum(mlm_correct * weights) / denominators["mlm_accuracy"]
 
     nsp_logits = outputs["nsp_logits"].astype(jnp.float32)
     labels = batch["next_sentence_labels"].reshape(-1).astype(jnp.int32)
     nsp_log_probs = jax.nn.log_softmax(nsp_logits, axis=-1)
-    nsp_loss = -jnp.mean(jnp.take_along_axis(nsp_log_probs, labels[:, None], axis=-1))
-    nsp_accuracy = jnp.mean((jnp.argmax(nsp_logits, axis=-1) == labels).astype(jnp.float32))
+    nsp_picked = jnp.take_along_axis(nsp_log_probs, labels[:, None], axis=-1)
+    # sum / count is jnp.mean's own expression (the same bits).
+    nsp_loss = -(jnp.sum(nsp_picked) / denominators["nsp"])
+    nsp_correct = (jnp.argmax(nsp_logits, axis=-1) == labels).astype(jnp.float32)
+    nsp_accuracy = jnp.sum(nsp_correct) / denominators["nsp"]
 
     loss = mlm_loss + nsp_weight * nsp_loss
     metrics = {

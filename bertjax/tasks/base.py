@@ -11,12 +11,23 @@ and declares only what is its own:
   model(model_config)           -> the Flax module (BertModel "bert" + head)
   init_inputs()                 -> dummy inputs for model.init
   outputs(model, params, batch, **apply_kwargs) -> the head's outputs for a batch
-  loss(outputs, batch)          -> (loss, metrics) in float32
+  loss(outputs, batch, denominators=None) -> (loss, metrics) in float32
+  denominators(batch)           -> {term: [] float32}: the normalisers of `loss`'s weighted
+                                   means over a batch (sum of example / label weights), which
+                                   `loss` divides by when given them, else computes itself;
+                                   with them accumulated micro-batches sum to one batch
+                                   (bertjax/train/step.py). None: the task has none.
   predict(outputs, batch)       -> {name: [batch, ...]} per-example predictions (jitted)
   metrics(predictions, features, split) -> {metric: float}
   write_outputs(predictions, examples, split, workdir, log)   (test predictions, files)
   hf_head()                     -> how `bertjax.convert to_hf` exports the model (hf_head)
   metric_names, primary_metric  (the primary one selects the best checkpoint)
+and, for predictions from a finished run (bertjax/tasks/predict.py, `python -m bertjax.predict`):
+  state() / restore(state)      what `read` learnt that the model needs (labels, kind, the
+                                v2.0 null threshold), kept in export.json as "task"
+  read_inputs(path, fields)     -> (examples, labelled) of a user's file of new rows
+  examples(items)               -> examples of Python values (strings, pairs, dicts)
+  records(predictions, features, examples) -> one plain record per example, in input order
 
 `FineTuningJob` turns a task into a job for bertjax.train.loop.train: it loads the pre-trained
 encoder (params only, no optimizer state), counts steps from epochs, applies the paper's warmup
@@ -106,8 +117,12 @@ class Task:
         return model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
                            batch["input_mask"], **kwargs)
 
-    def loss(self, outputs, batch):
+    def loss(self, outputs, batch, denominators=None):
         raise NotImplementedError
+
+    # A method `denominators(batch) -> {term: []}` in the families that normalise by weights;
+    # None: accumulated micro-batches average (bertjax.train.step).
+    denominators = None
 
     def predict(self, outputs, batch) -> dict[str, jax.Array]:
         raise NotImplementedError
@@ -127,6 +142,30 @@ class Task:
         """The export record of the trained model (called after the best checkpoint's outputs
         are written): hf_head(...) or unexportable(why)."""
         return unexportable(f"{type(self).__name__} has no Hugging Face BERT class")
+
+    def state(self) -> dict[str, Any]:
+        """What `read` learnt that predictions need (JSON values), kept in export.json."""
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Sets what `read` would have set, from `state()` of the finished run."""
+
+    def read_inputs(self, path: str, fields: dict[str, Any]) -> tuple[list, bool]:
+        """(examples, whether they all carry gold labels) of a file of new rows; `fields`
+        are the users'-files field names (text_a, text_b, label, choices, ...)."""
+        raise ConfigError(f"{type(self).__name__} cannot read new rows")
+
+    def examples(self, items: list) -> list:
+        """Unlabelled examples of Python values (`bertjax.Predictor`)."""
+        raise ConfigError(f"{type(self).__name__} cannot take Python values")
+
+    def records(self, predictions: dict[str, Any], features, examples: list
+                ) -> list[dict[str, Any]]:
+        """One plain record per example, in the examples' order."""
+        raise NotImplementedError
+
+    def release(self, examples: list) -> None:
+        """Forgets what `encode` kept about `examples` (a predictor's inputs come and go)."""
 
     def initial_params(self, model_config, encoder) -> dict[str, Any]:
         """Param groups loaded from the pre-trained checkpoint (called before `encode`): the
@@ -211,6 +250,7 @@ class FineTuningJob:
             + ", ".join(f"{len(v)} {k}" for k, v in self.splits.dev.items())
             + " examples" + task.describe(self.train_features))
         self.loss = functools.partial(_loss, task=task, model=self.model)
+        self.denominators = task.denominators
         self._predict = jax.jit(functools.partial(_predict, task=task, model=self.model))
         self.stages = [Stage(
             name="finetune", start=0, end=self.total_steps, make_input=self._train_input,
@@ -240,19 +280,8 @@ class FineTuningJob:
         return loaded
 
     def predictions(self, params, features, runner) -> dict[str, Any]:
-        """Every row's predictions, in `example_index` order: an array [len(features)] for
-        per-row scalars, a list of len(features) arrays otherwise (batches of different
-        lengths give rows of different shapes, e.g. start logits [seq])."""
-        rows: dict[str, list] = {}
-        batches = self.task.batches(features, self.eval_batch_size, shuffle=False)
-        for batch, predicted in runner.run(self._predict, params, batches):
-            for row, index in enumerate(batch["example_index"]):
-                if index < 0:  # filler row
-                    continue
-                for name, values in predicted.items():
-                    rows.setdefault(name, [None] * len(features))[index] = values[row]
-        return {name: np.stack(values) if np.ndim(values[0]) == 0 else values
-                for name, values in rows.items()}
+        return predict_rows(self.task, self._predict, params, features, self.eval_batch_size,
+                            runner)
 
     def evaluate(self, params, stage: Stage, step: int, runner) -> dict[str, float]:
         results = {}
@@ -281,12 +310,38 @@ class FineTuningJob:
             checkpoint = os.path.abspath(checkpoint)
         return {**self.task.hf_head(), "model": self.model_config.to_dict(),
                 "vocab": str(checkpoint_dir.vocab_path(checkpoint)),
-                "do_lower_case": self.do_lower_case, "init_checkpoint": checkpoint}
+                "do_lower_case": self.do_lower_case, "init_checkpoint": checkpoint,
+                "task": self.task.state()}
 
 
-def _loss(params, batch, rng, *, task: Task, model):
+def predict_rows(task: Task, predict_fn, params, features, batch_size: int, runner,
+                 tokens: dict[str, int] | None = None) -> dict[str, Any]:
+    """Every row's predictions (`predict_fn(params, batch)` over the task's unshuffled
+    batches), in `example_index` order: an array [len(features)] for per-row scalars, a list of
+    len(features) arrays otherwise (batches of different lengths give rows of different
+    shapes, e.g. start logits [seq]). tokens: if given, counts "real" (input_mask) and
+    "computed" token positions of the global batches (padding waste)."""
+    rows: dict[str, list] = {}
+    batches = task.batches(features, batch_size, shuffle=False)
+    for batch, predicted in runner.run(predict_fn, params, batches):
+        if tokens is not None:
+            tokens["real"] += int(np.sum(batch["input_mask"]))
+            tokens["computed"] += int(np.size(batch["input_mask"]))
+        for row, index in enumerate(batch["example_index"]):
+            if index < 0:  # filler row
+                continue
+            for name, values in predicted.items():
+                rows.setdefault(name, [None] * len(features))[index] = values[row]
+    return {name: np.stack(values) if np.ndim(values[0]) == 0 else values
+            for name, values in rows.items()}
+
+
+def _loss(params, batch, rng, denominators=None, *, task: Task, model):
     kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
-    return task.loss(task.outputs(model, params, batch, **kwargs), batch)
+    outputs = task.outputs(model, params, batch, **kwargs)
+    if denominators is None:
+        return task.loss(outputs, batch)
+    return task.loss(outputs, batch, denominators)
 
 
 def _predict(params, batch, *, task: Task, model):

@@ -6,9 +6,11 @@ Input: one example a line, `text` or `text_a ||| text_b`. Output: one JSON objec
   {"linex_index": i, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]},
                                                                ...]}, ...]}
 Layer indices count encoder layers as the reference does: 0 = first layer's output, -1 = last;
-values are rounded to 6 decimals. Examples run in fixed-shape batches [batch_size,
-max_seq_length] through one jit-compiled function (the last batch is padded, so it compiles
-once).
+values are rounded to 6 decimals. Lines are read a window of WINDOW_BATCHES batches at a time
+(memory independent of the file's size), sorted into the fine-tuning engine's length buckets
+(16, 32, ..., max_seq_length: `data_pipeline.finetune_data.bucket_lengths`) and run in
+fixed-shape batches [batch_size, bucket length] through one jit-compiled function (one
+compilation per bucket; a bucket's last batch is padded), then written in input order.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ import numpy as np
 from bertjax import paths
 from bertjax.models import BertConfig, BertModel
 from bertjax.train import multihost
+
+# Lines sorted into buckets together: enough that most batches are full, few enough that a
+# window's features stay small.
+WINDOW_BATCHES = 16
 
 # The reference's pattern: with the greedy left group, a line with several " ||| " splits at
 # the last one. Kept as is so both read odd inputs alike.
@@ -69,6 +75,7 @@ class FeatureExtractor:
         self.config, self.tokenizer = config, tokenizer
         self.layers = list(layers)
         self.max_seq_length, self.batch_size = max_seq_length, batch_size
+        self.tokens = {"real": 0, "computed": 0}
         self.params = jax.device_put(params["bert"] if "bert" in params else params)
         model = BertModel(config)
         # hidden_states[0] is the embedding output; the reference's layer i is index i + 1.
@@ -82,25 +89,44 @@ class FeatureExtractor:
 
         self.compute = jax.jit(compute)
 
-    def _batch_arrays(self, encodings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fixed [batch_size, max_seq_length] arrays; missing rows are all padding."""
-        shape = (self.batch_size, self.max_seq_length)
+    def _batch_arrays(self, encodings, length: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Fixed [batch_size, length] arrays (every encoding fits in `length` tokens); missing
+        rows are all padding."""
+        shape = (self.batch_size, length)
         ids, segments, mask = (np.zeros(shape, np.int32) for _ in range(3))
         for row, enc in enumerate(encodings):
-            ids[row], segments[row], mask[row] = enc.input_ids, enc.segment_ids, enc.input_mask
+            ids[row] = enc.input_ids[:length]
+            segments[row] = enc.segment_ids[:length]
+            mask[row] = enc.input_mask[:length]
         return ids, segments, mask
 
     def __call__(self, lines: Iterable[str]) -> Iterator[dict[str, Any]]:
-        """One reference JSON object per input line, in order."""
+        """One reference JSON object per input line, in order. self.tokens counts the "real"
+        and "computed" token positions (padding waste)."""
+        from data_pipeline.finetune_data import assign_buckets, bucket_lengths
+
+        buckets = bucket_lengths(self.max_seq_length, min(16, self.max_seq_length))
         index = 0
-        for chunk in _chunks(lines, self.batch_size):
-            pairs = [parse_line(line) for line in chunk]
+        for window in _chunks(lines, self.batch_size * WINDOW_BATCHES):
+            pairs = [parse_line(line) for line in window]
             encodings = self.tokenizer.encode_batch(
                 [a for a, _ in pairs], [b for _, b in pairs], max_seq_length=self.max_seq_length)
-            values = np.asarray(self.compute(self.params, *self._batch_arrays(encodings)))
-            for row, enc in enumerate(encodings):
-                yield self._example(index, enc, values[row])
-                index += 1
+            lengths = np.array([sum(enc.input_mask) for enc in encodings])
+            assignment = assign_buckets(lengths, buckets)
+            out: list[dict[str, Any] | None] = [None] * len(window)
+            for bucket, length in enumerate(buckets):
+                members = np.flatnonzero(assignment == bucket)
+                for first in range(0, len(members), self.batch_size):
+                    rows = members[first:first + self.batch_size]
+                    arrays = self._batch_arrays([encodings[i] for i in rows], length)
+                    values = np.asarray(self.compute(self.params, *arrays))
+                    self.tokens["real"] += int(lengths[rows].sum())
+                    self.tokens["computed"] += arrays[0].size
+                    for r, i in enumerate(rows):
+                        out[i] = self._example(index + int(i), encodings[i], values[r])
+            index += len(window)
+            yield from out
 
     def _example(self, index: int, enc, values: np.ndarray) -> dict[str, Any]:
         """values: [n_layers, seq, hidden] for one example."""

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import signal
+import sys
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -68,10 +69,11 @@ def short_reason(error: BaseException) -> str:
 class UnreadableCheckpoint(CheckpointError):
     """A step that fails to restore; `reason` says why in a few words."""
 
-    def __init__(self, path: epath.Path, reason: str):
-        super().__init__(f"{path} is unreadable or does not fit this run's model and optimizer "
-                         f"({reason}); resume with the config it was saved with or use a new "
-                         "--workdir")
+    RESUME_HINT = ("does not fit this run's model and optimizer", "resume with the config it was "
+                   "saved with or use a new --workdir")
+
+    def __init__(self, path: epath.Path, reason: str, hint: tuple[str, str] = RESUME_HINT):
+        super().__init__(f"{path} is unreadable or {hint[0]} ({reason}); {hint[1]}")
         self.reason = reason
 
 
@@ -96,6 +98,38 @@ class _QuietAsyncio:
         gc.collect()  # the failed tasks are collected (and would log) here, quietly
         self._logger.setLevel(self._level)
 
+
+def ignore_late_callbacks() -> None:
+    """When an orbax save or restore fails, tensorstore's other reads and writes of it still
+    complete, into the event loop that orbax closes on the failure; Python reports each as an
+    unraisable "Event loop is closed" RuntimeError (a traceback apiece, before and after the
+    command's error line). Those, and only those, are dropped from the first orbax use on."""
+    previous = sys.unraisablehook
+    if getattr(previous, "drops_late_reads", False):
+        return
+
+    def hook(unraisable):
+        error = unraisable.exc_value
+        if not (isinstance(error, RuntimeError) and str(error) == "Event loop is closed"):
+            previous(unraisable)
+
+    hook.drops_late_reads = True
+    sys.unraisablehook = hook
+
+
+def read_checkpoint(path: epath.Path, read: Callable[[], T], what: str = "",
+                    hint: tuple[str, str] = UnreadableCheckpoint.RESUME_HINT) -> T:
+    """`read()` (an orbax restore of `path`): the one error path of every checkpoint reader
+    (resume, export, bertjax checkpoint directories). Any failure (a truncated or missing file,
+    which tensorstore reports as OUT_OF_RANGE or NOT_FOUND, a shape that does not fit) is an
+    UnreadableCheckpoint naming `path`; `what` says which part was read, `hint` (what else it
+    may be, what to do) completes the line."""
+    ignore_late_callbacks()
+    try:
+        with _QuietAsyncio():
+            return read()
+    except Exception as e:  # orbax / tensorstore raise ValueError, OSError, KeyError...
+        raise UnreadableCheckpoint(path, what + short_reason(e), hint) from None
 
 
 POSITION_PREFIX = "position"
@@ -139,6 +173,7 @@ class Checkpointer:
     def __init__(self, workdir: str, max_to_keep: int = 3, async_save: bool = True,
                  best_metric: str | None = None):
         self.directory = checkpoints_dir(workdir)
+        ignore_late_callbacks()
         policies = [checkpoint_managers.LatestN(max_to_keep)]
         if best_metric:
             policies.append(checkpoint_managers.BestN(
@@ -154,6 +189,7 @@ class Checkpointer:
         logging.getLogger("absl").addFilter(self._log_filter)
         self._pending: int | None = None  # step of an async save not yet known to be done
         self._failed = False
+        self._abandoned = False
         self._sigterm = False
         self._previous_handler = None
         if jax.process_count() == 1:
@@ -209,23 +245,16 @@ class Checkpointer:
         target = jax.tree.map(
             lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
             abstract_state, shardings)
-        try:
-            with _QuietAsyncio():
-                restored = self.manager.restore(step, args=ocp.args.Composite(
-                    state=ocp.args.StandardRestore(target), meta=ocp.args.JsonRestore()))
-        except Exception as e:
-            raise UnreadableCheckpoint(self._path(step), short_reason(e)) from None
+        restored = read_checkpoint(self._path(step), lambda: self.manager.restore(
+            step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
+                                          meta=ocp.args.JsonRestore())))
         return restored["state"], dict(restored["meta"])
 
     def restore_data(self, step: int, iterator: Any) -> None:
         """Moves `iterator` to where it was when `step` was saved."""
-        try:
-            with _QuietAsyncio():
-                self.manager.restore(
-                    step, args=ocp.args.Composite(data=DataIteratorRestore(iterator)))
-        except Exception as e:
-            raise UnreadableCheckpoint(self._path(step),
-                                       f"input position: {short_reason(e)}") from None
+        read_checkpoint(self._path(step), lambda: self.manager.restore(
+            step, args=ocp.args.Composite(data=DataIteratorRestore(iterator))),
+            what="input position: ")
 
     def restore_newest(self, restore: Callable[[int], T], log) -> tuple[int, T] | None:
         """(step, restore(step)) for the newest step that restores; None without checkpoints.
@@ -280,9 +309,17 @@ class Checkpointer:
         except Exception as e:
             raise self._save_error(pending, e) from None
 
+    def abandon(self) -> None:
+        """Makes `close` leave a pending save unfinished (another process of the job is gone,
+        and the save would wait for it): orbax never marks it complete."""
+        self._abandoned = True
+
     def close(self) -> None:
         """Finishes the pending save and releases the manager; a save error already raised is
         not raised again (it would hide the first report)."""
+        if self._abandoned:
+            logging.getLogger("absl").removeFilter(self._log_filter)
+            return
         try:
             if not self._failed:
                 self.wait()
@@ -310,17 +347,18 @@ def read_params(workdir: str, step: int) -> Any:
     absl_logger = logging.getLogger("absl")
     level = absl_logger.level
     absl_logger.setLevel(logging.ERROR)  # "no _CHECKPOINT_METADATA": it is the step's, above
+
+    def read():
+        saved = checkpointer.metadata(path).item_metadata.tree["params"]
+        target = {"params": jax.tree.map(
+            lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=host), saved)}
+        # The params alone: the optimizer's moments (2x the params) are never read.
+        return checkpointer.restore(path, args=ocp.args.PyTreeRestore(
+            item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True))
+
     try:
-        with _QuietAsyncio():
-            saved = checkpointer.metadata(path).item_metadata.tree["params"]
-            target = {"params": jax.tree.map(
-                lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=host), saved)}
-            # The params alone: the optimizer's moments (2x the params) are never read.
-            state = checkpointer.restore(path, args=ocp.args.PyTreeRestore(
-                item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target),
-                partial_restore=True))
-    except Exception as e:
-        raise UnreadableCheckpoint(path, short_reason(e)) from None
+        state = read_checkpoint(path, read)
     finally:
         absl_logger.setLevel(level)
     return jax.tree.map(np.asarray, state["params"])

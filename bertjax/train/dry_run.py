@@ -5,8 +5,11 @@ so nothing model-sized is allocated, and an out-of-memory configuration is caugh
 
 With `--topology=v5p-32` (bertjax/train/topology.py) the step is compiled by the TPU compiler
 (libtpu) for that slice, on any machine: per chip, memory against HBM (or "does not fit" with
-the compiler's figures), FLOPs, the step time of XLA's cost model, sequences/s, MFU and the time
-to finish each stage. `--sweep` ranks mesh shapes, batch sizes, remat and scan that way.
+the compiler's figures), FLOPs, bytes, the step time of XLA's cost model, sequences/s, MFU and
+the time to finish each stage. Layers are compiled unrolled, at 2 and 3 layers, and every
+figure extrapolated linearly to the model's (`--dry_run_exact`: the full step); `--breakdown`
+adds where the bytes and time go (bertjax/train/hlo_costs.py). `--sweep` ranks mesh shapes,
+batch sizes and remat that way.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ from bertjax.train import step as step_lib
 from bertjax.train import topology as topology_lib
 
 GIB = 1024.0**3
+
+# The smaller of the two layer counts compiled and extrapolated from. Not 1: a 1-layer step's
+# cost-model time and temporaries are off the line of deeper steps (its peak memory is set by
+# what does not grow with depth); see docs/tpu_aot.md.
+FIT_LAYERS = 2
 
 
 def parameter_table(params: Any) -> list[tuple[str, int]]:
@@ -66,7 +74,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
     )
     batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
     train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding, batch_sharding,
-                                         job.grad_accum_steps)
+                                         job.grad_accum_steps, getattr(job, "denominators", None))
     stages = {}
     header = (
         f"  {'stage':<8} {'seq':>5} {'preds':>5} {'GFLOP/seq':>10} {'XLA GFLOP/seq':>14} "
@@ -114,47 +122,59 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
 
 
 def on_slice(make_job: Callable[[Any], Any], config, topology: str | None, sweep_: bool = False,
-             sweep_seconds: float = 600.0, print_fn=print) -> bool:
-    """The `--dry_run --topology [--sweep]` report; False (nothing done) without a topology."""
+             sweep_seconds: float = 600.0, exact: bool = False, breakdown: bool = False,
+             print_fn=print) -> bool:
+    """The `--dry_run --topology [--sweep] [--dry_run_exact] [--breakdown]` report; False
+    (nothing done) without a topology."""
     if not topology:
-        if sweep_:
-            raise ConfigError("--sweep needs --topology (e.g. --topology=v5p-32)")
+        if sweep_ or breakdown or exact:
+            raise ConfigError("--sweep, --breakdown and --dry_run_exact need --topology (e.g. "
+                              "--topology=v5p-32)")
         return False
     topology_lib.parse(topology)  # a bad name is reported before anything is built
     use_tpu_dtype(config)
     if sweep_:
-        sweep(make_job, config, topology, print_fn, budget_seconds=sweep_seconds)
+        sweep(make_job, config, topology, print_fn, budget_seconds=sweep_seconds, exact=exact)
     else:
-        run_on_slice(make_job(config), config, topology, print_fn)
+        run_on_slice(make_job, config, topology, exact, breakdown, print_fn)
     return True
 
 
 def define_flags(what: str) -> None:
-    """The --dry_run / --topology / --sweep / --sweep_seconds flags of a job command; `what`
-    says what the dry run reads (e.g. "the config's data and checkpoint")."""
+    """The --dry_run / --topology / --dry_run_exact / --breakdown / --sweep / --sweep_seconds
+    flags of a job command; `what` says what the dry run reads (e.g. "the config's data")."""
     from absl import flags
 
     flags.DEFINE_bool("dry_run", False, f"Read {what}, print parameters, FLOPs and per-device "
                       "memory of the compiled train step; exit.")
     flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
                         "with the TPU compiler, on any machine (needs the tpu extra): v4-32, "
-                        "v5p-128, v5litepod-16, v6e-64, v5p:4x4x4.")
-    flags.DEFINE_bool("sweep", False, "With --dry_run --topology: try meshes, batch sizes, "
-                      "remat and scan; list those that fit, fastest first, with their flags.")
+                        "v5p-128, v5litepod-16, v6e-64, v5p:4x4x4. The steps of 2 and 3 "
+                        "unrolled layers are compiled and extrapolated to the model's layers.")
+    flags.DEFINE_bool("dry_run_exact", False, "With --topology: compile the full step, every "
+                      "layer unrolled, instead of extrapolating (slower).")
+    flags.DEFINE_bool("breakdown", False, "With --topology: print where the step's HBM bytes, "
+                      "FLOPs and time go, by category and by op.")
+    flags.DEFINE_bool("sweep", False, "With --dry_run --topology: try meshes, batch sizes "
+                      "and remat; list those that fit, fastest first, with their flags.")
     flags.DEFINE_integer("sweep_seconds", 600, "Compile-time budget of --sweep.")
 
 
-def from_flags(make_job: Callable[[Any], Any], config) -> bool:
+def from_flags(make_job: Callable[[Any], Any], config, vary_layers: bool = True) -> bool:
     """With --dry_run: its report for make_job(config) (for --topology's slice, or --sweep),
-    then True. Without: False, after refusing --topology / --sweep."""
+    then True. Without: False, after refusing the other dry-run flags. vary_layers=False where
+    make_job cannot build the model with fewer layers (fine-tuning: the checkpoint fixes them):
+    the full step is then compiled."""
     from absl import flags
 
     f = flags.FLAGS
     if not f.dry_run:
-        if f.topology or f.sweep:
-            raise ConfigError("--topology and --sweep need --dry_run")
+        if f.topology or f.sweep or f.breakdown or f.dry_run_exact:
+            raise ConfigError("--topology, --sweep, --breakdown and --dry_run_exact need "
+                              "--dry_run")
         return False
-    if not on_slice(make_job, config, f.topology, f.sweep, f.sweep_seconds):
+    if not on_slice(make_job, config, f.topology, f.sweep, f.sweep_seconds,
+                    exact=f.dry_run_exact or not vary_layers, breakdown=f.breakdown):
         run(make_job(config), config)
     return True
 
@@ -164,6 +184,73 @@ def use_tpu_dtype(config) -> None:
     machine the dry run runs on would pick float32)."""
     if config.model.get("dtype", "auto") == "auto":
         config.model.dtype = "bfloat16"
+
+
+@dataclasses.dataclass(frozen=True)
+class Measure:
+    """What the compiler says of one compiled train step, per chip."""
+
+    argument_bytes: float
+    output_bytes: float  # outputs not aliased to (donated) arguments
+    temp_bytes: float
+    flops: float  # XLA's count of the compiled step
+    bytes_accessed: float  # XLA's HBM traffic estimate
+    seconds: float | None  # XLA's cost model; None where it gives no time (< 0)
+    groups: dict | None = None  # the optimized HLO op by op: {"category" | "op": {key: Group}}
+
+    @property
+    def hlo_bytes(self) -> float | None:
+        """HBM bytes of the optimized HLO's ops (bertjax/train/hlo_costs.py)."""
+        if not self.groups:
+            return None
+        return sum(g.bytes for g in self.groups["category"].values())
+
+
+def measure(compiled, slice_: topology_lib.Slice) -> Measure:
+    """A compiled step's memory, FLOPs, bytes, cost-model time and its ops' costs."""
+    from bertjax.train import hlo_costs
+
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
+    seconds = float(cost.get("optimal_seconds", -1.0))
+    ops = hlo_costs.op_costs(compiled.as_text())
+    rates = (slice_.peak_flops, slice_.chip.hbm_gbps * 1e9)
+    groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates),
+              "op": hlo_costs.group(ops, hlo_costs.short_label, *rates)}
+    return Measure(float(memory.argument_size_in_bytes),
+                   float(memory.output_size_in_bytes - memory.alias_size_in_bytes),
+                   float(memory.temp_size_in_bytes), float(cost.get("flops", 0.0)),
+                   float(cost.get("bytes accessed", 0.0)), seconds if seconds > 0 else None,
+                   groups)
+
+
+def extrapolate(one: Measure, two: Measure, layers: int, first: int = FIT_LAYERS) -> Measure:
+    """The step of `layers` encoder layers from compiles of `first` and `first` + 1 unrolled
+    layers: every figure is fixed + per-layer × layers, i.e. one + (layers - first) × (two -
+    one)."""
+    def line(a, b):
+        return None if a is None or b is None else a + (layers - first) * (b - a)
+
+    groups = None
+    if one.groups and two.groups:
+        from bertjax.train import hlo_costs
+
+        groups = {k: hlo_costs.extrapolate_groups(one.groups[k], two.groups[k],
+                                                  layers - first + 1)
+                  for k in one.groups}
+    fields = ("argument_bytes", "output_bytes", "temp_bytes", "flops", "bytes_accessed",
+              "seconds")
+    return Measure(*(line(getattr(one, f), getattr(two, f)) for f in fields), groups)
+
+
+def scaled(m: Measure, steps: int) -> Measure:
+    """A gradient-accumulation step: XLA's cost analysis counts the loop body (one
+    micro-batch) once, so FLOPs, bytes and time are taken `steps` times."""
+    if steps == 1:
+        return m
+    return dataclasses.replace(m, flops=m.flops * steps, bytes_accessed=m.bytes_accessed * steps,
+                               seconds=m.seconds and m.seconds * steps)
 
 
 @dataclasses.dataclass
@@ -180,10 +267,14 @@ class StageCost:
     hbm_bytes: float  # the chip's HBM, or what the compiler said is available
     fits: bool
     model_flops: float  # model FLOPs of one step, whole slice (for MFU)
-    xla_flops: float | None  # FLOPs of the compiled step per chip (loops unrolled, see below)
-    step_seconds: float | None  # XLA's cost model (`optimal_seconds`)
+    xla_flops: float | None  # FLOPs of the compiled step per chip
+    step_seconds: float | None  # XLA's cost model (`optimal_seconds`); None: it gives none
     message: str = ""  # the compiler's out-of-memory message
-    roofline: bool = False  # step time from FLOPs and HBM traffic, not the cost model
+    bytes_accessed: float | None = None  # XLA's HBM traffic per chip
+    hlo_bytes: float | None = None  # HBM bytes of the optimized HLO's ops (hlo_costs.py)
+    groups: dict | None = None  # the ops' costs by category and by op (see Measure)
+    compute_bound: float | None = None  # seconds: XLA's FLOPs at the chip's peak
+    memory_bound: float | None = None  # seconds: hlo_bytes at the chip's HBM bandwidth
 
     @property
     def sequences_per_second(self) -> float | None:
@@ -218,76 +309,130 @@ def _shard_bytes(abstract: Any, shardings: Any) -> float:
                      for a, s in zip(leaves, specs, strict=True)))
 
 
-def _layer_flops(model_config, seq_len: int) -> float:
-    """Training FLOPs of one encoder layer on one sequence (3 × forward; 4 × with full
-    rematerialisation, which runs the forward pass again)."""
-    from bertjax.train import flops as flops_lib
+def layer_config(config, layers: int | None):
+    """A copy of `config` whose encoder is unrolled (and has `layers` layers, unless None):
+    what the calibrated dry run compiles."""
+    config = config.copy_and_resolve_references()
+    with config.unlocked():  # fine-tuning's config.model holds only the fields it overrides
+        config.model.scan_layers = False
+        if layers is not None:
+            config.model.num_layers = layers
+    return config
 
-    one = dataclasses.replace(model_config, num_layers=1)
-    forward = flops_lib.forward_flops_per_sequence(one, seq_len, 0)
-    return (4.0 if model_config.remat_policy == "full" else 3.0) * forward
+
+@dataclasses.dataclass
+class _Step:
+    """A job's train step, ready to compile on a slice's devices."""
+
+    job: Any
+    train_step: Any
+    abstract_state: Any
+    state_bytes: float  # the state's shards on one chip
+    batch_sharding: Any
+
+    @classmethod
+    def build(cls, job, config, devices) -> _Step:
+        tx, schedule = job.optimizer()
+        mesh = sharding_lib.make_mesh(config.mesh, devices)
+        configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
+        abstract_state, state_sharding = step_lib.state_shardings(
+            job.init_params, tx, mesh, config.logical_axis_rules)
+        batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
+        train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
+                                             batch_sharding, job.grad_accum_steps,
+                                             getattr(job, "denominators", None))
+        return cls(job, train_step, abstract_state,
+                   _shard_bytes(abstract_state, state_sharding), batch_sharding)
+
+    def batch_bytes(self, stage) -> float:
+        spec = stage.batch_spec
+        return _shard_bytes(spec, jax.tree.map(lambda _: self.batch_sharding, spec))
+
+    def compile(self, stage_name: str, slice_: topology_lib.Slice) -> Measure | str:
+        """The stage's step compiled for the slice → its Measure, or the compiler's
+        out-of-memory message (any other compile error is raised)."""
+        stage = next(s for s in self.job.stages if s.name == stage_name)
+        # A TPU executable compiled without a TPU client cannot be read back from JAX's
+        # persistent compilation cache (a warning per entry): keep it out of the cache. (JAX
+        # decides once per process, at its first compile: this holds where the TPU compile
+        # comes first, as in the commands.)
+        caching = jax.config.jax_enable_compilation_cache
+        jax.config.update("jax_enable_compilation_cache", False)
+        try:
+            compiled = self.train_step.lower(self.abstract_state, stage.batch_spec).compile()
+        except jax.errors.JaxRuntimeError as e:
+            message = " ".join(str(e).split())
+            if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
+                raise
+            return message
+        finally:
+            jax.config.update("jax_enable_compilation_cache", caching)
+        return scaled(measure(compiled, slice_), self.job.grad_accum_steps)
 
 
-def compile_stage(job, stage, train_step, abstract_state, state_sharding, batch_sharding,
-                  slice_: topology_lib.Slice) -> StageCost:
-    """Compiles `stage`'s train step for the slice; an out-of-memory compile is reported (with
-    the compiler's figures), never raised."""
-    chips = slice_.num_chips
-    batch = job.batch_size
-    spec = stage.batch_spec
-    args = _shard_bytes(abstract_state, state_sharding) + _shard_bytes(
-        spec, jax.tree.map(lambda _: batch_sharding, spec))
+def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_lib.Slice
+                ) -> StageCost:
+    """StageCost of a stage of the full job from its (compiled or extrapolated) Measure, or
+    from the compiler's out-of-memory message."""
     common = dict(name=stage.name, seq_len=stage.tokens_per_example,
-                  steps=stage.end - stage.start, batch_size=batch,
-                  model_flops=stage.flops_per_example * batch)
-    # A TPU executable compiled without a TPU client cannot be read back from JAX's persistent
-    # compilation cache (a warning per entry): keep it out of the cache. (JAX decides once per
-    # process, at its first compile: this holds where the TPU compile comes first, as in the
-    # commands.)
-    caching = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
-        compiled = train_step.lower(abstract_state, spec).compile()
-    except jax.errors.JaxRuntimeError as e:
-        message = " ".join(str(e).split())
-        if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
-            raise
-        needed, available = _oom_sizes(message)
+                  steps=stage.end - stage.start, batch_size=full.job.batch_size,
+                  model_flops=stage.flops_per_example * full.job.batch_size)
+    if isinstance(measured, str):
+        args = full.state_bytes + full.batch_bytes(stage)
+        needed, available = _oom_sizes(measured)
         temp = needed or float("nan")
         return StageCost(**common, argument_bytes=args, temp_bytes=temp, total_bytes=args + temp,
                          hbm_bytes=available or slice_.hbm_bytes, fits=False, xla_flops=None,
-                         step_seconds=None, message=message)
-    finally:
-        jax.config.update("jax_enable_compilation_cache", caching)
-    memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
-    args = float(memory.argument_size_in_bytes)
-    temp = float(memory.temp_size_in_bytes)
-    total = args + memory.output_size_in_bytes - memory.alias_size_in_bytes + temp
-    flops = float(cost.get("flops", 0.0)) or None
-    seconds = float(cost.get("optimal_seconds", 0.0))
-    roofline = not seconds > 0  # libtpu's v4 cost model returns negative times
-    if roofline and flops:
-        # The roofline instead: the step takes at least its FLOPs at peak and its HBM traffic
-        # at full bandwidth.
-        seconds = max(flops / slice_.peak_flops,
-                      float(cost.get("bytes accessed", 0.0)) / (slice_.chip.hbm_gbps * 1e9))
-    seconds = seconds or None
-    # XLA's cost analysis counts a loop body once: scanned layers count one layer, gradient
-    # accumulation one micro-batch. Add the other layers' FLOPs and scale the time alike.
-    accum = job.grad_accum_steps
-    cfg = job.model_config
-    if flops and seconds and cfg.scan_layers:
-        extra = ((cfg.num_layers - 1) * _layer_flops(cfg, stage.tokens_per_example)
-                 * batch / accum / chips)
-        seconds *= (flops + extra) / flops
-        flops += extra
-    if flops and seconds and accum > 1:
-        flops, seconds = flops * accum, seconds * accum
-    return StageCost(**common, argument_bytes=args, temp_bytes=temp, total_bytes=total,
-                     hbm_bytes=slice_.hbm_bytes, fits=total <= slice_.hbm_bytes,
-                     xla_flops=flops, step_seconds=seconds, roofline=roofline)
+                         step_seconds=None, message=measured)
+    m = measured
+    total = m.argument_bytes + m.output_bytes + m.temp_bytes
+    return StageCost(**common, argument_bytes=m.argument_bytes, temp_bytes=m.temp_bytes,
+                     total_bytes=total, hbm_bytes=slice_.hbm_bytes,
+                     fits=total <= slice_.hbm_bytes, xla_flops=m.flops or None,
+                     step_seconds=m.seconds, bytes_accessed=m.bytes_accessed,
+                     hlo_bytes=m.hlo_bytes, groups=m.groups,
+                     compute_bound=m.flops / slice_.peak_flops,
+                     memory_bound=(m.hlo_bytes or m.bytes_accessed)
+                     / (slice_.chip.hbm_gbps * 1e9))
+
+
+def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
+                   devices, exact: bool = False, until_misfit: bool = False
+                   ) -> tuple[list[StageCost], str]:
+    """Each stage's train step on the slice, with its layers unrolled → (costs, how they were
+    obtained). By default the steps of FIT_LAYERS and FIT_LAYERS + 1 layers are compiled and
+    every figure extrapolated linearly to the model's layers; exact: the full step is compiled.
+    until_misfit: longest sequences first, stopping at the first stage that does not fit."""
+    full = _Step.build(make_job(layer_config(config, None)), config, devices)
+    layers = full.job.model_config.num_layers
+    first = FIT_LAYERS
+    exact = exact or layers <= first + 1
+    if exact:
+        variants = [full]
+        method = f"measured: the full step compiled, layers unrolled ({layers})"
+    else:
+        variants = [_Step.build(make_job(layer_config(config, n)), config, devices)
+                    for n in (first, first + 1)]
+        method = (f"extrapolated to {layers} layers from compiles of {first} and {first + 1} "
+                  "unrolled layers (fixed + per-layer x layers); analytic model FLOPs for MFU")
+    stages = full.job.stages
+    if until_misfit:
+        stages = sorted(stages, key=lambda s: -s.tokens_per_example)
+    costs = []
+    for stage in stages:
+        measured = []
+        for variant in variants:  # an out-of-memory compile ends the stage's compiles
+            measured.append(variant.compile(stage.name, slice_))
+            if isinstance(measured[-1], str):
+                break
+        if isinstance(measured[-1], str) or exact:
+            result = measured[-1]
+        else:
+            result = extrapolate(*measured, layers, first)
+        costs.append(_stage_cost(stage, full, result, slice_))
+        if until_misfit and not costs[-1].fits:
+            break
+    return costs, method
 
 
 def _duration(seconds: float | None) -> str:
@@ -305,10 +450,12 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
-    """The per-chip table of `run_on_slice`, one line per stage."""
+    """The per-chip table of `run_on_slice`, one line per stage. TFLOP/chip: XLA's count;
+    XLA GB: its bytes accessed; HLO GB: the HBM bytes of the optimized HLO's ops."""
     lines = [f"  {'stage':<8} {'seq':>5} {'batch':>6} {'args GiB':>9} {'temp GiB':>9} "
-             f"{'total GiB':>10} {'HBM GiB':>8} {'fits':>4} {'TFLOP/chip':>10} {'step ms':>8} "
-             f"{'seq/s':>9} {'MFU':>6} {'steps':>9} {'time':>9}"]
+             f"{'total GiB':>10} {'HBM GiB':>8} {'fits':>4} {'TFLOP/chip':>10} "
+             f"{'XLA GB':>7} {'HLO GB':>7} {'step ms':>8} {'seq/s':>9} {'MFU':>6} {'steps':>9} "
+             f"{'time':>9}"]
     for c in costs:
         mfu = c.mfu(slice_)
         lines.append(
@@ -316,6 +463,8 @@ def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]
             f"{_fmt(c.temp_bytes / GIB, '.2f'):>9} {_fmt(c.total_bytes / GIB, '.2f'):>10} "
             f"{c.hbm_bytes / GIB:>8.2f} {'yes' if c.fits else 'NO':>4} "
             f"{_fmt(c.xla_flops and c.xla_flops / 1e12, '.2f'):>10} "
+            f"{_fmt(c.bytes_accessed and c.bytes_accessed / 1e9, '.1f'):>7} "
+            f"{_fmt(c.hlo_bytes and c.hlo_bytes / 1e9, '.1f'):>7} "
             f"{_fmt(c.step_seconds and c.step_seconds * 1e3, '.1f'):>8} "
             f"{_fmt(c.sequences_per_second, ',.0f'):>9} "
             f"{_fmt(mfu and 100 * mfu, '.1f') + ('%' if mfu else ''):>6} {c.steps:>9,} "
@@ -323,36 +472,51 @@ def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]
     return lines
 
 
-def _compile_job(job, config, slice_: topology_lib.Slice, devices,
-                 until_misfit: bool = False) -> list[StageCost]:
-    """Compiles each stage of `job` on the slice's devices with the config's mesh and rules;
-    until_misfit: longest sequences first, stopping at the first stage that does not fit."""
-    tx, schedule = job.optimizer()
-    mesh = sharding_lib.make_mesh(config.mesh, devices)
-    configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
-    abstract_state, state_sharding = step_lib.state_shardings(
-        job.init_params, tx, mesh, config.logical_axis_rules)
-    batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
-    train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding, batch_sharding,
-                                         job.grad_accum_steps)
-    stages = job.stages
-    if until_misfit:
-        stages = sorted(stages, key=lambda s: -s.tokens_per_example)
-    costs = []
-    for stage in stages:
-        costs.append(compile_stage(job, stage, train_step, abstract_state, state_sharding,
-                                   batch_sharding, slice_))
-        if until_misfit and not costs[-1].fits:
-            break
-    return costs
+def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
+    """What the table cannot say: stages without a cost-model time (with their two roofline
+    lower bounds) and stages that do not fit."""
+    lines = []
+    for c in costs:
+        if c.fits and c.step_seconds is None and c.compute_bound is not None:
+            lines.append(
+                f"  {c.name}: libtpu's cost model gives no step time for {slice_.chip.family} "
+                "(optimal_seconds < 0), so no time or MFU is estimated. Two lower bounds "
+                f"instead: XLA's FLOPs at peak, {c.compute_bound * 1e3:.1f} ms; the HBM "
+                "bytes of the optimized HLO's ops at full bandwidth, "
+                f"{c.memory_bound * 1e3:.1f} ms.")
+        if not c.fits:
+            lines.append(f"  {c.name} does not fit: {c.total_bytes / GIB:.2f} GiB per chip "
+                         f"needed, {c.hbm_bytes / GIB:.2f} GiB available"
+                         + (f" (compiler: {c.message[:240]})" if c.message else ""))
+    return lines
 
 
-def run_on_slice(job, config, topology: str, print_fn=print) -> list[StageCost]:
+def breakdown_lines(cost: StageCost, top: int = 25) -> list[str]:
+    """--breakdown: the stage's HBM bytes, matmul FLOPs and per-op roofline time by category
+    and by op (bertjax/train/hlo_costs.py)."""
+    from bertjax.train import hlo_costs
+
+    groups = cost.groups or {}
+    if not groups:
+        return []
+    lines = [f"Breakdown of {cost.name}, per chip (optimized HLO, op by op: HBM bytes of "
+             "operands and results, matmul FLOPs; 'bound' = max(FLOPs / peak, bytes / HBM "
+             "bandwidth) per op, summed):"]
+    lines += hlo_costs.table(groups["category"], "category")
+    lines += hlo_costs.table(groups["op"], f"top {top} ops (fwd/bwd: forward/backward pass)",
+                             top=top)
+    return lines
+
+
+def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: bool = False,
+                 breakdown: bool = False, print_fn=print) -> list[StageCost]:
     """Compiles every stage's train step for a Cloud TPU slice (TPU compiler, any machine) and
-    prints the per-chip table: memory against HBM, FLOPs, step time, sequences/s, MFU, time."""
+    prints the per-chip table: memory against HBM, FLOPs, bytes, step time, sequences/s, MFU,
+    time (see compile_stages for how)."""
     slice_ = topology_lib.parse(topology)
     devices = topology_lib.devices(slice_)
     mesh_shape = sharding_lib.mesh_shape(config.mesh, len(devices))
+    job = make_job(config)
     cfg = job.model_config
     print_fn(f"{type(job.model).__name__} ({config.get('preset', 'custom')}) on "
              f"{slice_.accelerator_type} ({slice_.topology_name}): {slice_.num_chips} chips of "
@@ -360,24 +524,21 @@ def run_on_slice(job, config, topology: str, print_fn=print) -> list[StageCost]:
     print_fn(f"Mesh {dict(zip(sharding_lib.MESH_AXES, mesh_shape, strict=True))}; global batch "
              f"{job.batch_size}" + (f" in {job.grad_accum_steps} micro-batches"
                                     if job.grad_accum_steps > 1 else "")
-             + f"; {cfg.dtype}; remat {cfg.remat_policy}; scan_layers {cfg.scan_layers}")
+             + f"; {cfg.dtype}; remat {cfg.remat_policy}; layers {cfg.num_layers}")
+    if cfg.scan_layers:
+        print_fn("  (the config scans its layers; compiled unrolled here: a scanned step's time "
+                 "is not costed right by XLA, and its temporaries are larger)")
     start = time.time()
-    costs = _compile_job(job, config, slice_, devices)
-    print_fn("Train step per chip (TPU compiler; step time from XLA's cost model):")
-    for line in stage_table(costs, slice_):
+    costs, method = compile_stages(make_job, config, slice_, devices, exact=exact)
+    print_fn(f"Train step per chip (TPU compiler; step time from XLA's cost model; {method}):")
+    for line in stage_table(costs, slice_) + notes(costs, slice_):
         print_fn(line)
-    for c in costs:
-        if c.roofline and c.step_seconds:
-            print_fn(f"  {c.name}: no cost-model time from the compiler; step time is the "
-                     "roofline max(FLOPs / peak, HBM bytes / bandwidth)")
-        if not c.fits:
-            print_fn(f"  {c.name} does not fit: {c.total_bytes / GIB:.2f} GiB per chip needed, "
-                     f"{c.hbm_bytes / GIB:.2f} GiB available"
-                     + (f" (compiler: {c.message[:240]})" if c.message else ""))
     total = [c.seconds for c in costs]
-    if all(total):
-        print_fn(f"All {sum(c.steps for c in costs):,} steps: {_duration(sum(total))} "
-                 f"(compiled in {time.time() - start:.0f} s)")
+    print_fn((f"All {sum(c.steps for c in costs):,} steps: {_duration(sum(total))} "
+              if all(total) else "") + f"(compiled in {time.time() - start:.0f} s)")
+    for c in costs if breakdown else []:
+        for line in breakdown_lines(c):
+            print_fn(line)
     return costs
 
 
@@ -406,7 +567,6 @@ def mesh_candidates(num_chips: int, num_heads: int) -> list[tuple[int, int, int]
 class Candidate:
     mesh: tuple[int, int, int]
     remat: str
-    scan: bool
     batch_size: int  # global
     costs: list[StageCost]
 
@@ -426,26 +586,26 @@ class Candidate:
         data, fsdp, tensor = self.mesh
         return (f"--config.mesh.data={data} --config.mesh.fsdp={fsdp} "
                 f"--config.mesh.tensor={tensor} --config.train.batch_size={self.batch_size} "
-                f"--config.model.remat_policy={self.remat} "
-                f"--config.model.scan_layers={str(self.scan).lower()}")
+                f"--config.model.remat_policy={self.remat} --config.model.scan_layers=false")
 
 
-def _try(make_job, config, slice_, devices, mesh, remat, scan, batch_size) -> Candidate:
+def _try(make_job, config, slice_, devices, mesh, remat, batch_size, exact) -> Candidate:
     config = config.copy_and_resolve_references()
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
     config.train.batch_size = batch_size
     with config.unlocked():  # fine-tuning's config.model holds only the fields it overrides
-        config.model.remat_policy, config.model.scan_layers = remat, scan
-    costs = _compile_job(make_job(config), config, slice_, devices, until_misfit=True)
-    return Candidate(mesh, remat, scan, batch_size, costs)
+        config.model.remat_policy = remat
+    costs, _ = compile_stages(make_job, config, slice_, devices, exact, until_misfit=True)
+    return Candidate(mesh, remat, batch_size, costs)
 
 
 def sweep(make_job: Callable[[Any], Any], config, topology: str, print_fn=print,
-          budget_seconds: float = 600.0) -> list[Candidate]:
-    """Tries meshes (data / fsdp / tensor), batch sizes, remat policies and scanned layers on a
-    slice; prints the configurations that fit, by estimated sequences/s, with the flags that
-    select each. For each mesh, remat and scan, batches are tried largest first and the first
-    that fits is kept (a larger batch would not fit; a smaller one is rarely faster).
+          budget_seconds: float = 600.0, exact: bool = False) -> list[Candidate]:
+    """Tries meshes (data / fsdp / tensor), batch sizes and remat policies on a slice (layers
+    unrolled, estimated as in compile_stages); prints the configurations that fit, by estimated
+    sequences/s, with the flags that select each. For each mesh and remat, batches are tried
+    largest first and the first that fits is kept (a larger batch would not fit; a smaller one
+    is rarely faster).
 
     make_job(config) -> the job of a config (pre-training or fine-tuning). Compiles stop after
     `budget_seconds`; the candidates not tried are counted.
@@ -453,14 +613,14 @@ def sweep(make_job: Callable[[Any], Any], config, topology: str, print_fn=print,
     slice_ = topology_lib.parse(topology)
     devices = topology_lib.devices(slice_)
     heads = make_job(config).model_config.num_heads
-    keys = [(mesh, remat, scan) for scan in (True, False) for remat in REMAT_POLICIES
+    keys = [(mesh, remat) for remat in REMAT_POLICIES
             for mesh in mesh_candidates(slice_.num_chips, heads)]
     print_fn(f"Sweep on {slice_.accelerator_type} ({slice_.topology_name}, {slice_.num_chips} "
-             f"chips): {len(keys)} mesh/remat/scan settings x batches "
+             f"chips): {len(keys)} mesh/remat settings x batches "
              f"{'/'.join(map(str, PER_REPLICA_BATCHES))} per replica, largest first "
              f"(budget {budget_seconds:.0f} s)")
     start, results, untried = time.time(), [], 0
-    for mesh, remat, scan in keys:
+    for mesh, remat in keys:
         for per_replica in PER_REPLICA_BATCHES:
             if time.time() - start > budget_seconds:
                 untried += 1
@@ -468,17 +628,18 @@ def sweep(make_job: Callable[[Any], Any], config, topology: str, print_fn=print,
             batch = per_replica * mesh[0] * mesh[1]
             tic = time.time()
             try:
-                candidate = _try(make_job, config, slice_, devices, mesh, remat, scan, batch)
+                candidate = _try(make_job, config, slice_, devices, mesh, remat, batch, exact)
             except ConfigError as e:  # e.g. a batch the mesh cannot split
                 print_fn(f"  skipped mesh {mesh} batch {batch}: {e}")
                 continue
             speed = candidate.sequences_per_second
             worst = max(candidate.costs, key=lambda c: c.total_bytes / c.hbm_bytes)
             verdict = (f"{speed:,.0f} seq/s" if speed else
+                       "fits (no cost-model time on this chip)" if candidate.fits else
                        f"{worst.name} does not fit ({worst.total_bytes / GIB:.1f} of "
                        f"{worst.hbm_bytes / GIB:.1f} GiB)")
             print_fn(f"  mesh data/fsdp/tensor {'x'.join(map(str, mesh)):<8} batch {batch:>6} "
-                     f"remat {remat:<4} scan {str(scan):<5}: {verdict} "
+                     f"remat {remat:<4}: {verdict} "
                      f"({time.time() - tic:.0f} s)")
             results.append(candidate)
             if candidate.fits:
@@ -497,5 +658,7 @@ def sweep(make_job: Callable[[Any], Any], config, topology: str, print_fn=print,
                  f"{max(s.total_bytes for s in c.costs) / GIB:>8.2f} "
                  f"{_duration(sum(s.seconds for s in c.costs)):>9}  {c.flags()}")
     if not ranked:
-        print_fn("  none: every configuration tried runs out of HBM")
+        print_fn("  none ranked: " + ("libtpu's cost model gives no step time for "
+                                      f"{slice_.chip.family}" if any(c.fits for c in results)
+                                      else "every configuration tried runs out of HBM"))
     return ranked

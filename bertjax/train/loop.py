@@ -13,12 +13,18 @@ checkpoint that fails to restore falls back to the one before, see checkpoints.p
 `config.json` / `results.json` are replaced whole, never left half-written. Batches are taken
 in a background thread (`InputWatch`), so SIGTERM and Ctrl-C work while the input is slow, and
 an input that gives nothing for `config.train.input_timeout_s` seconds stops the run with one
-line.
+line. On a multi-process run the processes tell each other before every step whether their
+batch came (`multihost.statuses`: a few round trips to the coordination service), so
+every process names the stalled one instead of waiting for it in the step's collectives; a
+preemption (SIGTERM to any one process) stops them all at the same step (orbax's
+`reached_preemption`).
 
 The job's interface (duck-typed; see bertjax/tasks/pretraining/job.py and bertjax/tasks/base.py):
   model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
   stages: [Stage]; best_metric: str | None (None: no best checkpoint, e.g. pre-training)
   init_params(rng) -> boxed params;  loss(params, batch, rng) -> (loss, metrics)
+  denominators(batch) -> {term: []}   (optional; the loss's normalisers, see train/step.py:
+                                       accumulated micro-batches then sum to one batch)
   optimizer() -> (optax transform, schedule)
   pretrained_params() -> {group: host arrays} | None   (params-only init checkpoint)
   evaluate(params, stage, step, runner) -> {metric: float}  (runner: `Runner` below)
@@ -217,12 +223,17 @@ class _Run:
         try:
             while step < stage.end:
                 try:
-                    batch = watch.next()
+                    batch, stalled = watch.next(), False
                 except _InputStalled:
+                    batch, stalled = None, True
+                stalled_on = self.stalled_processes(stage, step, stalled, timeout)
+                if stalled_on:
+                    where = (f" on process {', '.join(map(str, stalled_on))}"
+                             if jax.process_count() > 1 else "")
                     raise TrainingError(
-                        f"the input of {stage.name} gave no batch for {timeout:g} s "
+                        f"the input of {stage.name}{where} gave no batch for {timeout:g} s "
                         f"(config.train.input_timeout_s) before step {step + 1}; stopping "
-                        f"without saving (last checkpoint: {_kept(self.last_saved)})") from None
+                        f"without saving (last checkpoint: {_kept(self.last_saved)})")
                 if batch is None:
                     self.log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
                              f"without saving (last checkpoint: {_kept(self.last_saved)})")
@@ -234,6 +245,21 @@ class _Run:
             return state, "done"
         finally:
             watch.close()
+
+    def stalled_processes(self, stage: Stage, step: int, stalled: bool, timeout: float
+                          ) -> list[int]:
+        """The processes whose input gave no batch for step + 1 (`stalled`: this one's). On a
+        multi-process run every process learns them at once, instead of waiting in the
+        step's collectives for a process that is not coming."""
+        if jax.process_count() == 1:
+            return [0] if stalled else []
+        # A stalled process joins after its own timeout; one that died ends the job sooner
+        # (the coordination service's heartbeat timeout, config.distributed.timeout_s).
+        wait = timeout + float(self.config.get("distributed", {}).get("timeout_s", 300))
+        tag = f"input/{stage.name}/{step + 1}"
+        shared = multihost.statuses(tag, "stalled" if stalled else "ok", wait)
+        multihost.forget_status(f"input/{stage.name}/{step}")  # read by all by now
+        return [i for i, status in enumerate(shared) if status == "stalled"]
 
     def after_step(self, stage: Stage, step: int, state, metrics, inputs, throughput) -> bool:
         """Logging, evaluation and checkpointing after `step`; True once preempted (saved)."""
@@ -314,7 +340,8 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules)
     runner = Runner(sharding_lib.batch_sharding(mesh, rules))
     train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
-                                         runner.batch_sharding, job.grad_accum_steps)
+                                         runner.batch_sharding, job.grad_accum_steps,
+                                         getattr(job, "denominators", None))
     ckpt = config.checkpoint
     run = _Run(job, config, workdir_path, log, runner, train_step, abstract, state_sharding,
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
@@ -341,6 +368,10 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                         "history": run.history}
         run.checkpointer.wait()
         return run.finish(state)
+    except Exception as e:
+        if multihost.lost_process(e) is not None:
+            run.checkpointer.abandon()  # its pending save waits for the lost process
+        raise
     finally:
         run.checkpointer.close()
         run.writer.close()

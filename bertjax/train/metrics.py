@@ -21,14 +21,16 @@ import jax
 from etils import epath
 
 from bertjax.errors import TrainingError
+from bertjax.train import multihost
 
 
 class MetricsWriter:
     """Writes scalars to TensorBoard (`workdir/tensorboard/<split>`) and `workdir/metrics.jsonl`.
 
     Only process 0 writes. Each `write` is one JSON line: {"step": ..., "split": ..., name: value}.
-    A line left half-written by a crash (a full disk) is cut off before the next run appends;
-    a failed write raises one TrainingError naming the file.
+    A line left half-written by a crash (a full disk) is cut off before the next append; a
+    transient error is retried with backoff (multihost.with_retries), and a failed write raises
+    one TrainingError naming the file.
 
     Both files are written at once on a local disk. On an object store (gs://) an append
     rewrites the whole object, so there they are written at most every `flush_seconds` (and at
@@ -43,7 +45,6 @@ class MetricsWriter:
             flush_seconds = 60.0 if "://" in str(workdir) else 0.0
         self.flush_seconds = flush_seconds
         self._writers: dict[str, Any] = {}
-        self._repaired = False
         self._lines: list[str] = []  # metrics.jsonl lines not written yet
         self._flushed = -math.inf  # time.monotonic() of the last flush
 
@@ -82,20 +83,23 @@ class MetricsWriter:
         """Writes what `write` has buffered (TensorBoard events and metrics.jsonl lines)."""
         if not self.enabled:
             return
-        path = self.workdir / "metrics.jsonl"
         try:
             for writer in self._writers.values():
                 writer.flush()
-            if not self._repaired:
-                _cut_partial_line(path)
-                self._repaired = True
             if self._lines:
-                with path.open("a") as f:
-                    f.write("".join(self._lines))
+                multihost.with_retries(self._append, f"writing {self.workdir}/metrics.jsonl")
                 self._lines = []
         except OSError as e:
             raise self._error(e) from None
         self._flushed = time.monotonic()
+
+    def _append(self) -> None:
+        """Appends the buffered lines to metrics.jsonl, after cutting off a line that an
+        earlier attempt (or run) left half-written: safe to repeat."""
+        path = self.workdir / "metrics.jsonl"
+        _cut_partial_line(path)
+        with path.open("a") as f:
+            f.write("".join(self._lines))
 
     def _error(self, e: OSError) -> TrainingError:
         return TrainingError(f"writing metrics to {self.workdir} failed ({e.strerror or e}); "

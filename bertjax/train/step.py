@@ -3,10 +3,23 @@
 A job gives two pure functions:
   init_params(rng) -> boxed params (`nn.LogicallyPartitioned` leaves: their logical axis names
     fix the sharding), e.g. `lambda rng: model.init(rng, ids)["params"]`;
-  loss_fn(params, batch, rng) -> (loss [] float32, metrics {name: []}); `rng` is the dropout
-    key of the step (None for a deterministic pass).
+  loss_fn(params, batch, rng, denominators=None) -> (loss [] float32, metrics {name: []});
+    `rng` is the dropout key of the step (None for a deterministic pass);
+and optionally a third:
+  denominators(batch) -> {term: [] float32}, the normalisers of the loss's weighted means over
+    a batch (e.g. the sum of the masked-LM weights); they depend on the batch, not the params.
+    `loss_fn(..., denominators=d)` divides by `d` instead of its batch's own normalisers
+    (None: its own, today's numbers bit for bit).
 Pre-training's MLM + NSP loss is one such loss (bertjax/tasks/pretraining/objective.py), fine-tuning
 heads are others (bertjax/tasks/).
+
+Gradient accumulation (grad_accum_steps = k > 1) splits the global batch into k micro-batches.
+With `denominators`, they are computed once over the global batch, each micro-batch's loss,
+metrics and gradient are then its share of the global batch's, and the step sums the shares:
+k micro-batches of B / k make one batch of B (up to float32 rounding), however unevenly the
+real predictions, labels or filler rows fall. Without it the step averages the k micro-batch
+means (weight 1 / k), which equals one batch of B only when every micro-batch weighs the same
+(e.g. the same number of masked-LM predictions), and every metric must then be such a share.
 """
 
 from __future__ import annotations
@@ -26,7 +39,10 @@ from bertjax.train import sharding as sharding_lib
 
 Batch = dict[str, jax.Array]
 InitFn = Callable[[jax.Array], Any]
-LossFn = Callable[[Any, Batch, jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
+Denominators = dict[str, jax.Array]
+# (params, batch, rng[, denominators]) -> (loss, metrics)
+LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
+DenominatorsFn = Callable[[Batch], Denominators]
 
 
 @flax.struct.dataclass
@@ -104,13 +120,21 @@ def train_step(
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     grad_accum_steps: int = 1,
+    denominators: DenominatorsFn | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
-    """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches)."""
+    """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches:
+    shares of the global batch's normalisers summed with `denominators`, else a 1 / k mean;
+    see the module docstring)."""
     dropout_rng = jax.random.fold_in(state.rng, state.step)
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     if grad_accum_steps == 1:
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
         (_, metrics), grads = grad_fn(state.params, batch, dropout_rng)
     else:
+        share = loss_fn
+        if denominators is not None:  # shares of the global batch: their sum is its value
+            share = functools.partial(loss_fn, denominators=denominators(batch))
+        grad_fn = jax.value_and_grad(share, has_aux=True)
+
         def accumulate(carry, inputs):
             micro, index = inputs
             (_, m), g = grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, index))
@@ -125,7 +149,8 @@ def train_step(
         (grads, metrics), _ = jax.lax.scan(
             accumulate, zeros, (micro, jnp.arange(grad_accum_steps))
         )
-        grads, metrics = jax.tree.map(lambda x: x / grad_accum_steps, (grads, metrics))
+        if denominators is None:
+            grads, metrics = jax.tree.map(lambda x: x / grad_accum_steps, (grads, metrics))
 
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
@@ -135,10 +160,10 @@ def train_step(
 
 
 def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding,
-                   grad_accum_steps: int = 1):
+                   grad_accum_steps: int = 1, denominators: DenominatorsFn | None = None):
     """`train_step` jitted with explicit in/out shardings and the state donated."""
     step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                             grad_accum_steps=grad_accum_steps)
+                             grad_accum_steps=grad_accum_steps, denominators=denominators)
     return jax.jit(
         step,
         in_shardings=(state_sharding, batch_sharding),

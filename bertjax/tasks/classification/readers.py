@@ -352,25 +352,40 @@ def _get(record: dict[str, Any], column: str, path: str, line: int) -> Any:
     return record[column]
 
 
+def first_record(path: str) -> dict[str, Any]:
+    """The first row of a user file as {column: value} (a CSV / TSV header-only file: its
+    columns, empty values), to tell labelled from unlabelled files."""
+    for _, record in _records(path):
+        return record
+    if path.lower().endswith((".csv", ".tsv")):
+        header = next(_open_rows(path, "\t" if path.lower().endswith(".tsv") else ",",
+                                 csv.QUOTE_MINIMAL))[1]
+        return {h.strip(): "" for h in header}
+    raise DataError(f"{path}: no examples")
+
+
 def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str = "label",
               choices: Sequence[str] = (), labels: Sequence[str] | None = None,
-              labelled: bool = True) -> list[Example] | list[ChoiceExample]:
+              labelled: bool = True, id_column: str = "") -> list[Example] | list[ChoiceExample]:
     """Examples of `kind` (classification | regression | multiple_choice) from a user file.
 
     classification: `labels` are the label names (ids follow their order); multiple_choice:
     `text_a` is the context, `choices` the ending columns, and `label` the 0-based index of
-    the right one. Unlabelled files (test sets) need no label column.
+    the right one. Unlabelled files (test sets) need no label column. Each example's `index`
+    is its `id_column` value where the row has one, else its 0-based row number.
     """
     examples = []
     for line, record in _records(path):
         where = f"{path}:{line}"
+        row_id = record.get(id_column) if id_column else None
+        index = str(len(examples)) if row_id is None or row_id == "" else str(row_id)
         raw = str(_get(record, label, path, line)) if labelled else None
         if kind == "multiple_choice":
             context = _text(str(_get(record, text_a, path, line)), text_a, path, line)
             endings = tuple(_text(str(_get(record, c, path, line)), c, path, line)
                             for c in choices)
             y = label_id(raw, [str(i) for i in range(len(choices))], where) if labelled else None
-            examples.append(ChoiceExample(where, context, endings, y, str(len(examples))))
+            examples.append(ChoiceExample(where, context, endings, y, index))
             continue
         a = _text(str(_get(record, text_a, path, line)), text_a, path, line)
         b = _text(str(_get(record, text_b, path, line)), text_b, path, line) if text_b else None
@@ -385,7 +400,7 @@ def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str
         else:
             raise DataError(f"unknown task kind {kind!r}; use classification | regression | "
                             "multiple_choice")
-        examples.append(Example(where, a, b, y, str(len(examples))))
+        examples.append(Example(where, a, b, y, index))
     if not examples:
         raise DataError(f"{path}: no examples")
     return examples

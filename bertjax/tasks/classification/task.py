@@ -16,43 +16,68 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from bertjax.errors import ConfigError
+from bertjax.errors import ConfigError, DataError
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.classification import metrics as metrics_lib
 from bertjax.tasks.classification.submission import write_submission
+from data_pipeline.finetune_data import ChoiceExample, Example
 
 Array = jax.Array
 
 
-def _weighted_mean(values: Array, weights: Array | None) -> Array:
-    if weights is None:
+def example_denominators(weights: Array) -> dict[str, Array]:
+    """{"examples": [] float32}: the normaliser of the weighted means over a batch, the sum of
+    the example weights [batch] (at least 1e-6: a batch of filler rows gives 0, not NaN)."""
+    return {"examples": jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1e-6)}
+
+
+def _weighted_mean(values: Array, weights: Array | None,
+                   denominators: dict[str, Array] | None) -> Array:
+    """values [batch] weighted by `weights`, over `denominators` (None: of these weights;
+    without weights, the plain mean)."""
+    if weights is None and denominators is None:
         return jnp.mean(values)
+    if weights is None:
+        weights = jnp.ones_like(values)
     weights = weights.astype(jnp.float32)
-    return jnp.sum(values * weights) / jnp.maximum(jnp.sum(weights), 1e-6)
+    if denominators is None:
+        denominators = example_denominators(weights)
+    return jnp.sum(values * weights) / denominators["examples"]
 
 
 def classification_loss(
-    logits: Array, labels: Array, weights: Array | None = None
+    logits: Array, labels: Array, weights: Array | None = None,
+    denominators: dict[str, Array] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """Softmax cross-entropy. logits [batch, K]; labels [batch] int; weights [batch] (0 = pad)."""
+    """Softmax cross-entropy. logits [batch, K]; labels [batch] int; weights [batch] (0 = pad);
+    denominators: `example_denominators` of the batch the means run over (None: this one)."""
     logits = logits.astype(jnp.float32)
     labels = labels.reshape(-1).astype(jnp.int32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[:, None], axis=-1)[:, 0]
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
-    loss = _weighted_mean(nll, weights)
-    return loss, {"loss": loss, "accuracy": _weighted_mean(correct, weights)}
+    loss = _weighted_mean(nll, weights, denominators)
+    return loss, {"loss": loss, "accuracy": _weighted_mean(correct, weights, denominators)}
 
 
 def regression_loss(
-    logits: Array, labels: Array, weights: Array | None = None
+    logits: Array, labels: Array, weights: Array | None = None,
+    denominators: dict[str, Array] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """Mean squared error. logits [batch, 1]; labels [batch] float; weights [batch] (0 = pad)."""
+    """Mean squared error. logits [batch, 1]; labels [batch] float; weights [batch] (0 = pad);
+    denominators: as in `classification_loss`."""
     predictions = logits.astype(jnp.float32).reshape(-1)
     loss = _weighted_mean(jnp.square(predictions - labels.reshape(-1).astype(jnp.float32)),
-                          weights)
+                          weights, denominators)
     return loss, {"loss": loss}
+
+
+def readers_module():
+    # Imported when used: the GLUE / SWAG / files readers are not needed to train on TFDS.
+    from bertjax.tasks.classification import readers
+
+    return readers
 
 
 # ---------------------------------------------------------------------------------------------
@@ -64,6 +89,7 @@ class SequenceTask(Task):
     (config.task.kind: classification | regression | multiple_choice)."""
 
     def __init__(self, config):
+        self.family, self.name = config.task.family, config.task.name
         self.min_bucket_length = config.min_bucket_length
         self.train_batch_size = config.train.batch_size
         self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head
@@ -180,19 +206,107 @@ class SequenceTask(Task):
         ids = jnp.zeros((1, 2, 8) if self.kind == "multiple_choice" else (1, 8), jnp.int32)
         return ids, ids, ids
 
-    def loss(self, logits, batch):
+    def loss(self, logits, batch, denominators=None):
         # Multiple choice: a softmax cross-entropy across the choices' logits [batch, choices].
         loss_fn = regression_loss if self.kind == "regression" else classification_loss
-        return loss_fn(logits, batch["labels"], batch["weights"])
+        return loss_fn(logits, batch["labels"], batch["weights"], denominators)
+
+    def denominators(self, batch):
+        return example_denominators(batch["weights"])
 
     def predict(self, logits, batch) -> dict[str, Array]:
         logits = logits.astype(jnp.float32)
         if self.kind == "regression":
             return {"prediction": logits.reshape(-1)}
-        return {"prediction": jnp.argmax(logits, axis=-1)}
+        # [batch, K] classes or [batch, choices]
+        return {"prediction": jnp.argmax(logits, axis=-1),
+                "probabilities": jax.nn.softmax(logits, axis=-1)}
 
     def metrics(self, predictions, features, split: str) -> dict[str, float]:
         return metrics_lib.compute(self.metric_names, features.labels, predictions["prediction"])
+
+    # ---- predictions from a finished run (tasks/predict.py)
+
+    def state(self):
+        return {"kind": self.kind, "labels": list(self.label_names),
+                "metric_names": list(self.metric_names)}
+
+    def restore(self, state):
+        self._declare(state["kind"], state["labels"], state["metric_names"])
+
+    def default_fields(self) -> dict[str, str]:
+        """Column names of new rows when the run's config names none (GLUE: the task's
+        columns where its files have a header, else text_a / text_b)."""
+        if self.family == "swag":
+            return {"text_a": "sent1", "choices": ",".join(readers_module().SWAG_ENDINGS)}
+        if self.family != "glue":
+            return {}
+        task = readers_module().glue_task(self.name)
+        named = lambda c, default: c if isinstance(c, str) else default  # noqa: E731
+        return {"text_a": named(task.text_a, "text_a"),
+                "text_b": "" if task.text_b is None else named(task.text_b, "text_b"),
+                "label": named(task.label, "label")}
+
+    def read_inputs(self, path, fields):
+        """Rows of a .csv / .tsv / .jsonl file with the users'-files columns (`fields`:
+        text_a, text_b, label, choices, id); labelled when the first row has the label
+        column. SWAG runs read the SWAG CSV layout (sent1, sent2, ending0-3)."""
+        readers = readers_module()
+        fields = {**fields, **{k: v for k, v in self.default_fields().items()
+                               if not fields.get(k)}}
+        labelled = fields["label"] in readers.first_record(path)
+        if self.family == "swag" and path.lower().endswith(".csv"):
+            return readers.read_swag_file(path, labelled), labelled
+        if not fields.get("text_a"):
+            raise ConfigError("--text_a: name the column holding the text")
+        choices = tuple(c for c in fields.get("choices", "").split(",") if c)
+        if self.kind == "multiple_choice" and len(choices) != len(self.label_names):
+            raise ConfigError(f"--choices={','.join(choices)}: the model was trained on "
+                              f"{len(self.label_names)} choices")
+        examples = readers.read_file(
+            path, self.kind, text_a=fields["text_a"], text_b=fields.get("text_b", ""),
+            label=fields["label"], choices=choices, labels=self.label_names,
+            labelled=labelled, id_column=fields.get("id") or "id")
+        return examples, labelled
+
+    def examples(self, items):
+        """str → a text; (a, b) → a pair; multiple choice: (context, [endings])."""
+        examples = []
+        for i, item in enumerate(items):
+            where = f"input[{i}]"
+            if self.kind == "multiple_choice":
+                if (not isinstance(item, tuple | list) or len(item) != 2
+                        or len(item[1]) != len(self.label_names)):
+                    raise DataError(f"{where}: give (context, [{len(self.label_names)} "
+                                    "endings]) for this multiple-choice model")
+                examples.append(ChoiceExample(where, str(item[0]), tuple(map(str, item[1])),
+                                              None, str(i)))
+            elif isinstance(item, str):
+                examples.append(Example(where, item, None, None, str(i)))
+            elif isinstance(item, tuple | list) and len(item) == 2:
+                examples.append(Example(where, str(item[0]), str(item[1]), None, str(i)))
+            else:
+                raise DataError(f"{where}: give a text or a (text_a, text_b) pair")
+        if not examples:
+            raise DataError("no inputs")
+        return examples
+
+    def records(self, predictions, features, examples):
+        """classification: {id, label, probabilities {name: p}}; regression: {id, score};
+        multiple choice: {id, choice, scores [choices]} (softmax over the choices)."""
+        out = []
+        for i, example in enumerate(examples):
+            if self.kind == "regression":
+                out.append({"id": example.index, "score": float(predictions["prediction"][i])})
+                continue
+            probabilities = [float(p) for p in predictions["probabilities"][i]]
+            choice = int(predictions["prediction"][i])
+            if self.kind == "multiple_choice":
+                out.append({"id": example.index, "choice": choice, "scores": probabilities})
+            else:
+                out.append({"id": example.index, "label": self.label_names[choice],
+                            "probabilities": dict(zip(self.label_names, probabilities))})
+        return out
 
     def write_outputs(self, predictions, examples, split: str, workdir, log) -> None:
         """GLUE leaderboard files (or test.tsv): `workdir/submission/<split>.tsv`."""

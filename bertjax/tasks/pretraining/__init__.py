@@ -12,6 +12,7 @@ from bertjax.tasks.pretraining.objective import (
     eval_sums,
     init_params,
     loss_and_metrics,
+    loss_denominators,
     loss_fn,
     model_outputs,
     next_token_targets,
@@ -19,6 +20,5 @@ from bertjax.tasks.pretraining.objective import (
 )
 
 __all__ = ["PretrainingJob", "batch_spec", "eval_metrics", "eval_sums", "init_params",
-           "load_init_params", "loss_and_metrics", "loss_fn", "make_input_fn", "masking_mix",
-           "model_outputs",
-           "next_token_targets", "step_fns"]
+           "load_init_params", "loss_and_metrics", "loss_denominators", "loss_fn",
+           "make_input_fn", "masking_mix", "model_outputs", "next_token_targets", "step_fns"]

@@ -21,7 +21,13 @@ from etils import epath
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.tasks.pretraining.input import masking_mix
-from bertjax.tasks.pretraining.objective import batch_spec, eval_metrics, eval_sums, step_fns
+from bertjax.tasks.pretraining.objective import (
+    batch_spec,
+    eval_metrics,
+    eval_sums,
+    loss_denominators,
+    step_fns,
+)
 from bertjax.train import configs, multihost
 from bertjax.train import flops as flops_lib
 from bertjax.train.loop import Stage
@@ -66,6 +72,9 @@ class PretrainingJob:
         self.make_input = make_input
         nsp = dict(nsp_weight=config.train.nsp_weight, packed=self.packed, ltr=self.ltr)
         self.init_params, self.loss = step_fns(self.model, **nsp)
+        # Normalisers over the global batch: accumulated micro-batches sum to one batch.
+        self.denominators = functools.partial(loss_denominators, packed=self.packed,
+                                              ltr=self.ltr)
         self._eval_sums = jax.jit(functools.partial(eval_sums, model=self.model, **nsp))
         self.stages = [self._stage(p) for p in self.phases]
 

@@ -6,6 +6,10 @@ loss), and held-out evaluation sums.
 NSP, packed rows); "ltr" (a left-to-right LM on packed rows: causal attention, and the
 masked-LM head scores every position p against the token at p + 1 — `next_token_targets` —
 so the MLM loss, accuracy and perplexity are next-token ones).
+
+`loss_denominators(batch)` gives the normalisers of the loss's terms over a batch
+(bertjax.models.pretraining_denominators); the train step computes them once over the global
+batch, so that accumulated micro-batches sum to the one-batch loss and gradient.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import BertForPreTraining, pretraining_loss
+from bertjax.models import BertForPreTraining, pretraining_denominators, pretraining_loss
 
 Batch = dict[str, jax.Array]
 
@@ -84,30 +88,54 @@ def model_outputs(model, params, batch: Batch, packed: bool, **kwargs) -> dict[s
     )
 
 
-def loss_and_metrics(outputs, batch: Batch, nsp_weight: float, packed: bool):
+def _with_dummy_labels(batch: Batch) -> Batch:
+    # A packed row has no sentence pair: NSP (weight 0) is scored against label 0.
+    return dict(batch, next_sentence_labels=jnp.zeros(batch["input_ids"].shape[:1], jnp.int32))
+
+
+def loss_and_metrics(outputs, batch: Batch, nsp_weight: float, packed: bool,
+                     denominators: dict[str, jax.Array] | None = None):
     """`pretraining_loss`; a packed row has no sentence pair, so NSP (weight 0) gets a dummy
-    label and its metrics are left out."""
+    label and its metrics are left out. denominators: `loss_denominators` of the batch the means
+    run over (None = of `batch`); packed ones have no "nsp" term (its weight is 0)."""
     if not packed:
-        return pretraining_loss(outputs, batch, nsp_weight)
-    labels = jnp.zeros(batch["input_ids"].shape[:1], jnp.int32)
-    loss, metrics = pretraining_loss(outputs, dict(batch, next_sentence_labels=labels), 0.0)
+        return pretraining_loss(outputs, batch, nsp_weight, denominators)
+    batch = _with_dummy_labels(batch)
+    if denominators is not None:
+        denominators = dict(denominators, nsp=pretraining_denominators(batch)["nsp"])
+    loss, metrics = pretraining_loss(outputs, batch, 0.0, denominators)
     return loss, {k: v for k, v in metrics.items() if not k.startswith("nsp_")}
 
 
-def loss_fn(params, batch: Batch, rng, *, model, nsp_weight: float, packed: bool,
-            ltr: bool = False):
+def loss_denominators(batch: Batch, *, packed: bool, ltr: bool = False) -> dict[str, jax.Array]:
+    """The normalisers of the loss's terms over `batch` ({term: [] float32}, see
+    bertjax.models.pretraining_denominators): the masked-LM weights (ltr: the next-token
+    weights of `next_token_targets`), and the rows for NSP unless packed."""
+    if ltr:
+        batch = dict(batch, **next_token_targets(batch))
+    out = pretraining_denominators(batch)
+    if packed:
+        out.pop("nsp", None)
+    return out
+
+
+def loss_fn(params, batch: Batch, rng, denominators=None, *, model, nsp_weight: float,
+            packed: bool, ltr: bool = False):
     """The train step's loss (bertjax.train.step.LossFn); rng None = no dropout. ltr: the
-    next-token loss of a (causal) model on unmasked packed rows."""
+    next-token loss of a (causal) model on unmasked packed rows. denominators: see
+    `loss_and_metrics`."""
     if ltr:
         batch = dict(batch, **next_token_targets(batch))
     kwargs = {} if rng is None else {"deterministic": False, "rngs": {"dropout": rng}}
     outputs = model_outputs(model, params, batch, packed, **kwargs)
-    return loss_and_metrics(outputs, batch, nsp_weight, packed)
+    return loss_and_metrics(outputs, batch, nsp_weight, packed, denominators)
 
 
 def step_fns(model: BertForPreTraining, nsp_weight: float = 1.0, packed: bool = False,
              ltr: bool = False):
-    """(init_params(rng), loss_fn(params, batch, rng)) for bertjax.train.step."""
+    """(init_params(rng), loss_fn(params, batch, rng, denominators=None)) for
+    bertjax.train.step; the job's denominators are `functools.partial(loss_denominators,
+    packed=packed, ltr=ltr)`."""
     return (functools.partial(init_params, model),
             functools.partial(loss_fn, model=model, nsp_weight=nsp_weight, packed=packed,
                               ltr=ltr))
@@ -121,9 +149,10 @@ def eval_sums(params, batch: Batch, *, model, nsp_weight: float, packed: bool,
     if ltr:
         batch = dict(batch, **next_token_targets(batch))
     weight = jnp.sum(batch["masked_lm_weights"].astype(jnp.float32))
+    norm = pretraining_denominators(batch)
     sums = {
-        "mlm_loss_sum": metrics["mlm_loss"] * (weight + 1e-5),
-        "mlm_correct": metrics["mlm_accuracy"] * jnp.maximum(weight, 1e-5),
+        "mlm_loss_sum": metrics["mlm_loss"] * norm["mlm_loss"],
+        "mlm_correct": metrics["mlm_accuracy"] * norm["mlm_accuracy"],
         "mlm_weight": weight,
     }
     if not packed:  # packed rows have no NSP labels

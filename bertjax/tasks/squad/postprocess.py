@@ -38,6 +38,9 @@ class Answer:
     best_score: float
     null_score: float
     nbest: list[dict]
+    spans: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # nbest's [start,
+    # end) characters in the context; (-1, -1) for the null answer
+
 
     @property
     def null_odds(self) -> float:
@@ -130,19 +133,23 @@ def postprocess(features, start_logits: np.ndarray, end_logits: np.ndarray, *,
         text_of = _slicer(context, spans[starts + shift, 0], spans[ends + shift, 1])
 
         chosen = best_distinct(scores, text_of, n_best_size) if len(scores) else []
+        char_start = spans[starts + shift, 0]
+        char_end = spans[ends + shift, 1]
         entries = [(float(scores[k]), text_of(k), float(start_logits[win[k]][starts[k]]),
-                    float(end_logits[win[k]][ends[k]])) for k in chosen]
+                    float(end_logits[win[k]][ends[k]]), (int(char_start[k]), int(char_end[k])))
+                   for k in chosen]
         best_text, best_score = (entries[0][1], entries[0][0]) if entries else ("", -np.inf)
         if version_2 and np.isfinite(null_score):
             # The null answer competes in the n-best like the reference's, and is always in it.
-            null = (null_score, "", *null_logits)
+            null = (null_score, "", *null_logits, (-1, -1))
             entries = sorted(entries + [null], key=lambda x: -x[0])[:n_best_size]
             if null not in entries:  # the reference appends it (n_best_size + 1 entries)
                 entries.append(null)
         probabilities = _softmax(np.array([x[0] for x in entries]))
         nbest = [{"text": text, "probability": float(p), "start_logit": sl, "end_logit": el}
-                 for (_, text, sl, el), p in zip(entries, probabilities)]
-        answers[example.qas_id] = Answer(best_text, best_score, null_score, nbest)
+                 for (_, text, sl, el, _), p in zip(entries, probabilities)]
+        answers[example.qas_id] = Answer(best_text, best_score, null_score, nbest,
+                                         [x[4] for x in entries])
     return answers
 
 

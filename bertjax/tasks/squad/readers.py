@@ -45,8 +45,10 @@ def check_answer(context: str, text: str, start: int, where: str) -> None:
                         f"answer_start={start} (the context has {found!r} there)")
 
 
-def parse_squad(data: dict, source: str) -> list[SquadExample]:
-    """Examples of a parsed SQuAD-format dict (`data → paragraphs → qas`)."""
+def parse_squad(data: dict, source: str, require_answers: bool = True) -> list[SquadExample]:
+    """Examples of a parsed SQuAD-format dict (`data → paragraphs → qas`).
+    require_answers=False: a question without an `answers` field is read unanswered (new
+    questions to predict)."""
     examples = []
     articles = _field(data, "data", list, source)
     for a, article in enumerate(articles):
@@ -62,6 +64,9 @@ def parse_squad(data: dict, source: str) -> list[SquadExample]:
                 question = _field(qa, "question", str, where)
                 impossible = bool(qa.get("is_impossible", False))
                 answers = []
+                if not require_answers and not impossible and "answers" not in qa:
+                    examples.append(SquadExample(qid, question, context, [], False, title))
+                    continue
                 for ans in _field(qa, "answers", list, where) if not impossible else []:
                     text = _field(ans, "text", str, where)
                     start = _field(ans, "answer_start", int, where)
@@ -81,7 +86,7 @@ def parse_squad(data: dict, source: str) -> list[SquadExample]:
     return examples
 
 
-def read_squad_json(path: str) -> list[SquadExample]:
+def read_squad_json(path: str, require_answers: bool = True) -> list[SquadExample]:
     """Examples of an official-layout SQuAD JSON file (v1.1 or v2.0, or users' own)."""
     from etils import epath
 
@@ -94,7 +99,25 @@ def read_squad_json(path: str) -> list[SquadExample]:
         raise DataError(f"{path}: not valid JSON ({e})") from e
     except UnicodeDecodeError as e:
         raise DataError(f"{path}: not UTF-8 ({e})") from e
-    return parse_squad(data, path)
+    return parse_squad(data, path, require_answers)
+
+
+def read_questions_jsonl(path: str, question: str = "question", context: str = "context",
+                         id_field: str = "id") -> list[SquadExample]:
+    """Unanswered questions of a JSONL file, one {question, context[, id]} object a line (the
+    id defaults to the 0-based line number among the questions)."""
+    from bertjax import paths
+
+    examples = []
+    for number, record in paths.jsonl_records(path, DataError):
+        where = f"{path}:{number}"
+        text = _field(record, question, str, where)
+        passage = _field(record, context, str, where)
+        qid = str(record.get(id_field, len(examples)))
+        examples.append(SquadExample(qid, text, passage, []))
+    if not examples:
+        raise DataError(f"{path}: no questions")
+    return examples
 
 
 TFDS_NAMES = ("squad/v1.1", "squad/v2.0")

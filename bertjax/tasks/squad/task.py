@@ -36,11 +36,19 @@ from data_pipeline.hosts import host_rows
 Array = jax.Array
 
 
+def span_denominators(weights: Array) -> dict[str, Array]:
+    """{"rows": [] float32}: the normaliser of `span_loss`'s means over a batch, the sum of the
+    row weights [batch] (at least 1e-6: a batch of filler rows gives 0, not NaN)."""
+    return {"rows": jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1e-6)}
+
+
 def span_loss(start_logits: Array, end_logits: Array, start_positions: Array,
-              end_positions: Array, weights: Array | None = None
+              end_positions: Array, weights: Array | None = None,
+              denominators: dict[str, Array] | None = None
               ) -> tuple[Array, dict[str, Array]]:
     """Mean of the start and end softmax cross-entropies over all positions of the window.
-    logits [batch, seq]; positions [batch] int; weights [batch] (0 = filler row)."""
+    logits [batch, seq]; positions [batch] int; weights [batch] (0 = filler row);
+    denominators: `span_denominators` of the batch the means run over (None: this one)."""
 
     def nll(logits, positions):
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
@@ -50,7 +58,9 @@ def span_loss(start_logits: Array, end_logits: Array, start_positions: Array,
     if weights is None:
         weights = jnp.ones_like(per_row)
     weights = weights.astype(jnp.float32)
-    total = jnp.maximum(jnp.sum(weights), 1e-6)
+    if denominators is None:
+        denominators = span_denominators(weights)
+    total = denominators["rows"]
     loss = jnp.sum(per_row * weights) / total
     hit = ((jnp.argmax(start_logits, -1) == start_positions)
            & (jnp.argmax(end_logits, -1) == end_positions)).astype(jnp.float32)
@@ -170,10 +180,13 @@ class SquadTask(Task):
         ids = jnp.zeros((1, 8), jnp.int32)
         return ids, ids, ids
 
-    def loss(self, outputs, batch):
+    def loss(self, outputs, batch, denominators=None):
         start, end = outputs
         return span_loss(start, end, batch["start_positions"], batch["end_positions"],
-                         batch["weights"])
+                         batch["weights"], denominators)
+
+    def denominators(self, batch):
+        return span_denominators(batch["weights"])
 
     def predict(self, outputs, batch):
         start, end = outputs
@@ -196,6 +209,71 @@ class SquadTask(Task):
 
     def metrics(self, predictions, features, split: str) -> dict[str, float]:
         return self._evaluate(self._answers(predictions, features), features.examples)
+
+    # ---- predictions from a finished run (tasks/predict.py)
+
+    def state(self):
+        return {"version_2": self.version_2, "threshold": self.threshold}
+
+    def restore(self, state):
+        self.version_2 = bool(state["version_2"])
+        self.threshold = float(state["threshold"])  # the run's dev-chosen or given one
+
+    def read_inputs(self, path, fields):
+        """Questions of an official-layout SQuAD .json file (answers optional) or of a .jsonl
+        file of {question, context[, id]} objects (`fields`: question, context, id);
+        labelled when every question has answers (or is_impossible)."""
+        if path.lower().endswith(".jsonl"):
+            examples = readers.read_questions_jsonl(
+                path, fields.get("question") or "question", fields.get("context") or "context",
+                fields.get("id") or "id")
+            return examples, False
+        examples = readers.read_squad_json(path, require_answers=False)
+        labelled = all(e.answers or e.is_impossible for e in examples)
+        if labelled and not self.version_2 and any(e.is_impossible for e in examples):
+            raise DataError(f"{path}: has unanswerable questions but the model is SQuAD v1.1")
+        return examples, labelled
+
+    def examples(self, items):
+        """(question, context) pairs or {"question", "context"[, "id"]} dicts."""
+        out = []
+        for i, item in enumerate(items):
+            if isinstance(item, dict) and {"question", "context"} <= item.keys():
+                question, context, qid = item["question"], item["context"], item.get("id", i)
+            elif isinstance(item, tuple | list) and len(item) == 2:
+                (question, context), qid = item, i
+            else:
+                raise DataError(f"input[{i}]: give (question, context) or a dict with "
+                                "question and context")
+            out.append(readers.SquadExample(str(qid), str(question), str(context), []))
+        if not out:
+            raise DataError("no inputs")
+        return out
+
+    def records(self, predictions, features, examples):
+        """{id, answer, start, end (characters of the context; -1 for no answer), score,
+        nbest [{text, probability, start_logit, end_logit, start, end}]}; v2.0 adds null_odds
+        (the answer is "" when it exceeds the run's null threshold, `threshold`)."""
+        answers = self._answers(predictions, features)
+        final = final_predictions(answers, self.version_2, self.threshold)
+        out = []
+        for example in examples:
+            answer = answers[example.qas_id]
+            nbest = [{**entry, "start": a, "end": b}
+                     for entry, (a, b) in zip(answer.nbest, answer.spans)]
+            text = final[example.qas_id]
+            span = next(((a, b) for e, (a, b) in zip(answer.nbest, answer.spans)
+                         if text and e["text"] == text), (-1, -1))
+            record = {"id": example.qas_id, "answer": text, "start": span[0], "end": span[1],
+                      "score": float(answer.best_score) if text else None, "nbest": nbest}
+            if self.version_2:
+                record["null_odds"] = float(min(answer.null_odds, 1e30))
+                record["threshold"] = self.threshold
+            out.append(record)
+        return out
+
+    def release(self, examples):
+        self._encoded.pop(id(examples), None)
 
     def write_outputs(self, predictions, examples, split: str, workdir, log) -> None:
         features = self._encoded[id(examples)]

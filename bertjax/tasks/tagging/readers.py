@@ -184,6 +184,28 @@ def read_file(path: str, *, fmt: str = "auto", **kwargs) -> list[Sentence]:
     raise DataError(f"{path}: format {fmt!r} is not one of conll | jsonl | auto")
 
 
+def has_tags(path: str, fmt: str, tokens_key: str = "tokens", tags_key: str = "tags") -> bool:
+    """Whether a file's first sentence carries tags: a JSONL `tags_key` field, or a CoNLL
+    token line with a column besides the token's (unlabelled CoNLL: one word a line)."""
+    if fmt == "jsonl":
+        for number, record in paths.jsonl_records(path, DataError):
+            if not isinstance(record.get(tokens_key), list):
+                raise DataError(f"{path}:{number}: no list field {tokens_key!r}")
+            return tags_key in record
+        raise DataError(f"{path}: no sentences")
+    try:
+        handle = paths.open(path, encoding="utf-8")
+    except OSError as e:
+        raise DataError(f"{path}: {e.strerror}") from None
+    with handle:
+        for raw in handle:
+            line = raw.rstrip("\r\n")
+            columns = line.split("\t") if "\t" in line else line.split()
+            if line.strip() and columns[0] != "-DOCSTART-":
+                return len(columns) > 1
+    raise DataError(f"{path}: no sentences")
+
+
 # TFDS `conll2003` split names for bertjax's split names.
 TFDS_SPLITS = {"train": "train", "dev": "dev", "test": "test"}
 

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from etils import epath
 
-from bertjax.errors import ConfigError
+from bertjax.errors import ConfigError, DataError
 from bertjax.models.tagging import BertForTokenClassification
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.tagging import features as token_features
@@ -39,17 +39,27 @@ CONLL2003_FILES = {"train": ("eng.train", "train.txt"), "dev": ("eng.testa", "va
                    "test": ("eng.testb", "test.txt")}
 
 
-def token_loss(logits: Array, labels: Array, weights: Array) -> tuple[Array, dict[str, Array]]:
+def label_denominators(weights: Array) -> dict[str, Array]:
+    """{"labels": [] float32}: the normaliser of `token_loss`'s means over a batch, the number
+    of scored positions (label weights [batch, seq] summed, at least 1)."""
+    return {"labels": jnp.maximum(jnp.sum(weights.astype(jnp.float32)), 1.0)}
+
+
+def token_loss(logits: Array, labels: Array, weights: Array,
+               denominators: dict[str, Array] | None = None) -> tuple[Array, dict[str, Array]]:
     """Masked softmax cross-entropy in float32, averaged over the scored positions.
 
     logits [batch, seq, K]; labels [batch, seq] int; weights [batch, seq] (1 = a word's first
-    sub-token, 0 = anything else: other sub-tokens, context, specials, padding).
+    sub-token, 0 = anything else: other sub-tokens, context, specials, padding);
+    denominators: `label_denominators` of the batch the means run over (None: this one).
     """
     logits = logits.astype(jnp.float32)
     log_probs = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
     weights = weights.astype(jnp.float32)
-    count = jnp.maximum(jnp.sum(weights), 1.0)
+    if denominators is None:
+        denominators = label_denominators(weights)
+    count = denominators["labels"]
     loss = jnp.sum(nll * weights) / count
     correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)
     return loss, {"loss": loss, "accuracy": jnp.sum(correct * weights) / count}
@@ -105,9 +115,16 @@ class TokenClassificationTask(Task):
                               "has no tags")
         for split in splits.values():
             readers.check_labels(split, labels)
-        self.labels = labels
-        self.label_ids = {t: i for i, t in enumerate(labels)}
-        self.types = sorted({split_tag(t)[1] for t in labels} - {""}) \
+        self._declare(labels)
+        outputs = {"dev": splits["dev"]}
+        if "test" in splits:
+            outputs["test"] = splits["test"]
+        return Splits(splits["train"], {"dev": splits["dev"]}, outputs)
+
+    def _declare(self, labels) -> None:
+        self.labels = tuple(labels)
+        self.label_ids = {t: i for i, t in enumerate(self.labels)}
+        self.types = sorted({split_tag(t)[1] for t in self.labels} - {""}) \
             if self.scheme != "none" else []
         if self.scheme == "none":
             self.metric_names, self.primary_metric = ("accuracy",), "accuracy"
@@ -115,10 +132,6 @@ class TokenClassificationTask(Task):
             self.metric_names = ("f1", "precision", "recall", "accuracy",
                                  *(f"{t}_f1" for t in self.types))
             self.primary_metric = "f1"
-        outputs = {"dev": splits["dev"]}
-        if "test" in splits:
-            outputs["test"] = splits["test"]
-        return Splits(splits["train"], {"dev": splits["dev"]}, outputs)
 
     @staticmethod
     def _paths(config) -> dict[str, str]:
@@ -194,8 +207,11 @@ class TokenClassificationTask(Task):
         ids = jnp.zeros((1, 8), jnp.int32)
         return ids, ids, ids
 
-    def loss(self, logits, batch):
-        return token_loss(logits, batch["label_ids"], batch["label_weights"])
+    def loss(self, logits, batch, denominators=None):
+        return token_loss(logits, batch["label_ids"], batch["label_weights"], denominators)
+
+    def denominators(self, batch):
+        return label_denominators(batch["label_weights"])
 
     def predict(self, logits, batch) -> dict[str, Array]:
         return {"tags": jnp.argmax(logits, axis=-1).astype(jnp.int32)}
@@ -220,31 +236,87 @@ class TokenClassificationTask(Task):
                         for t in self.types})
         return out
 
+    # ---- predictions from a finished run (tasks/predict.py)
+
+    def state(self):
+        return {"labels": list(self.labels), "scheme": self.scheme}
+
+    def restore(self, state):
+        self.scheme = state["scheme"]
+        self._declare(state["labels"])
+
+    def read_inputs(self, path, fields):
+        """Sentences of a CoNLL column file or JSONL {"tokens", "tags"} (`fields`: format,
+        token_column, tag_column, tokens_key, tags_key, scheme); labelled when the first
+        sentence has tags (a JSONL tags field, a CoNLL line with a tag column)."""
+        fmt = fields.get("format", "auto")
+        if fmt == "auto":
+            fmt = "jsonl" if path.endswith((".jsonl", ".json")) else "conll"
+        labelled = readers.has_tags(path, fmt, fields.get("tokens_key", "tokens"),
+                                    fields.get("tags_key", "tags"))
+        sentences = readers.read_file(
+            path, fmt=fmt, token_column=fields.get("token_column", 0),
+            tag_column=fields.get("tag_column", -1), tokens_key=fields.get("tokens_key",
+                                                                           "tokens"),
+            tags_key=fields.get("tags_key", "tags"), scheme=fields.get("scheme", self.scheme),
+            target=self.scheme, labelled=labelled)
+        if labelled:
+            readers.check_labels(sentences, self.labels)
+        return sentences, labelled
+
+    def examples(self, items):
+        """A list of words per sentence, or a string (split at whitespace); one document."""
+        sentences = []
+        for i, item in enumerate(items):
+            words = item.split() if isinstance(item, str) else [str(w) for w in item]
+            if not words or not all(words):
+                raise DataError(f"input[{i}]: give a sentence as a string or a list of words")
+            sentences.append(readers.Sentence(tuple(words), None, f"input:{i}", 0))
+        if not sentences:
+            raise DataError("no inputs")
+        return sentences
+
+    def records(self, predictions, features, examples):
+        """{id: the sentence's 0-based number, tokens, tags} (the run's tag scheme)."""
+        predicted = token_features.sentence_predictions(features, predictions["tags"])
+        return [{"id": str(i), "tokens": list(sentence.words),
+                 "tags": [self.labels[t] for t in tags]}
+                for i, (sentence, tags) in enumerate(zip(examples, predicted))]
+
+    def release(self, examples):
+        self._features.pop(id(examples), None)
+
+    def conll_text(self, examples, gold, predicted) -> str:
+        """`word gold predicted` lines (`word predicted` without gold), IOB2 tags so that
+        conlleval reads them, a blank line after each sentence."""
+        if self.scheme not in ("none", "iob2"):
+            gold = gold and [convert(g, self.scheme, "iob2") for g in gold]
+            predicted = [convert(p, self.scheme, "iob2") for p in predicted]
+        lines = []
+        for i, (sentence, tags) in enumerate(zip(examples, predicted)):
+            for w, (word, tag) in enumerate(zip(sentence.words, tags)):
+                lines.append(f"{word} {gold[i][w]} {tag}" if gold else f"{word} {tag}")
+            lines.append("")
+        return "\n".join(lines) + "\n"
+
     def write_outputs(self, predictions, examples, split: str, workdir, log) -> None:
-        """`workdir/predictions/<split>.conll`: `word gold predicted` lines (IOB2 tags, so
-        conlleval reads them; `word predicted` for unlabelled data), a blank line after each
-        sentence; the per-type table in the log."""
+        """`workdir/predictions/<split>.conll` (conll_text: word, gold, predicted; `word
+        predicted` for unlabelled data); the per-type table in the log."""
         features = self._features[id(examples)]
         gold, predicted = self.sentence_tags(predictions, features)
         labelled = all(s.tags is not None for s in examples)
-        if self.scheme not in ("none", "iob2"):
-            gold = [convert(g, self.scheme, "iob2") for g in gold]
-            predicted = [convert(p, self.scheme, "iob2") for p in predicted]
         directory = epath.Path(workdir) / "predictions"
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"{split}.conll"
-        lines = []
-        for sentence, g, p in zip(examples, gold, predicted):
-            for word, gold_tag, tag in zip(sentence.words, g, p):
-                lines.append(f"{word} {gold_tag} {tag}" if labelled else f"{word} {tag}")
-            lines.append("")
-        path.write_text("\n".join(lines) + "\n")
+        path.write_text(self.conll_text(examples, gold if labelled else None, predicted))
         log(f"wrote {len(examples)} {split} sentences to {path}")
         if labelled:
+            if self.scheme not in ("none", "iob2"):
+                gold = [convert(g, self.scheme, "iob2") for g in gold]
+                predicted = [convert(p, self.scheme, "iob2") for p in predicted]
             accuracy = token_accuracy(gold, predicted)
             if self.scheme == "none":
                 log(f"{split}: token accuracy {100 * accuracy:.2f}%")
             else:
                 log(f"{split} (token accuracy {100 * accuracy:.2f}%):\n"
                     + table(entity_scores(gold, predicted)))
-

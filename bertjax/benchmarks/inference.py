@@ -1,0 +1,201 @@
+r"""Inference speed: a sequence classifier's predictions on a realistic length mix.
+
+  python -m bertjax.benchmarks.inference [--preset=mini] [--batch_size=64] [--repeats=3]
+
+Rows: the Rotten Tomatoes dev sentences (data/rotten_tomatoes/dev.jsonl from `make
+rotten_tomatoes`; tokenized with the `make demo` vocabulary when it exists, otherwise their
+lengths are estimated from the words) at max_seq_length 128, and SQuAD-like windows at 384
+(question + context lengths drawn like SQuAD's: most windows are full). Variants, float32 on
+the same CPU, the same rows in the same order:
+
+  bertjax, length buckets   the prediction engine (bertjax/tasks/predict.py): the run's task
+                            batches (buckets 16, 32, ... max_seq_length, fixed shapes per
+                            bucket) through the jitted classifier, over the mesh
+  bertjax, padded to max    the same with one bucket, max_seq_length (every row padded)
+  transformers              BertForSequenceClassification (PyTorch, eval, no_grad), batches of
+                            the same rows in input order padded to their longest row, as its
+                            padding collator does; skipped without torch
+
+Sequences/s are the median of `repeats` passes over all rows after a warm-up pass (the jitted
+shapes compiled); the padding waste is the share of token positions computed that are padding.
+Run it on a quiet machine: the figures are only comparable within one run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import time
+
+import flax.linen as nn
+import jax
+import ml_collections
+import numpy as np
+from absl import flags
+
+from bertjax import cli
+from bertjax.models import BertConfig
+
+_PRESET = flags.DEFINE_string("preset", "mini", "Model preset.")
+_BATCH = flags.DEFINE_integer("batch_size", 64, "Rows per batch.")
+_REPEATS = flags.DEFINE_integer("repeats", 3, "Timed passes over the rows.")
+_ROWS = flags.DEFINE_integer("max_rows", 1000, "At most this many rows per set.")
+RT_DEV = "data/rotten_tomatoes/dev.jsonl"
+DEMO_VOCAB = "data/demo/vocab"
+
+
+def rt_lengths(max_rows: int) -> np.ndarray:
+    """Token counts ([CLS] text [SEP]) of the Rotten Tomatoes dev sentences, cut at 128."""
+    if not os.path.exists(RT_DEV):
+        print(f"({RT_DEV} not found, `make rotten_tomatoes`: lengths drawn like its sentences)")
+        return np.clip(np.random.default_rng(0).lognormal(3.3, 0.5, max_rows), 4, 128).astype(int)
+    with open(RT_DEV, encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f][:max_rows]
+    if os.path.exists(os.path.join(DEMO_VOCAB, "vocab.txt")):
+        from bertjax.tokenization import load_tokenizer
+
+        tokenizer = load_tokenizer(DEMO_VOCAB)
+        counts = [len(tokenizer.tokenize(t)) for t in texts]
+    else:  # about 1.3 WordPieces a whitespace word, punctuation included
+        counts = [int(1.3 * len(t.split())) for t in texts]
+    return np.minimum(np.array(counts) + 2, 128)
+
+
+def squad_lengths(max_rows: int) -> np.ndarray:
+    """Window lengths at 384: a ~11-token question plus a context of ~150 tokens (long tail),
+    a window holding at most 384 tokens (longer contexts give several windows)."""
+    rng = np.random.default_rng(1)
+    contexts = rng.lognormal(4.9, 0.45, max_rows).astype(int)
+    questions = rng.integers(6, 20, max_rows)
+    return np.minimum(contexts + questions + 3, 384)
+
+
+def features_of(lengths: np.ndarray, vocab_size: int):
+    from data_pipeline.finetune_data import Features
+
+    rng = np.random.default_rng(2)
+    sequences = []
+    for n in lengths:
+        row = np.ones((1, 3, n), np.int32)
+        row[0, 0] = rng.integers(5, vocab_size, n)
+        row[0, 1] = 0
+        sequences.append(row)
+    return Features(sequences, np.zeros(len(lengths), np.int32), False)
+
+
+def engine_pass(cfg: BertConfig, params, max_len: int, batch_size: int, bucketed: bool):
+    """(a callable predicting every row once, the padding counts of its last pass)."""
+    from bertjax.tasks.base import _predict, predict_rows
+    from bertjax.tasks.classification.task import SequenceTask
+    from bertjax.tasks.predict import place_params
+    from bertjax.train import sharding as sharding_lib
+    from bertjax.train.loop import Runner
+    from data_pipeline.finetune_data import bucket_lengths
+
+    config = ml_collections.ConfigDict({
+        "min_bucket_length": 16 if bucketed else max_len, "train": {"batch_size": batch_size},
+        "task": {"family": "files", "name": "classification"}})
+    task = SequenceTask(config)
+    task.restore({"kind": "classification", "labels": ["0", "1"], "metric_names": ["accuracy"]})
+    task.buckets = bucket_lengths(max_len, 16 if bucketed else max_len)
+    mesh = sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+    rules = (("batch", ("data", "fsdp")),)
+    runner = Runner(sharding_lib.batch_sharding(mesh, rules))
+    model = task.model(cfg)
+    placed = place_params(model, task.init_inputs(), params, mesh, rules)
+    predict = jax.jit(functools.partial(_predict, task=task, model=model))
+    tokens = {}
+
+    def run(features):
+        tokens.clear()
+        tokens.update(real=0, computed=0)
+        predict_rows(task, predict, placed, features, batch_size, runner, tokens)
+
+    return run, tokens
+
+
+def torch_pass(cfg: BertConfig, batch_size: int):
+    """A callable predicting every row with transformers' BertForSequenceClassification,
+    batches in input order padded to their longest row; None without torch."""
+    try:
+        import torch
+        from transformers import BertConfig as HFConfig
+        from transformers import BertForSequenceClassification
+    except ImportError:
+        return None, {}
+    torch.manual_seed(0)
+    hf = HFConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+                  intermediate_size=cfg.intermediate_size,
+                  max_position_embeddings=cfg.max_position_embeddings, num_labels=2)
+    model = BertForSequenceClassification(hf).eval()
+    tokens = {}
+
+    def run(features):
+        tokens.update(real=0, computed=0)
+        sequences = features.sequences
+        with torch.no_grad():
+            for first in range(0, len(sequences), batch_size):
+                rows = sequences[first:first + batch_size]
+                longest = max(r.shape[-1] for r in rows)
+                ids = np.zeros((len(rows), longest), np.int64)
+                mask = np.zeros_like(ids)
+                for i, r in enumerate(rows):
+                    ids[i, :r.shape[-1]], mask[i, :r.shape[-1]] = r[0, 0], 1
+                tokens["real"] += int(mask.sum())
+                tokens["computed"] += mask.size
+                model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
+
+    return run, tokens
+
+
+def median_seconds(run, features, repeats: int) -> float:
+    run(features)  # compile every bucket's shape / warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run(features)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
+
+
+def main(argv):
+    del argv
+    from bertjax.models.classification import BertForSequenceClassification
+
+    device = jax.devices()[0]
+    print(f"inference benchmark on {device.platform} ({device.device_kind}, "
+          f"{jax.device_count()} device(s)), preset {_PRESET.value}, float32, batch "
+          f"{_BATCH.value}, median of {_REPEATS.value}")
+    print(f"  {'rows':<34} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
+    for name, lengths, max_len in (("Rotten Tomatoes dev, max 128", rt_lengths(_ROWS.value), 128),
+                                   ("SQuAD-like windows, max 384",
+                                    squad_lengths(_ROWS.value), 384)):
+        cfg = BertConfig.from_preset(_PRESET.value, dtype="float32",
+                                     max_position_embeddings=max(512, max_len))
+        ids = np.zeros((1, 8), np.int32)
+        params = jax.jit(BertForSequenceClassification(cfg, 2).init)(
+            jax.random.key(0), ids, ids, ids)["params"]
+        params = jax.device_get(nn.unbox(params))
+        features = features_of(lengths, cfg.vocab_size)
+        variants = {"bertjax, length buckets": engine_pass(cfg, params, max_len, _BATCH.value,
+                                                           True),
+                    "bertjax, padded to max": engine_pass(cfg, params, max_len, _BATCH.value,
+                                                          False),
+                    "transformers (PyTorch)": torch_pass(cfg, _BATCH.value)}
+        seconds = {k: median_seconds(run, features, _REPEATS.value)
+                   for k, (run, _) in variants.items() if run is not None}
+        baseline = seconds.get("transformers (PyTorch)")
+        for variant, (_, tokens) in variants.items():
+            if variant not in seconds:
+                print(f"  {name:<34} {variant:<26} (no torch)")
+                continue
+            waste = 1 - tokens["real"] / max(tokens["computed"], 1)
+            ratio = f"{baseline / seconds[variant]:.2f}x" if baseline else "-"
+            print(f"  {name:<34} {variant:<26} {len(lengths) / seconds[variant]:>8.1f} "
+                  f"{100 * waste:>7.1f}% {ratio:>16}")
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,165 @@
+r"""Use a trained model: predictions of a finished fine-tuning run on new rows, or the
+masked-word predictions of a pre-trained checkpoint.
+
+  python -m bertjax.predict --workdir=runs/mrpc --input=new.tsv --output=preds.jsonl \
+      [--text_a=sentence1 --text_b=sentence2] [--batch_size=64]
+  python -m bertjax.predict --workdir=runs/squad1 --input=questions.jsonl --output=answers.jsonl
+  python -m bertjax.predict --workdir=runs/ner --input=new.conll --output=tagged.conll
+  python -m bertjax.predict --export=hf/mrpc --input=new.tsv --output=preds.jsonl  # to_hf DIR
+  python -m bertjax.predict --workdir=runs/mrpc --dry_run [--topology=v5e-8] [--batch_size=256]
+  python -m bertjax.predict fill_mask --checkpoint=runs/demo/export \
+      "the capital of france is [MASK]." [--top_k=5]
+
+--input: .csv / .tsv / .jsonl rows (classification, regression, multiple choice; field flags
+as the users'-files configs, default the run's config.data), SQuAD-layout .json or .jsonl
+{question, context[, id]} (SQuAD), CoNLL columns or .jsonl {tokens} (tagging). --output: one
+JSON record a line in input order (classification: {id, label, probabilities}; regression:
+{id, score}; multiple choice: {id, choice, scores}; SQuAD: {id, answer, start, end, score,
+nbest[, null_odds, threshold]}; tagging: {id, tokens, tags}), or for tagging a `.conll` file
+(`word tag`, `word gold tag` when the input has tags). An input with gold labels also prints
+the task's metrics. --chunk_rows=N streams the input N rows at a time (a corpus larger than
+memory; the same output, no metrics). On a pod slice (--distributed) every process computes
+its share of each batch and process 0 writes.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from absl import flags
+
+from bertjax import cli
+
+FIELD_FLAGS = ("text_a", "text_b", "label", "choices", "id", "question", "context",
+               "tokens_key", "tags_key")
+
+
+def define_flags() -> None:
+    # Defined only when run as a program: modules imported together (e.g. by pytest) must not
+    # compete for absl's global flag names.
+    flags.DEFINE_string("workdir", None, "A finished fine-tuning workdir.")
+    flags.DEFINE_string("export", None, "Instead of --workdir: its transformers export "
+                        "(python -m bertjax.convert to_hf --input=WORKDIR --output=DIR).")
+    flags.DEFINE_string("input", None, "Rows to predict: .csv | .tsv | .jsonl | .json | .conll.")
+    flags.DEFINE_string("output", None, "Predictions: .jsonl (or .conll for tagging).")
+    flags.DEFINE_integer("batch_size", None, "Rows per global batch (default: the run's "
+                         "config.eval.batch_size, which reproduces its predictions bitwise).")
+    flags.DEFINE_string("dtype", None, "Compute dtype (default: the run's).")
+    flags.DEFINE_integer("chunk_rows", 0, "Stream the input this many rows at a time "
+                         "(memory independent of its size; no metrics); 0: the whole file.")
+    for name in FIELD_FLAGS:
+        flags.DEFINE_string(name, None, f"Input field {name} (default: the run's config.data).")
+    flags.DEFINE_enum("format", None, ["auto", "conll", "jsonl"], "Tagging input format.")
+    flags.DEFINE_integer("token_column", None, "Tagging CoNLL input: the word column.")
+    flags.DEFINE_integer("tag_column", None, "Tagging CoNLL input: the gold tag column.")
+    flags.DEFINE_bool("dry_run", False, "With --workdir: compile the predict step for each "
+                      "length bucket and print per-device memory, FLOPs (and with --topology "
+                      "step time and sequences/s per chip); read no checkpoint, no input.")
+    flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
+                        "with the TPU compiler, on any machine (e.g. v5e-8, v5p-32).")
+    flags.DEFINE_string("checkpoint", None, "fill_mask: a bertjax checkpoint directory.")
+    flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].")
+    flags.DEFINE_integer("max_seq_length", 128, "fill_mask: tokens per text.")
+    cli.define_distributed_flags()
+
+
+def fill_mask(texts: Sequence[str]) -> None:
+    f = flags.FLAGS
+    if not f.checkpoint:
+        sys.exit("error: fill_mask: --checkpoint is required")
+    if not texts:
+        sys.exit('error: fill_mask: give one or more texts with [MASK], e.g. "the capital of '
+                 'france is [MASK]."')
+    if f.top_k < 1:
+        sys.exit(f"error: --top_k={f.top_k} must be positive")
+    from bertjax.tasks.predict import FillMask
+    from bertjax.train import multihost
+
+    filler = FillMask.from_checkpoint(f.checkpoint, f.max_seq_length, dtype=f.dtype)
+    results = filler(list(texts), top_k=f.top_k)  # every process: the batches are collective
+    if not multihost.is_main():
+        return
+    for text, masks in zip(texts, results):
+        print(text)
+        for mask in masks:
+            shown = ", ".join(f"{c['word']} {c['probability']:.3f}" for c in mask["candidates"])
+            print(f"  [MASK] at token {mask['position']}: {shown}")
+
+
+def dry_run() -> None:
+    from bertjax.tasks.predict import inference_costs, inference_table
+
+    f = flags.FLAGS
+    if not f.workdir:
+        sys.exit("error: --dry_run needs --workdir (a finished fine-tuning run)")
+    costs, chips, header = inference_costs(f.workdir, f.topology, f.batch_size, f.dtype)
+    print(header)
+    for line in inference_table(costs, chips):
+        print(line)
+
+
+def predict() -> None:
+    from bertjax.tasks.predict import Predictor, dump
+    from bertjax.train import multihost
+
+    f = flags.FLAGS
+    if f.dry_run:
+        return dry_run()
+    if f.topology:
+        sys.exit("error: --topology needs --dry_run")
+    if bool(f.workdir) == bool(f.export):
+        sys.exit("error: give one of --workdir (a finished fine-tuning run) or --export (its "
+                 "convert to_hf directory)")
+    for name in ("input", "output"):
+        if not f[name].value:
+            sys.exit(f"error: --{name} is required")
+    fields = {name: f[name].value for name in FIELD_FLAGS + ("format", "token_column",
+                                                             "tag_column")}
+    predictor = (Predictor.from_workdir(f.workdir, f.batch_size, f.dtype) if f.workdir else
+                 Predictor.from_export(f.export, f.batch_size, f.dtype))
+    conll = f.output.endswith(".conll")
+    if conll and not hasattr(predictor.task, "conll_text"):
+        sys.exit(f"error: --output={f.output}: a .conll output is for tagging runs; use .jsonl")
+
+    def text(examples, records, labelled) -> str:
+        if conll:
+            gold = [list(s.tags) for s in examples] if labelled else None
+            return predictor.task.conll_text(examples, gold, [r["tags"] for r in records])
+        return "".join(dump(r) + "\n" for r in records)
+
+    def append(examples, records, labelled, mode="a"):
+        from bertjax import paths
+
+        with paths.open(f.output, mode, encoding="utf-8") as out:
+            if records:
+                out.write(text(examples, records, labelled))
+
+    metrics = None
+    if f.chunk_rows:
+        multihost.write_from_main(lambda: append([], [], False, "w"))  # empty, then appended
+        count = predictor.predict_stream(f.input, append, fields, f.chunk_rows)
+    else:
+        examples, records, metrics = predictor.predict_file(f.input, fields)
+        multihost.write_from_main(lambda: append(examples, records, metrics is not None, "w"))
+        count = len(records)
+    if multihost.is_main():
+        print(f"wrote {count} predictions to {f.output} (best step "
+              f"{predictor.trained.step} of {f.workdir or f.export}; "
+              f"{predictor.last_padding})")
+        if metrics is not None:
+            print("metrics: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+
+
+def main(argv: Sequence[str]) -> None:
+    cli.initialize_distributed()  # before anything touches a JAX backend
+    if len(argv) > 1 and argv[1] == "fill_mask":
+        return fill_mask(argv[2:])
+    if len(argv) > 1:
+        sys.exit(f"error: unexpected arguments {argv[1:]}; flags are --name=value (or the "
+                 "fill_mask command)")
+    return predict()
+
+
+if __name__ == "__main__":
+    cli.run(main, define_flags)

@@ -1,0 +1,257 @@
+"""Faults of a multi-host run, on one machine: N CPU processes (jax.distributed on localhost,
+one device each) stand in for the N hosts of a pod slice (tests/multihost.py runs them).
+
+What a slice meets and a single host never does: a host dies (SIGKILL), is preempted (SIGTERM
+to one process only), or stalls on its input; the others must not wait for it without bound.
+Each test prints the bound it measured (pytest -s):
+- a lost process: every other one exits non-zero with one `error:` line naming it, within
+  config.distributed.timeout_s; no half-written checkpoint becomes the latest;
+- a restart of all processes (on the same or another process count) resumes from the last
+  complete checkpoint with the same losses, bit for bit, as a run never interrupted;
+- a stalled input: every process names the stalled one within config.train.input_timeout_s;
+- SIGTERM to one process: every process saves the same step and exits 0.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import time
+
+import numpy as np
+import pytest
+from multihost import Process, coordinator_flags, devices_env, free_port, read_metrics
+
+STEPS = 12
+TIMEOUT_S = 60  # config.distributed.timeout_s of these runs
+INPUT_TIMEOUT_S = 20.0
+
+def pretrain_args(workdir, steps: int = STEPS, *extra: str) -> list[str]:
+    """A tiny pre-training run on synthetic batches: global batch 8, checkpoints every 2
+    steps, every step logged."""
+    return ["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",
+            f"--workdir={workdir}", "--config.phases.phase1.data=synthetic",
+            "--config.phases.phase2.data=synthetic", "--config.model.num_layers=2",
+            "--config.model.hidden_size=32", "--config.model.num_heads=4",
+            "--config.model.intermediate_size=64", "--config.model.vocab_size=128",
+            "--config.model.dtype=float32", f"--config.train.num_train_steps={steps}",
+            f"--config.phases.phase1.steps={steps}", "--config.phases.phase1.seq_len=32",
+            "--config.phases.phase1.max_predictions=5", "--config.train.batch_size=8",
+            "--config.log_every_steps=1", "--config.checkpoint.every_steps=2",
+            "--config.optimizer.warmup_steps=2", "--config.optimizer.learning_rate=1e-3",
+            f"--config.distributed.timeout_s={TIMEOUT_S}", *extra]
+
+def start(args: list[str], n: int) -> list[Process]:
+    port = free_port()
+    return [Process(f"process {i}", args + coordinator_flags(port, i, n), devices_env(1))
+            for i in range(n)]
+
+def wait(processes: list[Process], bound_s: float) -> None:
+    """Waits until every process has exited; kills those still running after `bound_s`."""
+    deadline = time.monotonic() + bound_s
+    while any(p.exited is None for p in processes):
+        if time.monotonic() > deadline:
+            for p in processes:
+                if p.exited is None:
+                    p.kill(f"still running after {bound_s:.0f} s")
+        time.sleep(0.1)
+
+def wait_for_step(processes: list[Process], step: int, bound_s: float = 600) -> None:
+    deadline = time.monotonic() + bound_s
+    while not all(steps_logged(p) >= step for p in processes):
+        assert time.monotonic() < deadline and all(p.exited is None for p in processes), \
+            "\n\n".join(p.output() for p in processes)
+        time.sleep(0.05)
+
+def steps_logged(p: Process) -> int:
+    """The last step whose progress line the process printed."""
+    from multihost import PROGRESS
+
+    steps = [int(m.group(1)) for _, line in p.lines if (m := PROGRESS.search(line))]
+    return max(steps, default=0)
+
+def errors(p: Process) -> list[str]:
+    return [line for _, line in p.lines if line.startswith("error: ")]
+
+def losses(workdir) -> dict[int, float]:
+    return {step: r["loss"] for step, r in read_metrics(workdir, "train").items()}
+
+def committed_steps(workdir) -> list[int]:
+    return sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+
+def only_committed_checkpoints(workdir) -> None:
+    """Every step directory is complete (orbax's commit marker): an interrupted save stays a
+    temporary directory, which is never taken as the latest."""
+    for step in committed_steps(workdir):
+        assert (workdir / "checkpoints" / str(step) / "_CHECKPOINT_METADATA").exists(), step
+
+# ------------------------------------------------------------------------- a lost process
+
+def finetune_args(tmp_path):
+    """args_for(workdir) of a classification fine-tuning run from a tiny checkpoint: 64
+    examples, global batch 8, 2 epochs (16 steps), checkpoints every 2 steps."""
+    import random
+
+    from test_multihost import finetune, sentiment_rows, tiny_checkpoint, write_jsonl
+
+    rng = random.Random(1)
+    train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(rng, 64))
+    dev = write_jsonl(tmp_path / "dev.jsonl", sentiment_rows(rng, 16))
+    return finetune("experiments/finetune_files.py:classification", tiny_checkpoint(tmp_path),
+                    f"--config.data.train={train}", f"--config.data.validation={dev}",
+                    "--config.train.num_epochs=2", "--config.max_seq_length=32",
+                    "--config.min_bucket_length=32", "--config.checkpoint.every_steps=2",
+                    "--config.checkpoint.max_to_keep=3",
+                    f"--config.distributed.timeout_s={TIMEOUT_S}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("job", ["pretrain", "finetune"])
+def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path, job):
+    """SIGKILL process 1 of 2 mid-run: process 0 exits non-zero at once with one line naming
+    process 1. Starting both again resumes from the last complete checkpoint with the losses
+    of an uninterrupted 2-process run, bit for bit; so does a restart as 1 process."""
+    args_for = pretrain_args if job == "pretrain" else finetune_args(tmp_path)
+    reference = start(args_for(tmp_path / "reference"), 2)
+    wait(reference, 900)
+    assert [p.proc.returncode for p in reference] == [0, 0], reference[0].output()
+    expected = losses(tmp_path / "reference")
+
+    workdir = tmp_path / "run"
+    pair = start(args_for(workdir), 2)
+    wait_for_step(pair, 5)
+    killed = time.monotonic()
+    pair[1].proc.kill()
+    wait(pair, TIMEOUT_S + 120)
+    survivor = pair[0]
+    seconds = survivor.exited - killed
+    print(f"{job}: SIGKILL process 1 of 2 at step {steps_logged(survivor)}: process 0 exited "
+          f"{survivor.proc.returncode} after {seconds:.1f} s (bound {TIMEOUT_S} s): "
+          f"{errors(survivor)}", flush=True)
+    # Where the survivor was in a collective (gloo on CPU), the failure is at once and ours;
+    # where it was waiting at a coordination-service barrier (the next step's input check,
+    # an asynchronous save's commit), JAX ends it after the missed heartbeats (exit -6) and
+    # its log names the task.
+    assert survivor.proc.returncode not in (0, None), survivor.output()
+    assert seconds < TIMEOUT_S
+    assert "Traceback" not in survivor.output()
+    if survivor.proc.returncode == 1:
+        (line,) = errors(survivor)
+        assert line.startswith("error: lost process 1 of 2: a collective failed ("), line
+    else:
+        log = survivor.output(tail=1_000_000)
+        assert re.search(r"Task 1 heartbeat timeout|stopped sending heartbeats\):\n1\n", log), \
+            "\n".join(line[:300] for _, line in survivor.lines if line[:1] in "EF")
+    only_committed_checkpoints(workdir)
+    last = max(committed_steps(workdir))
+
+    for n, name in ((2, "2 processes"), (1, "1 process, 2 devices")):
+        again = tmp_path / f"restarted_{n}"
+
+        shutil.copytree(workdir, again)
+        if n == 2:
+            restarted = start(args_for(again), 2)
+        else:
+            restarted = [Process("process 0", args_for(again), devices_env(2))]
+        wait(restarted, 900)
+        assert all(p.proc.returncode == 0 for p in restarted), restarted[0].output()
+        assert any(f"Resumed from {again / 'checkpoints' / str(last)} at step {last}" in line
+                   for _, line in restarted[0].lines), restarted[0].output()
+        after = [s for s in sorted(expected) if s > last]
+        got, want = [losses(again)[s] for s in after], [expected[s] for s in after]
+        print(f"{job}: restart on {name} from step {last}: losses of steps {after[0]}..{after[-1]} "
+              f"{'bitwise equal' if got == want else 'differ'}", flush=True)
+        if n == 2:
+            assert got == want
+        else:  # another reduction order may round differently
+            np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+# ------------------------------------------------------------------------- a stalled input
+
+# The regression job of tests/test_faults.py as a multi-process command: the input of process
+# `argv[2]` opens a FIFO nobody writes to for batch 3, i.e. step 4 (a file system that stopped
+# answering).
+STALLING_COMMAND = """
+import sys
+sys.path.insert(0, "tests")
+import jax
+import test_faults as t
+from bertjax import cli
+
+
+def main(argv):
+    workdir, stalling, fifo, input_timeout, timeout = argv[1:6]
+    config = t.make_config(input_timeout_s=float(input_timeout))
+    config.distributed = dict(timeout_s=int(timeout))
+    cli.initialize_distributed(config)
+    stall = lambda: open(fifo, "rb")
+    make_input = (lambda: t.RegressionInput(3, stall)) if jax.process_index() == int(
+        stalling) else t.RegressionInput
+    summary, lines = t.run(workdir, 6, config, make_input=make_input)
+    print("\\n".join(lines), flush=True)
+
+
+cli.define_distributed_flags()
+cli.run(main)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stalling", [1, 0])
+def test_a_stalled_input_is_named_on_every_process_within_the_input_timeout(tmp_path,
+                                                                             stalling):
+    fifo = tmp_path / "shard.tfrecord"
+    os.mkfifo(fifo)
+    processes = start(["-c", STALLING_COMMAND, str(tmp_path / "run"), str(stalling), str(fifo),
+                       str(INPUT_TIMEOUT_S), str(TIMEOUT_S)], 2)
+    deadline = time.monotonic() + 600
+    while not (tmp_path / "run" / "checkpoints" / "2" / "_CHECKPOINT_METADATA").exists():
+        assert time.monotonic() < deadline and all(p.exited is None for p in processes), \
+            "\n\n".join(p.output() for p in processes)
+        time.sleep(0.05)
+    reached = time.monotonic()  # step 3 takes a moment, then the input of step 4 stalls
+    wait(processes, INPUT_TIMEOUT_S + TIMEOUT_S + 120)
+    seconds = [p.exited - reached for p in processes]
+    print(f"input of process {stalling} stalled before step 4: exits "
+          f"{[p.proc.returncode for p in processes]} after {[f'{s:.1f}' for s in seconds]} s "
+          f"(input_timeout_s {INPUT_TIMEOUT_S:g}): {errors(processes[0])}", flush=True)
+    expected = (f"error: the input of main on process {stalling} gave no batch for "
+                f"{INPUT_TIMEOUT_S:g} s (config.train.input_timeout_s) before step 4; stopping "
+                "without saving (last checkpoint: step 2)")
+    for p in processes:
+        assert p.proc.returncode == 1 and errors(p) == [expected], p.output()
+        assert "Traceback" not in p.output()
+    assert max(seconds) < INPUT_TIMEOUT_S + 30
+    assert committed_steps(tmp_path / "run") == [2]
+
+
+# ----------------------------------------------------------------------- preemption of one
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_process_saves_the_same_step_everywhere_and_exits_0(tmp_path):
+    """A spot VM gets SIGTERM alone: JAX's preemption sync point (orbax reached_preemption)
+    makes every process stop at the same step, save it and exit 0; a restart resumes there and
+    ends with the losses of an uninterrupted run."""
+    workdir = tmp_path / "run"
+    processes = start(pretrain_args(workdir, 40), 2)
+    wait_for_step(processes, 4)
+    sent = time.monotonic()
+    processes[1].proc.send_signal(signal.SIGTERM)
+    wait(processes, 300)
+    seconds = [p.exited - sent for p in processes]
+    saved = [[line for _, line in p.lines if line.startswith("SIGTERM: saved step ")]
+             for p in processes]
+    print(f"SIGTERM to process 1 of 2: exits {[p.proc.returncode for p in processes]} after "
+          f"{[f'{s:.1f}' for s in seconds]} s; {saved}", flush=True)
+    for p in processes:
+        assert p.proc.returncode == 0, p.output()
+        assert any(line == "Training preempted." for _, line in p.lines), p.output()
+    assert len(saved[0]) == 1 and saved[0] == saved[1], saved
+    step = int(saved[0][0].split()[3].rstrip(";"))
+    assert max(committed_steps(workdir)) == step < 40
+    only_committed_checkpoints(workdir)
+    assert max(seconds) < 120

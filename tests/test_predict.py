@@ -1,0 +1,485 @@
+"""Predictions from trained models (`python -m bertjax.predict`, `bertjax.Predictor`,
+`bertjax.FillMask`).
+
+Tiny fine-tuning runs (one or two epochs on generated data, as the end-to-end tests build them)
+are predicted again after the fact; the references are independent of the prediction engine:
+the files and dev metrics the run itself wrote at the end of training (equal bitwise on CPU),
+transformers' BertFor* classes on the exported model (within 1e-4), and transformers'
+BertForMaskedLM for fill-mask. Bad input is one `error:` line.
+"""
+
+import csv
+import json
+import random
+
+import numpy as np
+import pytest
+import tagging_data as td
+from conftest import KEYWORD_VOCAB, filler_sentence, run_python, write_tiny_checkpoint
+
+from bertjax.errors import CheckpointError, DataError
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), KEYWORD_VOCAB)
+
+
+def _files_config(kind, checkpoint, **data):
+    from experiments.finetune_files import get_config
+
+    config = get_config(kind)
+    config.init_checkpoint = checkpoint
+    config.max_seq_length = 32
+    config.train.batch_size = 16
+    config.eval.batch_size = 8
+    config.train.num_epochs = 1
+    config.optimizer.learning_rate = 1e-3
+    config.log_every_steps = 1000
+    for key, value in data.items():
+        config.data[key] = value
+    return config
+
+
+def _train(config, workdir):
+    from bertjax.tasks import train_and_evaluate
+
+    return train_and_evaluate(config, str(workdir), log=lambda *_: None)
+
+
+def _write_csv(path, header, rows):
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def classification_run(checkpoint, tmp_path_factory):
+    """A finished 2-label run (buckets 16 and 32) with an unlabelled test file."""
+    root = tmp_path_factory.mktemp("cls")
+    rng = random.Random(0)
+
+    def rows(n, labelled=True):
+        out = []
+        for i in range(n):
+            y = rng.random() < 0.5
+            # Some long rows: both length buckets (16, 32) and truncation are exercised.
+            text = filler_sentence(rng, "good" if y else "bad", 1 + 3 * (i % 5 == 0))
+            if i % 7 == 0:
+                text = " ".join([text] * 4)
+            out.append([f"r{i}", text, ["neg", "pos"][y]] if labelled else [f"r{i}", text])
+        return out
+
+    train = _write_csv(root / "train.csv", ["id", "text", "label"], rows(96))
+    dev = _write_csv(root / "dev.csv", ["id", "text", "label"], rows(40))
+    test = _write_csv(root / "test.csv", ["id", "text"], rows(29, labelled=False))
+    config = _files_config("classification", checkpoint, train=train, validation=dev, test=test)
+    config.eval.every_steps = 3
+    summary = _train(config, root / "run")
+    return {"workdir": root / "run", "dev": dev, "test": test, "summary": summary}
+
+
+def test_read_finished_run_refuses_unfinished_and_pretraining(tmp_path):
+    from bertjax.tasks.predict import read_finished_run
+
+    with pytest.raises(CheckpointError, match="no such directory"):
+        read_finished_run(tmp_path / "nothing")
+    (tmp_path / "config.json").write_text(json.dumps({"task": {"family": "files"}}))
+    with pytest.raises(CheckpointError, match="no results.json: the fine-tuning run has not "
+                                              "finished"):
+        read_finished_run(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"phases": {}, "model": {}}))
+    with pytest.raises(CheckpointError, match="is a pre-training run"):
+        read_finished_run(tmp_path)
+
+
+def test_cli_bad_input_is_one_error_line(tmp_path):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.json").write_text(json.dumps({"task": {"family": "files"}}))
+    result = run_python(["-m", "bertjax.predict", f"--workdir={tmp_path / 'run'}",
+                         f"--input={tmp_path / 'x.csv'}", f"--output={tmp_path / 'o.jsonl'}"])
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: --workdir {tmp_path / 'run'}: no results.json: the fine-tuning run has not "
+        "finished or predates export.json; run its command again (a finished run only rewrites "
+        "its outputs)"]
+
+
+def test_whole_word_of_wordpiece_continuations():
+    from bertjax.tasks.predict import whole_word
+
+    tokens = ["[CLS]", "play", "[MASK]", "##s", "now", "[SEP]"]
+    assert whole_word(tokens, 2, "##ing") == "playings"  # play + ##ing + ##s
+    assert whole_word(tokens, 2, "run") == "runs"
+    assert whole_word(["[CLS]", "[MASK]", "[SEP]"], 1, "##s") == "s"
+    assert whole_word(["[CLS]", "a", "[MASK]", "b", "[SEP]"], 2, "cat") == "cat"
+
+
+@pytest.mark.slow
+def test_classification_cli_and_python_equal_the_run(classification_run, tmp_path):
+    from bertjax import Predictor
+
+    run = classification_run
+    workdir = run["workdir"]
+    out = tmp_path / "test.jsonl"
+    result = run_python(["-m", "bertjax.predict", f"--workdir={workdir}",
+                         f"--input={run['test']}", f"--output={out}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "padding is" in result.stdout and "metrics" not in result.stdout
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    with open(workdir / "submission" / "test.tsv") as f:
+        written = list(csv.reader(f, delimiter="\t"))[1:]
+    # Input order and ids kept; labels those the run wrote for its test split.
+    assert [r["id"] for r in records] == [f"r{i}" for i in range(29)]
+    assert [r["label"] for r in records] == [label for _, label in written]
+    for r in records:
+        p = r["probabilities"]
+        assert set(p) == {"neg", "pos"} and abs(sum(p.values()) - 1) < 1e-6
+        assert r["label"] == max(p, key=p.get)
+
+    predictor = Predictor.from_workdir(str(workdir))
+    # A labelled file: the metrics equal the run's dev evaluation of its best step, bitwise.
+    _, _, metrics = predictor.predict_file(run["dev"])
+    assert metrics == {k: v for k, v in run["summary"]["best"].items() if k != "epoch"}
+    texts = [row[1] for row in csv.reader(open(run["test"]))][1:]
+    python_records = predictor(texts)
+    assert [r["probabilities"] for r in python_records] == [r["probabilities"] for r in records]
+    # Another batch size changes the batches, not the predictions (to float tolerance).
+    other = Predictor.from_workdir(str(workdir), batch_size=3)(texts[:5])
+    for a, b in zip(other, python_records[:5]):
+        assert a["label"] == b["label"]
+        assert np.allclose(list(a["probabilities"].values()), list(b["probabilities"].values()),
+                           atol=1e-5)
+
+
+@pytest.mark.slow
+def test_classification_equals_exported_transformers_model(classification_run, tmp_path):
+    import torch
+    from transformers import BertForSequenceClassification, BertTokenizer
+
+    from bertjax import Predictor
+
+    workdir = classification_run["workdir"]
+    result = run_python(["-m", "bertjax.convert", "to_hf", f"--input={workdir}",
+                         f"--output={tmp_path / 'hf'}"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    texts = [row[1] for row in csv.reader(open(classification_run["test"]))][1:]
+    ours = Predictor.from_workdir(str(workdir))(texts)
+    model = BertForSequenceClassification.from_pretrained(tmp_path / "hf").eval()
+    tokenizer = BertTokenizer.from_pretrained(tmp_path / "hf")
+    inputs = tokenizer(texts, padding=True, truncation=True, max_length=32, return_tensors="pt")
+    with torch.no_grad():
+        probabilities = torch.softmax(model(**inputs).logits, -1).numpy()
+    labels = [model.config.id2label[i] for i in range(2)]
+    expected = [dict(zip(labels, p)) for p in probabilities]
+    for record, reference in zip(ours, expected):
+        for label in labels:
+            assert abs(record["probabilities"][label] - reference[label]) < 1e-4
+    # The export directory predicts by itself (its bertjax_task.json), bitwise as the run.
+    assert Predictor.from_export(str(tmp_path / "hf"))(texts) == ours
+    out = tmp_path / "export.jsonl"
+    result = run_python(["-m", "bertjax.predict", f"--export={tmp_path / 'hf'}",
+                         f"--input={classification_run['test']}", f"--output={out}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [json.loads(line)["probabilities"] for line in out.read_text().splitlines()] == [
+        r["probabilities"] for r in ours]
+
+
+def test_export_without_a_task_record_says_what_to_pass(tmp_path, checkpoint):
+    from bertjax import Predictor
+
+    with pytest.raises(CheckpointError, match="pre-trained bertjax checkpoint directory .*"
+                                              "fill_mask --checkpoint"):
+        Predictor.from_export(checkpoint)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(CheckpointError, match="no bertjax_task.json .* pass the fine-tuning "
+                                              "workdir"):
+        Predictor.from_export(str(tmp_path / "hf"))
+    (tmp_path / "hf" / "bertjax_task.json").write_text("{}")
+    with pytest.raises(CheckpointError, match="transformers export; pass it as --export"):
+        Predictor.from_workdir(str(tmp_path / "hf"))
+
+
+@pytest.mark.slow  # the module's classification run
+@pytest.mark.parametrize("suffix", [".csv", ".tsv", ".jsonl"])
+def test_streamed_chunks_equal_the_one_shot_output(classification_run, tmp_path, suffix):
+    from bertjax import Predictor
+
+    rng = random.Random(5)
+    # A generated file without an id column (ids are row numbers in the whole file), with
+    # quoted newlines and commas in the CSV, and a few rows that keep their own ids.
+    rows = []
+    for i in range(61):
+        text = filler_sentence(rng, "good" if i % 3 else "bad", 1 + (i % 4 == 0))
+        rows.append({"text": text + (", \"x\"\nfiller2" if i % 9 == 0 else ""),
+                     **({"id": f"own{i}"} if i % 10 == 0 else {})})
+    path = tmp_path / f"big{suffix}"
+    if suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f, delimiter="\t" if suffix == ".tsv" else ",")
+            writer.writerow(["text", "id"])
+            writer.writerows([r["text"], r.get("id", "")] for r in rows)
+    predictor = Predictor.from_workdir(str(classification_run["workdir"]))
+    whole = predictor.predict_file(str(path))[1]
+    assert [r["id"] for r in whole][:2] == ["own0", "1"]
+    chunks = []
+    count = predictor.predict_stream(str(path), lambda e, r, labelled: chunks.append(r),
+                                     chunk_rows=7)
+    assert count == 61 and [len(c) for c in chunks] == [7] * 8 + [5]
+    streamed = [r for c in chunks for r in c]
+    # Same ids and labels; the probabilities to float rounding only (a row's batch neighbours
+    # differ between a chunk and the whole file, and XLA's CPU kernels are not bitwise
+    # independent of them).
+    assert [(r["id"], r["label"]) for r in streamed] == [(r["id"], r["label"]) for r in whole]
+    for a, b in zip(streamed, whole):
+        assert np.allclose(list(a["probabilities"].values()),
+                           list(b["probabilities"].values()), rtol=0, atol=1e-6)
+
+
+@pytest.mark.slow  # the module's classification run
+def test_dry_run_of_the_predict_step_on_a_tpu_slice(classification_run):
+    from bertjax.models import BertConfig
+    from bertjax.tasks.predict import inference_costs, read_finished_run
+    from bertjax.train import flops as flops_lib
+
+    workdir = str(classification_run["workdir"])
+    costs, chips, header = inference_costs(workdir, "v5e-4", batch_size=64)
+    assert chips == 4 and "v5litepod-4" in header and "bfloat16" in header
+    assert [c.seq_len for c in costs] == [16, 32]  # the run's length buckets
+    model = BertConfig.from_dict(read_finished_run(workdir)[0]["model"])
+    for c in costs:
+        # The compiled FLOPs per chip cover the encoder's matmuls on its 16 rows (an
+        # independent count), plus little else (head, softmax, LayerNorm).
+        matmuls = flops_lib.forward_flops_per_sequence(model, c.seq_len, 0) * 64 / chips
+        assert matmuls <= c.flops <= 2 * matmuls
+        assert c.fits and 0 < c.total_bytes < 1024**3
+        assert c.step_seconds > 0 and c.sequences_per_second_per_chip(chips) > 0
+    result = run_python(["-m", "bertjax.predict", f"--workdir={workdir}", "--dry_run",
+                         "--topology=v5e-4", "--batch_size=64"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[0] == header and lines[1].split() == [
+        "length", "memory/chip", "fits", "GFLOP/chip", "step", "ms", "seq/s/chip"]
+    assert [line.split()[0] for line in lines[2:]] == ["16", "32"]
+
+
+@pytest.mark.slow  # the module's classification run
+def test_bad_inputs_of_a_finished_run(classification_run, tmp_path):
+    from bertjax import Predictor
+
+    predictor = Predictor.from_workdir(str(classification_run["workdir"]))
+    (tmp_path / "empty.csv").write_text("")
+    with pytest.raises(DataError, match="empty file"):
+        predictor.predict_file(str(tmp_path / "empty.csv"))
+    (tmp_path / "header.jsonl").write_text("")
+    with pytest.raises(DataError, match="no examples"):
+        predictor.predict_file(str(tmp_path / "header.jsonl"))
+    (tmp_path / "other.csv").write_text("sentence\nfiller1 good\n")
+    with pytest.raises(DataError, match="missing column 'text'"):
+        predictor.predict_file(str(tmp_path / "other.csv"))
+    assert predictor.predict_file(str(tmp_path / "other.csv"), {"text_a": "sentence"})[1][0][
+        "id"] == "0"
+    with pytest.raises(DataError, match="no such file"):
+        predictor.predict_file(str(tmp_path / "missing.csv"))
+    with pytest.raises(DataError, match=r"input\[1\]: give a text"):
+        predictor(["fine", 3])
+
+
+@pytest.mark.slow
+def test_regression_and_multiple_choice(checkpoint, tmp_path):
+    from bertjax import Predictor
+
+    rng = random.Random(1)
+    rows = [[filler_sentence(rng, "good", k % 3), k % 3 + 0.1] for k in range(48)]
+    train = _write_csv(tmp_path / "reg.csv", ["text", "score"], rows)
+    config = _files_config("regression", checkpoint, train=train, validation=train,
+                           label="score")
+    summary = _train(config, tmp_path / "reg")
+    predictor = Predictor.from_workdir(str(tmp_path / "reg"))
+    records, metrics = predictor.predict_file(train)[1:]
+    assert metrics == {k: v for k, v in summary["best"].items() if k != "epoch"}
+    assert [set(r) for r in records] == [{"id", "score"}] * 48
+    assert predictor([rows[0][0]])[0]["score"] == records[0]["score"]
+
+    mc = [[filler_sentence(rng)] + [filler_sentence(rng, "good" if i == a else "bad")
+                                    for i in range(3)] + [a] for a in [0, 1, 2] * 8]
+    train = _write_csv(tmp_path / "mc.csv", ["context", "a", "b", "c", "answer"], mc)
+    config = _files_config("multiple_choice", checkpoint, train=train, validation=train,
+                           text_a="context", choices="a,b,c", label="answer")
+    summary = _train(config, tmp_path / "mc")
+    predictor = Predictor.from_workdir(str(tmp_path / "mc"))
+    records, metrics = predictor.predict_file(train)[1:]
+    assert metrics == {k: v for k, v in summary["best"].items() if k != "epoch"}
+    assert all(r["choice"] == int(np.argmax(r["scores"])) for r in records)
+    assert predictor([(mc[0][0], mc[0][1:4])])[0]["scores"] == records[0]["scores"]
+
+
+@pytest.mark.slow
+def test_squad_v2_predictions_equal_the_run_files(tmp_path):
+    from test_squad_e2e import VOCAB, generate
+
+    from bertjax import Predictor
+    from experiments.squad import get_config
+
+    checkpoint = write_tiny_checkpoint(tmp_path, VOCAB)
+    train = generate(tmp_path / "train.json", 60, seed=1, impossible_rate=0.3)
+    dev = generate(tmp_path / "dev.json", 24, seed=2, impossible_rate=0.3)
+    config = get_config("v2")
+    config.init_checkpoint = checkpoint
+    config.data.train, config.data.validation, config.data.test = train, dev, dev
+    config.max_seq_length, config.task.doc_stride, config.task.max_query_length = 64, 16, 10
+    config.train.batch_size, config.eval.batch_size, config.train.num_epochs = 16, 16, 1
+    config.log_every_steps = 1000
+    _train(config, tmp_path / "run")
+    predictor = Predictor.from_workdir(str(tmp_path / "run"))
+    records, metrics = predictor.predict_file(dev)[1:]
+    nbest = json.loads((tmp_path / "run" / "test_nbest_predictions.json").read_text())
+    final = json.loads((tmp_path / "run" / "test_predictions.json").read_text())
+    odds = json.loads((tmp_path / "run" / "test_null_odds.json").read_text())
+    assert [r["id"] for r in records] == list(final)
+    for r in records:
+        assert r["answer"] == final[r["id"]] and r["null_odds"] == odds[r["id"]]
+        assert [{k: e[k] for k in ("text", "probability", "start_logit", "end_logit")}
+                for e in r["nbest"]] == nbest[r["id"]]
+    contexts = {qa["id"]: p["context"] for p in json.loads(open(dev).read())["data"][0][
+        "paragraphs"] for qa in p["qas"]}
+    for r in records:  # offsets cut the answer out of the context
+        for e in r["nbest"]:
+            assert contexts[r["id"]][e["start"]:e["end"]] == e["text"] if e["text"] else \
+                e["start"] == -1
+    assert set(metrics) >= {"exact", "f1", "best_f1"}
+    # The same question through Python, from a JSONL file and as a pair.
+    first = json.loads(open(dev).read())["data"][0]["paragraphs"][0]
+    question = first["qas"][0]
+    (tmp_path / "q.jsonl").write_text(json.dumps({"id": "q", "question": question["question"],
+                                                  "context": first["context"]}) + "\n")
+    from_file = predictor.predict_file(str(tmp_path / "q.jsonl"))[1][0]
+    pair = predictor([(question["question"], first["context"])])[0]
+    assert from_file["nbest"] == pair["nbest"] == records[0]["nbest"]
+
+    # The exported BertForQuestionAnswering: the Predictor's start / end logits of every
+    # window within 1e-4 at its real tokens; the export predicts by itself as the run does.
+    import torch
+    from transformers import BertForQuestionAnswering
+
+    result = run_python(["-m", "bertjax.convert", "to_hf", f"--input={tmp_path / 'run'}",
+                         f"--output={tmp_path / 'hf'}"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    examples = predictor.task.read_inputs(dev, {})[0]
+    features, predictions, _ = predictor.engine.run(examples)
+    predictor.task.release(examples)
+    model = BertForQuestionAnswering.from_pretrained(tmp_path / "hf").eval()
+    batch = {k: torch.tensor(np.asarray(getattr(features, k)), dtype=torch.long)
+             for k in ("input_ids", "segment_ids", "input_mask")}
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], token_type_ids=batch["segment_ids"],
+                    attention_mask=batch["input_mask"])
+    for name, reference in (("start_logits", out.start_logits), ("end_logits", out.end_logits)):
+        for row, ours in enumerate(predictions[name]):
+            n = int(batch["input_mask"][row].sum())
+            assert np.max(np.abs(ours[:n] - reference[row, :n].numpy())) < 1e-4, (name, row)
+    exported = Predictor.from_export(str(tmp_path / "hf")).predict_file(dev)[1]
+    assert [r["answer"] for r in exported] == [r["answer"] for r in records]
+
+
+@pytest.mark.slow
+def test_tagging_conll_output_equals_the_run_file(tmp_path):
+    from bertjax import Predictor
+    from experiments.ner import get_config
+
+    checkpoint = td.write_checkpoint(tmp_path)
+    paths = {}
+    for name, seed, n in (("train", 1, 48), ("dev", 2, 16), ("test", 3, 16)):
+        paths[name] = str(tmp_path / f"{name}.conll")
+        td.write_conll(tmp_path / f"{name}.conll", td.dataset(seed, n), docs_every=4)
+    config = get_config("files")
+    config.init_checkpoint = checkpoint
+    config.data.train, config.data.validation, config.data.test = (
+        paths["train"], paths["dev"], paths["test"])
+    config.data.scheme, config.data.token_column = "iob2", 0
+    config.max_seq_length, config.train.batch_size, config.eval.batch_size = 32, 16, 8
+    config.train.num_epochs, config.log_every_steps = 1, 1000
+    _train(config, tmp_path / "run")
+    out = tmp_path / "predicted.conll"
+    result = run_python(["-m", "bertjax.predict", f"--workdir={tmp_path / 'run'}",
+                         f"--input={paths['test']}", f"--output={out}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "metrics: accuracy" in result.stdout and " f1 " in result.stdout
+    assert out.read_text() == (tmp_path / "run" / "predictions" / "test.conll").read_text()
+    # Streamed three sentences at a time (cut where a document starts): the same file.
+    streamed = tmp_path / "streamed.conll"
+    result = run_python(["-m", "bertjax.predict", f"--workdir={tmp_path / 'run'}",
+                         f"--input={paths['test']}", f"--output={streamed}", "--chunk_rows=3"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "metrics" not in result.stdout
+    assert streamed.read_text() == out.read_text()
+    predictor = Predictor.from_workdir(str(tmp_path / "run"))
+    records = predictor.predict_file(paths["test"])[1]
+    words = [r["tokens"] for r in records]
+    # The exported BertForTokenClassification: the Predictor's logits within 1e-4 at real
+    # tokens; the export (no pooler) predicts by itself the same tags.
+    import torch
+    from transformers import BertForTokenClassification
+
+    result = run_python(["-m", "bertjax.convert", "to_hf", f"--input={tmp_path / 'run'}",
+                         f"--output={tmp_path / 'hf'}"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    model = BertForTokenClassification.from_pretrained(tmp_path / "hf").eval()
+    examples = predictor.task.read_inputs(paths["test"], {})[0]
+    features = predictor.engine.run(examples)[0]
+    engine = predictor.engine
+    for batch in predictor.task.batches(features, engine.batch_size, shuffle=False):
+        ours = np.asarray(predictor.task.outputs(engine.model, engine.params, batch))
+        with torch.no_grad():
+            reference = model(**{name: torch.tensor(batch[key], dtype=torch.long) for name, key in (
+                ("input_ids", "input_ids"), ("token_type_ids", "segment_ids"),
+                ("attention_mask", "input_mask"))}).logits.numpy()
+        mask = batch["input_mask"].astype(bool)
+        assert np.max(np.abs(ours[mask] - reference[mask])) < 1e-4
+    predictor.task.release(examples)
+    assert Predictor.from_export(str(tmp_path / "hf")).predict_file(paths["test"])[1] == records
+    # Without document context (one sentence at a time) the tags may differ; each word has one.
+    alone = predictor(words)
+    assert [len(r["tags"]) for r in alone] == [len(w) for w in words]
+    assert all(t in predictor.task.labels for r in alone for t in r["tags"])
+
+
+@pytest.mark.slow
+def test_fill_mask_equals_transformers_masked_lm(checkpoint, tmp_path):
+    import torch
+    from transformers import BertForMaskedLM
+
+    from bertjax import FillMask
+    from bertjax.checkpoint_dir import load_pretrained
+
+    result = run_python(["-m", "bertjax.convert", "to_hf", f"--input={checkpoint}",
+                         f"--output={tmp_path / 'hf'}", "--architecture=BertForMaskedLM"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    texts = ["filler1 [MASK] filler2 good", "[MASK] filler3 [MASK]"]
+    fill = FillMask.from_checkpoint(checkpoint, max_seq_length=32, batch_size=2)
+    ours = fill(texts, top_k=3)
+    tokenizer = load_pretrained(checkpoint)[2]
+    model = BertForMaskedLM.from_pretrained(tmp_path / "hf").eval()
+    for text, masks in zip(texts, ours):
+        enc = tokenizer.encode(text)
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([enc.input_ids])).logits[0]
+        probabilities = torch.softmax(logits, -1).numpy()
+        for mask in masks:
+            reference = probabilities[mask["position"]]
+            ranked = [i for i in np.argsort(-reference) if i not in tokenizer.special_ids][:3]
+            assert [c["token"] for c in mask["candidates"]] == tokenizer.convert_ids_to_tokens(
+                ranked)
+            for c, i in zip(mask["candidates"], ranked):
+                assert abs(c["probability"] - reference[i]) < 1e-4
+    result = run_python(["-m", "bertjax.predict", "fill_mask", f"--checkpoint={checkpoint}",
+                         "--top_k=2", texts[0]])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.splitlines()[0] == texts[0]
+    assert result.stdout.splitlines()[1].startswith("  [MASK] at token 2: "
+                                                    + ours[0][0]["candidates"][0]["word"])
