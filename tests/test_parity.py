@@ -184,9 +184,9 @@ def _padding_in_the_mlm_mean(monkeypatch):
 
     original = objective.pretraining_loss
 
-    def loss(outputs, batch, nsp_weight=1.0):
+    def loss(outputs, batch, nsp_weight=1.0, denominators=None):
         ones = np.ones(batch["masked_lm_weights"].shape, np.float32)
-        return original(outputs, dict(batch, masked_lm_weights=ones), nsp_weight)
+        return original(outputs, dict(batch, masked_lm_weights=ones), nsp_weight, denominators)
 
     monkeypatch.setattr(objective, "pretraining_loss", loss)
 

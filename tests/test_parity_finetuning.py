@@ -46,7 +46,7 @@ def test_shift_invariant_tensors_are_named_apart():
     assert set(diffs) - set(kept) == {"bert.encoder.layer.0.attention.self.key.bias"}
 
 
-def _padding_in_denominator(logits, labels, weights):
+def _padding_in_denominator(logits, labels, weights, denominators=None):
     """Slip: the scored positions' NLL summed, divided by every position (padding too)."""
     log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     nll = -jnp.take_along_axis(log_probs, labels[..., None], -1)[..., 0]
@@ -54,7 +54,7 @@ def _padding_in_denominator(logits, labels, weights):
     return loss, {"loss": loss}
 
 
-def _sub_tokens_counted(logits, labels, weights):
+def _sub_tokens_counted(logits, labels, weights, denominators=None):
     """Slip: every position scored (other sub-tokens, context, specials, padding: label 0)."""
     return token_loss(logits, labels, jnp.ones_like(weights))
 
@@ -76,8 +76,10 @@ def test_summed_span_loss_fails_the_row(tmp_path, monkeypatch):
 
     real = squad_task.span_loss
 
-    def summed(start_logits, end_logits, start_positions, end_positions, weights=None):
-        loss, metrics = real(start_logits, end_logits, start_positions, end_positions, weights)
+    def summed(start_logits, end_logits, start_positions, end_positions, weights=None,
+               denominators=None):
+        loss, metrics = real(start_logits, end_logits, start_positions, end_positions, weights,
+                             denominators)
         return 2.0 * loss, dict(metrics, loss=2.0 * loss)  # start + end, not their mean
 
     monkeypatch.setattr(squad_task, "span_loss", summed)

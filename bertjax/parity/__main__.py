@@ -32,17 +32,10 @@ def define_flags() -> None:
 
 
 def collect_jobs() -> dict[str, Callable]:
-    """JOBS of every row module present (a module still being written is skipped)."""
+    """{job name: run(steps, workdir)} of every row module."""
     jobs: dict[str, Callable] = {}
     for name in ROW_MODULES:
-        module_name = f"bertjax.parity.{name}"
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name != module_name:
-                raise
-            continue
-        jobs.update(getattr(module, "JOBS", {}))
+        jobs.update(importlib.import_module(f"bertjax.parity.{name}").JOBS)
     return jobs
 
 
@@ -67,9 +60,11 @@ def main(FLAGS) -> None:
         rows.extend(new)
         verdicts = ", ".join("PASS" if r.passed() else "FAIL" for r in new)
         print(f"{name}: {verdicts} ({time.perf_counter() - began:.0f} s)", flush=True)
-    header = (f"# Training parity\n\n`python -m bertjax.parity --steps={FLAGS.steps}`: "
-              f"{len(rows)} rows in {time.perf_counter() - start:.0f} s.")
-    print(report.write(rows, workdir, header))
+        # The report so far, rewritten after every job: an interrupted run keeps its rows.
+        header = (f"# Training parity\n\n`python -m bertjax.parity --steps={FLAGS.steps}`: "
+                  f"{len(rows)} rows in {time.perf_counter() - start:.0f} s.")
+        table = report.write(rows, workdir, header)
+    print(table)
     print(f"Wrote {workdir / report.MARKDOWN}, {workdir / report.JSON} and "
           f"{workdir / report.PLOT}")
     failed = [r.job for r in rows if not r.passed()]

@@ -184,6 +184,7 @@ def train_bertjax(
     total_steps: int,
     *,
     grad_accum_steps: int = 1,
+    denominators: Callable | None = None,
     mesh=None,
     rules=None,
     rng_seed: int = 0,
@@ -191,7 +192,9 @@ def train_bertjax(
     """bertjax's real training path, one step per batch.
 
     init_params: the param tree to start from (unboxed, or boxed to shard over `mesh`).
-    loss_fn(params, batch, rng) -> (loss [], metrics {name: []}) (bertjax.train.step.LossFn).
+    loss_fn(params, batch, rng, denominators=None) -> (loss [], metrics {name: []})
+      (bertjax.train.step.LossFn); denominators: the job's normalisers of a batch, which make k
+      accumulated micro-batches one batch (bertjax.train.step.DenominatorsFn).
     optimizer: `config.optimizer` for make_optimizer; `total_steps` fixes the schedule.
     mesh/rules: default one device, batch over "data". Batches may change shape between steps
     (a phase switch recompiles and keeps the optimizer state and the global step).
@@ -215,13 +218,13 @@ def train_bertjax(
         rng=jax.random.split(jax.random.key(rng_seed))[1])
     state = jax.device_put(state, shardings)
 
-    def with_loss(params, batch, rng):
-        loss, metrics = loss_fn(params, batch, rng)
+    def with_loss(params, batch, rng, denominators=None):
+        loss, metrics = loss_fn(params, batch, rng, denominators)
         return loss, dict(metrics, loss=loss)
 
     batch_sharding = sharding_lib.batch_sharding(mesh, rules)
     step = step_lib.jit_train_step(with_loss, tx, schedule, shardings, batch_sharding,
-                                   grad_accum_steps)
+                                   grad_accum_steps, denominators)
     history: dict[str, list[float]] = {}
     for batch in batches:
         state, metrics = step(state, jax.device_put(dict(batch), batch_sharding))

@@ -9,11 +9,9 @@ compared with the default's:
 
 - attention_impl "einsum"; remat_policy "full" and "dots"; scan_layers (params stacked on a
   leading layers axis: the initial weights are stacked, the final ones unstacked to compare);
-- gradient accumulation: grad_accum_steps=k on the same global batch. The pre-training loss
-  is a weighted mean over the batch's real predictions; bertjax's step averages the k
-  micro-batch losses (and gradients), which equals the whole batch's weighted mean only when
-  every micro-batch holds the same number of real predictions. One row shows equal counts, one
-  the varying counts of real data;
+- gradient accumulation: grad_accum_steps=k on the same global batch, with micro-batches of
+  equal and of different numbers of real predictions (the step normalises every micro-batch
+  by the global batch's denominators, so both equal one big batch);
 - the data / fsdp / tensor meshes over 4 devices. A CPU process has one device unless
   XLA_FLAGS carries --xla_force_host_platform_device_count before jax starts, so with fewer
   than 4 devices these runs go to a subprocess that sets it.
@@ -117,7 +115,9 @@ def train(steps: int, *, model: Mapping[str, Any] | None = None, grad_accum_step
     _, loss_fn = pretraining.step_fns(BertForPreTraining(config))
     history, final = harness.train_bertjax(
         params, loss_fn, optimizer(steps), batches(steps, equal_predictions), steps,
-        grad_accum_steps=grad_accum_steps, mesh=mesh, rules=rules)
+        grad_accum_steps=grad_accum_steps,
+        denominators=functools.partial(pretraining.loss_denominators, packed=False),
+        mesh=mesh, rules=rules)
     unrolled = dataclasses.replace(config, scan_layers=False)
     return ({k: history[k] for k in KEYS},
             export_hf_tensors(unrolled, layout.unstack_layers(final), "BertForPreTraining",
@@ -145,36 +145,6 @@ def make_row(job: str, steps: int, ours, *, equal_predictions: bool = False, not
     theirs = reference(steps, equal_predictions)
     return harness.Row(job=job, reference=DEFAULT, ours=dict(ours[0]), theirs=dict(theirs[0]),
                        param_rel_diff=param_rel_diff(ours[1], theirs[1]), note=note)
-
-
-def accumulation_gap(k: int = ACCUM_STEPS, index: int = 0) -> dict[str, float]:
-    """At the initial weights, on batch `index`: the whole batch's loss and gradient against
-    the mean over k micro-batches (examples j, j + k, ... as bertjax's step splits them).
-
-    Returns {"loss": whole-batch loss, "mean_of_micro": mean of the micro-batch losses,
-    "loss_rel": their relative difference, "grad_rel": ||g_micro - g|| / ||g||,
-    "predictions": real predictions per micro-batch (list)}.
-    """
-    import jax
-    import optax
-
-    from bertjax.models import BertForPreTraining
-    from bertjax.parity import harness
-    from bertjax.tasks import pretraining
-
-    config = harness.small_config(opt_rows.VOCAB, **MODEL)
-    _, loss_fn = pretraining.step_fns(BertForPreTraining(config))
-    grad_fn = jax.jit(jax.value_and_grad(lambda p, b: loss_fn(p, b, None)[0]))
-    params, batch = initial_params(), batches(index + 1)[index]
-    loss, grads = grad_fn(params, batch)
-    micro = [grad_fn(params, {n: x[j::k] for n, x in batch.items()}) for j in range(k)]
-    mean_loss = float(np.mean([m[0] for m in micro]))
-    mean_grads = jax.tree.map(lambda *g: sum(g) / k, *[m[1] for m in micro])
-    diff = jax.tree.map(lambda a, b: a - b, mean_grads, grads)
-    return {"loss": float(loss), "mean_of_micro": mean_loss,
-            "loss_rel": abs(mean_loss - float(loss)) / float(loss),
-            "grad_rel": float(optax.global_norm(diff) / optax.global_norm(grads)),
-            "predictions": [float(batch["masked_lm_weights"][j::k].sum()) for j in range(k)]}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,8 +175,8 @@ def accumulation_rows(steps: int, workdir: pathlib.Path) -> list:
                  equal_predictions=True),
         make_row(f"path: grad_accum_steps={k}, 5..10 predictions per row", steps,
                  train(steps, grad_accum_steps=k),
-                 note=("the step averages the micro-batches' weighted means; one big batch "
-                       "weights every real prediction equally (see accumulation_gap)")),
+                 note=("micro-batches of different weight: the step sums their shares of the "
+                       "global batch's normalisers (the job's denominators)")),
     ]
 
 
