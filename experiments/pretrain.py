@@ -19,6 +19,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.preset = arg
     config.seed = 0
+    # PRNG of the dropout keys: "threefry2x32" | "rbg" | "unsafe_rbg" (XLA's RngBitGenerator,
+    # the TPU's hardware generator; see docs/tpu_aot.md "Levers"). Resumes are bitwise with each.
+    config.rng_impl = "threefry2x32"
     # Pre-training objective (the paper's Table 5): "mlm_nsp" (masked LM + next sentence
     # prediction on sentence pairs), "mlm" (No NSP: masked LM on packed single-segment rows),
     # "ltr" (LTR & No NSP: a left-to-right LM on packed rows, causal attention, recorded in

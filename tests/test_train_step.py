@@ -9,6 +9,7 @@ from conftest import run_python
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.models.config import ConfigError
 from bertjax.tasks import pretraining
+from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
 from bertjax.train.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
@@ -136,6 +137,31 @@ def tiny_config(**model_overrides):
     config.optimizer.learning_rate = 5e-3
     config.train.num_train_steps = 100
     return config
+
+
+@pytest.mark.parametrize("impl", step_lib.RNG_IMPLS)
+def test_rng_impl_sets_the_dropout_key_and_not_the_params(impl):
+    """The dropout base key is of config.rng_impl, derived from the seed; params are not."""
+    cfg = BertConfig.from_preset("tiny", num_layers=1, vocab_size=64)
+    init, _ = pretraining.step_fns(BertForPreTraining(cfg))
+    tx, _ = make_optimizer(optimizer_config(), total_steps=10)
+    mesh = sharding_lib.make_mesh(pretrain_experiment.get_config("tiny").mesh)
+    rules = pretrain_experiment.get_config("tiny").logical_axis_rules
+    abstract, shardings = step_lib.state_shardings(init, tx, mesh, rules, impl)
+    state = step_lib.create_train_state(init, tx, jax.random.key(7), shardings, impl)
+    assert state.rng.dtype == jax.random.key(0, impl=impl).dtype == abstract.rng.dtype
+    reference = step_lib.create_train_state(init, tx, jax.random.key(7), shardings)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(reference.params)):
+        np.testing.assert_array_equal(a, b)
+    other = step_lib.create_train_state(init, tx, jax.random.key(8), shardings, impl)
+    assert not np.array_equal(jax.random.key_data(state.rng), jax.random.key_data(other.rng))
+
+
+def test_unknown_rng_impl_is_a_config_error():
+    config = pretrain_experiment.get_config("tiny")
+    config.rng_impl = "philox"
+    with pytest.raises(ConfigError, match="config.rng_impl='philox'"):
+        configs.rng_impl(config)
 
 
 @pytest.mark.slow

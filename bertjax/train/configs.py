@@ -12,6 +12,7 @@ from jax.sharding import Mesh
 
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig
+from bertjax.train import step as step_lib
 
 
 def compute_dtype(dtype: str) -> str:
@@ -128,6 +129,16 @@ def objective(config) -> str:
     value = config.get("objective", "mlm_nsp")
     if value not in OBJECTIVES:
         raise ConfigError(f"config.objective={value!r} is not one of {' | '.join(OBJECTIVES)}")
+    return value
+
+
+def rng_impl(config) -> str:
+    """config.rng_impl (default step.DEFAULT_RNG_IMPL): the PRNG of the dropout keys, one of
+    step.RNG_IMPLS; the parameters' initialisation does not depend on it."""
+    value = config.get("rng_impl", step_lib.DEFAULT_RNG_IMPL)
+    if value not in step_lib.RNG_IMPLS:
+        raise ConfigError(
+            f"config.rng_impl={value!r} is not one of {' | '.join(step_lib.RNG_IMPLS)}")
     return value
 
 

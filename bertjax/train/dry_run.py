@@ -54,7 +54,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
     tx, schedule = job.optimizer()
     mesh = sharding_lib.make_mesh(config.mesh)
     abstract_state, state_sharding = step_lib.state_shardings(
-        job.init_params, tx, mesh, config.logical_axis_rules
+        job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config)
     )
 
     table = parameter_table(abstract_state.params)
@@ -336,7 +336,7 @@ class _Step:
         mesh = sharding_lib.make_mesh(config.mesh, devices)
         configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
         abstract_state, state_sharding = step_lib.state_shardings(
-            job.init_params, tx, mesh, config.logical_axis_rules)
+            job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config))
         batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
         train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
                                              batch_sharding, job.grad_accum_steps)

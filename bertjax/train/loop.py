@@ -200,8 +200,8 @@ class _Run:
                      f"{self.last_saved}")
             return state, ({stage.name: inputs} if stage is not None else {})
         state = step_lib.create_train_state(job.init_params, tx,
-                                            jax.random.PRNGKey(self.config.seed),
-                                            self.state_sharding)
+                                            jax.random.key(self.config.seed),
+                                            self.state_sharding, configs.rng_impl(self.config))
         pretrained = job.pretrained_params()
         if pretrained:
             state = step_lib.replace_params(state, pretrained, self.state_sharding)
@@ -335,7 +335,8 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
     rules = config.logical_axis_rules
     tx, schedule = job.optimizer()
-    abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules)
+    abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules,
+                                                        configs.rng_impl(config))
     runner = Runner(sharding_lib.batch_sharding(mesh, rules))
     train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
                                          runner.batch_sharding, job.grad_accum_steps)
