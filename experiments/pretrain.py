@@ -47,12 +47,14 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.train.input_timeout_s = 600.0
 
     # Each phase: TFRecord file pattern (or "synthetic"), held-out data for evaluation,
-    # sequence length, max predictions, and its share of the steps (`steps` > 0 overrides it).
+    # sequence length, max predictions, and its share of the steps (`steps` > 0 overrides it);
+    # remat_policy: "" (config.model.remat_policy) or this phase's (none | full | dots), e.g.
+    # phase 2 rematerialising where phase 1 need not.
     config.phases = ml_collections.ConfigDict()
     config.phases.phase1 = dict(data="", eval_data="", seq_len=128, max_predictions=20,
-                                fraction=0.9, steps=0)
+                                fraction=0.9, steps=0, remat_policy="")
     config.phases.phase2 = dict(data="", eval_data="", seq_len=512, max_predictions=80,
-                                fraction=0.1, steps=0)
+                                fraction=0.1, steps=0, remat_policy="")
     # Masking inside tf.data with a fresh mask every epoch (for unmasked "pairs" data);
     # static pre-masked TFRecords are read as they are when dynamic is False.
     # mask / same / random: the shares of the chosen words replaced by [MASK], left unchanged

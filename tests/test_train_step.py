@@ -224,3 +224,37 @@ def test_sharded_training_over_a_4_device_mesh_matches_one_device():
                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
                            "PYTHONPATH": "tests"})
     assert "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_phase_remat_policy_applies_to_that_phase_alone():
+    """phase2.remat_policy="full": phase 2's loss rematerialises (a remat in its gradient's
+    jaxpr), phase 1 keeps the job's loss, and both give the same loss and gradients."""
+    from bertjax.tasks.pretraining import PretrainingJob
+
+    config = tiny_config()
+    config.phases.phase2.remat_policy = "full"
+    job = PretrainingJob(config, make_input=None)
+    one, two = job.stages
+    assert one.loss is None and two.loss is not None
+    params = step_lib.initial_params(job.init_params, jax.random.key(0))
+    batch = synthetic_batch(BertConfig.from_dict(config.model), 4, 16, 4)
+    rng = jax.random.key(1)
+
+    def grad(loss):
+        return jax.value_and_grad(lambda p: loss(p, batch, rng)[0])
+
+    assert "remat" in str(jax.make_jaxpr(grad(two.loss))(params))
+    assert "remat" not in str(jax.make_jaxpr(grad(job.loss))(params))
+    (value, grads), (ref_value, ref_grads) = grad(two.loss)(params), grad(job.loss)(params)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+    steps = step_lib.stage_train_steps(job, *make_optimizer(config.optimizer, 10), None, None)
+    assert steps["phase1"] is not steps["phase2"]
+
+
+def test_unknown_phase_remat_policy_is_a_config_error():
+    config = tiny_config()
+    config.phases.phase2.remat_policy = "some"
+    with pytest.raises(ConfigError, match="config.phases.phase2.remat_policy='some'"):
+        configs.plan_phases(config)

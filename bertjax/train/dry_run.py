@@ -73,8 +73,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
         f"global batch {batch_size}; compute dtype {job.model_config.dtype}"
     )
     batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
-    train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding, batch_sharding,
-                                         job.grad_accum_steps)
+    train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding, batch_sharding)
     stages = {}
     header = (
         f"  {'stage':<8} {'seq':>5} {'preds':>5} {'GFLOP/seq':>10} {'XLA GFLOP/seq':>14} "
@@ -86,7 +85,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
         # Masked-LM predictions per sequence (0 for fine-tuning heads).
         positions = stage.batch_spec.get("masked_lm_positions")
         preds = positions.shape[1] if positions is not None else 0
-        compiled = train_step.lower(abstract_state, stage.batch_spec).compile()
+        compiled = train_steps[stage.name].lower(abstract_state, stage.batch_spec).compile()
         memory = compiled.memory_analysis()
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list | tuple) else cost
@@ -325,7 +324,7 @@ class _Step:
     """A job's train step, ready to compile on a slice's devices."""
 
     job: Any
-    train_step: Any
+    train_steps: dict[str, Any]  # stage name → its jitted step
     abstract_state: Any
     state_bytes: float  # the state's shards on one chip
     batch_sharding: Any
@@ -338,9 +337,9 @@ class _Step:
         abstract_state, state_sharding = step_lib.state_shardings(
             job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config))
         batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
-        train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
-                                             batch_sharding, job.grad_accum_steps)
-        return cls(job, train_step, abstract_state,
+        train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
+                                                 batch_sharding)
+        return cls(job, train_steps, abstract_state,
                    _shard_bytes(abstract_state, state_sharding), batch_sharding)
 
     def batch_bytes(self, stage) -> float:
@@ -358,7 +357,8 @@ class _Step:
         caching = jax.config.jax_enable_compilation_cache
         jax.config.update("jax_enable_compilation_cache", False)
         try:
-            compiled = self.train_step.lower(self.abstract_state, stage.batch_spec).compile()
+            compiled = self.train_steps[stage_name].lower(self.abstract_state,
+                                                          stage.batch_spec).compile()
         except jax.errors.JaxRuntimeError as e:
             message = " ".join(str(e).split())
             if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():

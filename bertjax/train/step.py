@@ -154,6 +154,19 @@ def train_step(
     return new_state, metrics
 
 
+def stage_train_steps(job, tx, schedule, state_sharding, batch_sharding) -> dict[str, Any]:
+    """{stage name: its jitted train step}: one per distinct loss, the job's `loss` unless a
+    stage brings its own (`stage.loss`, e.g. a phase with another remat policy)."""
+    by_loss, steps = {}, {}
+    for stage in job.stages:
+        loss = stage.loss or job.loss
+        if loss not in by_loss:
+            by_loss[loss] = jit_train_step(loss, tx, schedule, state_sharding, batch_sharding,
+                                           job.grad_accum_steps)
+        steps[stage.name] = by_loss[loss]
+    return steps
+
+
 def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding,
                    grad_accum_steps: int = 1):
     """`train_step` jitted with explicit in/out shardings and the state donated."""
