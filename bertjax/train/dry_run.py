@@ -507,6 +507,12 @@ def breakdown_lines(cost: StageCost, top: int = 25) -> list[str]:
     return lines
 
 
+def _phase_remat(job) -> str:
+    """The header's note of the phases with their own remat policy, e.g. " (phase2: dots)"."""
+    own = [f"{p.name}: {p.remat_policy}" for p in getattr(job, "phases", ()) if p.remat_policy]
+    return f" ({', '.join(own)})" if own else ""
+
+
 def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: bool = False,
                  breakdown: bool = False, print_fn=print) -> list[StageCost]:
     """Compiles every stage's train step for a Cloud TPU slice (TPU compiler, any machine) and
@@ -523,7 +529,8 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
     print_fn(f"Mesh {dict(zip(sharding_lib.MESH_AXES, mesh_shape, strict=True))}; global batch "
              f"{job.batch_size}" + (f" in {job.grad_accum_steps} micro-batches"
                                     if job.grad_accum_steps > 1 else "")
-             + f"; {cfg.dtype}; remat {cfg.remat_policy}; layers {cfg.num_layers}")
+             + f"; {cfg.dtype}; remat {cfg.remat_policy}{_phase_remat(job)}; layers "
+             f"{cfg.num_layers}")
     if cfg.scan_layers:
         print_fn("  (the config scans its layers; compiled unrolled here: a scanned step's time "
                  "is not costed right by XLA, and its temporaries are larger)")
