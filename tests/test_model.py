@@ -363,10 +363,8 @@ def test_einsum_attention_with_dropout_equals_dropout_on_probabilities():
     np.testing.assert_allclose(got[0], want[0], atol=1e-6 * np.abs(want[0]).max())
     for g, w in zip(got[1], want[1]):
         np.testing.assert_allclose(g, w, atol=2e-6 * np.abs(w).max())
-    without = attn_lib.einsum_attention(q, k, v, mask)
-    assert not np.allclose(got[1][2], _value_and_grads(
-        lambda *a: attn_lib.einsum_attention(*a, mask), q, k, v)[1][2])  # the mask took effect
-    assert not np.allclose(_softmax_dropout_attention(q, k, v, mask, keep, 0.7), without)
+    # The mask took effect: without dropout the output is another.
+    assert not np.allclose(got[0], attn_lib.einsum_attention(q, k, v, mask), atol=1e-3)
 
 
 def test_einsum_attention_bfloat16_is_close_to_float32():
