@@ -19,6 +19,9 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     config.preset = arg
     config.seed = 0
+    # PRNG of the dropout keys: "threefry2x32" | "rbg" | "unsafe_rbg" (XLA's RngBitGenerator,
+    # the TPU's hardware generator; see docs/tpu_aot.md "Levers"). Resumes are bitwise with each.
+    config.rng_impl = "threefry2x32"
     # Pre-training objective (the paper's Table 5): "mlm_nsp" (masked LM + next sentence
     # prediction on sentence pairs), "mlm" (No NSP: masked LM on packed single-segment rows),
     # "ltr" (LTR & No NSP: a left-to-right LM on packed rows, causal attention, recorded in
@@ -44,12 +47,14 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.train.input_timeout_s = 600.0
 
     # Each phase: TFRecord file pattern (or "synthetic"), held-out data for evaluation,
-    # sequence length, max predictions, and its share of the steps (`steps` > 0 overrides it).
+    # sequence length, max predictions, and its share of the steps (`steps` > 0 overrides it);
+    # remat_policy: "" (config.model.remat_policy) or this phase's (none | full | dots), e.g.
+    # phase 2 rematerialising where phase 1 need not.
     config.phases = ml_collections.ConfigDict()
     config.phases.phase1 = dict(data="", eval_data="", seq_len=128, max_predictions=20,
-                                fraction=0.9, steps=0)
+                                fraction=0.9, steps=0, remat_policy="")
     config.phases.phase2 = dict(data="", eval_data="", seq_len=512, max_predictions=80,
-                                fraction=0.1, steps=0)
+                                fraction=0.1, steps=0, remat_policy="")
     # Masking inside tf.data with a fresh mask every epoch (for unmasked "pairs" data);
     # static pre-masked TFRecords are read as they are when dynamic is False.
     # mask / same / random: the shares of the chosen words replaced by [MASK], left unchanged

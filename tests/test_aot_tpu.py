@@ -331,6 +331,8 @@ def test_op_costs_count_hbm_bytes_matmul_flops_and_loop_trips():
     ("transpose(jvp(BertForPreTraining))/bert/encoder/layer_N/attention/bhqk,bkhd->bqhd/x",
      "attention"),
     ("jvp(BertForPreTraining)/bert/encoder/layer_N/erfc", "FFN"),
+    ("transpose(jvp(BertForPreTraining))/bert/encoder/checkpoint/layer_N/output/dot_general",
+     "FFN"),
     ("jvp(BertForPreTraining)/bert/embeddings/word_embeddings/jit(_take)/gather", "embeddings"),
     ("transpose(jvp(BertForPreTraining))/mlm/dot_general", "heads + loss"),
     ("jvp(BertForPreTraining)/bert/pooler/dense/dot_general", "heads + loss"),

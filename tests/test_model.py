@@ -9,6 +9,7 @@ import pytest
 from scipy.special import erf
 
 from bertjax.models import BertConfig, BertForPreTraining, BertModel
+from bertjax.models import attention as attn_lib
 from bertjax.models.pretraining import pretraining_loss
 
 SMALL = dict(vocab_size=97, hidden_size=16, num_heads=4, intermediate_size=24,
@@ -311,3 +312,64 @@ def test_pretraining_loss_matches_numpy():
     np.testing.assert_allclose(metrics["nsp_loss"], nsp, rtol=1e-5)
     np.testing.assert_allclose(metrics["mlm_accuracy"], acc, rtol=1e-6)
     np.testing.assert_allclose(loss, mlm + nsp, rtol=1e-5)
+
+
+def _softmax_dropout_attention(query, key, value, mask, keep=None, keep_prob=1.0):
+    """The textbook order, as the paper's code has it: softmax, dropout on the normalised
+    probabilities (scaled by 1 / keep probability), then probabilities · values."""
+    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key) / np.sqrt(query.shape[-1])
+    if mask is not None:
+        logits = jnp.where(mask, logits, jnp.finfo(logits.dtype).min)
+    probs = jax.nn.softmax(logits, axis=-1)
+    if keep is not None:
+        probs = jnp.where(keep, probs / keep_prob, 0.0)
+    return jnp.einsum("bhqk,bkhd->bqhd", probs, value)
+
+
+def _attention_inputs(seed=0, batch=2, seq=8, heads=3, head_dim=4):
+    q, k, v = (jax.random.normal(r, (batch, seq, heads, head_dim)) * 2.0
+               for r in jax.random.split(jax.random.key(seed), 3))
+    input_mask = (np.arange(seq)[None] < np.array([seq, seq - 3])[:, None]).astype(np.int32)
+    return q, k, v, attn_lib.attention_mask(jnp.asarray(input_mask))
+
+
+def _value_and_grads(fn, q, k, v):
+    """(fn(q, k, v) [batch, seq, heads, head_dim], its vector-Jacobian product with a fixed
+    random cotangent for q, k and v)."""
+    out, vjp = jax.vjp(fn, q, k, v)
+    return out, vjp(jax.random.normal(jax.random.key(9), out.shape))
+
+
+def test_einsum_attention_without_dropout_equals_softmax_attention():
+    """Division after probabilities · values: same values and gradients as softmax first."""
+    q, k, v, mask = _attention_inputs()
+    got = _value_and_grads(lambda *a: attn_lib.einsum_attention(*a, mask), q, k, v)
+    want = _value_and_grads(lambda *a: _softmax_dropout_attention(*a, mask), q, k, v)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-6 * np.abs(want[0]).max())
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, atol=2e-6 * np.abs(w).max())
+
+
+def test_einsum_attention_with_dropout_equals_dropout_on_probabilities():
+    """The keep mask on the unnormalised weights, 1 / keep folded into the division: equal to
+    dropout on the normalised probabilities with the same mask (values and gradients)."""
+    q, k, v, mask = _attention_inputs(seed=1)
+    shape = (q.shape[0], q.shape[2], q.shape[1], k.shape[1])
+    keep = jax.random.bernoulli(jax.random.key(5), 0.7, shape)
+    got = _value_and_grads(
+        lambda *a: attn_lib.einsum_attention(*a, mask, lambda s: (keep, 0.7)), q, k, v)
+    want = _value_and_grads(
+        lambda *a: _softmax_dropout_attention(*a, mask, keep, 0.7), q, k, v)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-6 * np.abs(want[0]).max())
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, atol=2e-6 * np.abs(w).max())
+    # The mask took effect: without dropout the output is another.
+    assert not np.allclose(got[0], attn_lib.einsum_attention(q, k, v, mask), atol=1e-3)
+
+
+def test_einsum_attention_bfloat16_is_close_to_float32():
+    q, k, v, mask = _attention_inputs(seed=2)
+    ref = attn_lib.einsum_attention(q, k, v, mask)
+    low = attn_lib.einsum_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask)
+    assert low.dtype == jnp.bfloat16
+    np.testing.assert_allclose(low.astype(jnp.float32), ref, atol=0.05 * np.abs(ref).max())

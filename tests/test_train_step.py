@@ -9,6 +9,7 @@ from conftest import run_python
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.models.config import ConfigError
 from bertjax.tasks import pretraining
+from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
 from bertjax.train.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
@@ -138,6 +139,31 @@ def tiny_config(**model_overrides):
     return config
 
 
+@pytest.mark.parametrize("impl", step_lib.RNG_IMPLS)
+def test_rng_impl_sets_the_dropout_key_and_not_the_params(impl):
+    """The dropout base key is of config.rng_impl, derived from the seed; params are not."""
+    cfg = BertConfig.from_preset("tiny", num_layers=1, vocab_size=64)
+    init, _ = pretraining.step_fns(BertForPreTraining(cfg))
+    tx, _ = make_optimizer(optimizer_config(), total_steps=10)
+    mesh = sharding_lib.make_mesh(pretrain_experiment.get_config("tiny").mesh)
+    rules = pretrain_experiment.get_config("tiny").logical_axis_rules
+    abstract, shardings = step_lib.state_shardings(init, tx, mesh, rules, impl)
+    state = step_lib.create_train_state(init, tx, jax.random.key(7), shardings, impl)
+    assert state.rng.dtype == jax.random.key(0, impl=impl).dtype == abstract.rng.dtype
+    reference = step_lib.create_train_state(init, tx, jax.random.key(7), shardings)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(reference.params)):
+        np.testing.assert_array_equal(a, b)
+    other = step_lib.create_train_state(init, tx, jax.random.key(8), shardings, impl)
+    assert not np.array_equal(jax.random.key_data(state.rng), jax.random.key_data(other.rng))
+
+
+def test_unknown_rng_impl_is_a_config_error():
+    config = pretrain_experiment.get_config("tiny")
+    config.rng_impl = "philox"
+    with pytest.raises(ConfigError, match="config.rng_impl='philox'"):
+        configs.rng_impl(config)
+
+
 @pytest.mark.slow
 def test_train_step_fits_a_fixed_batch():
     config = tiny_config()
@@ -198,3 +224,37 @@ def test_sharded_training_over_a_4_device_mesh_matches_one_device():
                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
                            "PYTHONPATH": "tests"})
     assert "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_phase_remat_policy_applies_to_that_phase_alone():
+    """phase2.remat_policy="full": phase 2's loss rematerialises (a remat in its gradient's
+    jaxpr), phase 1 keeps the job's loss, and both give the same loss and gradients."""
+    from bertjax.tasks.pretraining import PretrainingJob
+
+    config = tiny_config()
+    config.phases.phase2.remat_policy = "full"
+    job = PretrainingJob(config, make_input=None)
+    one, two = job.stages
+    assert one.loss is None and two.loss is not None
+    params = step_lib.initial_params(job.init_params, jax.random.key(0))
+    batch = synthetic_batch(BertConfig.from_dict(config.model), 4, 16, 4)
+    rng = jax.random.key(1)
+
+    def grad(loss):
+        return jax.value_and_grad(lambda p: loss(p, batch, rng)[0])
+
+    assert "remat" in str(jax.make_jaxpr(grad(two.loss))(params))
+    assert "remat" not in str(jax.make_jaxpr(grad(job.loss))(params))
+    (value, grads), (ref_value, ref_grads) = grad(two.loss)(params), grad(job.loss)(params)
+    np.testing.assert_allclose(value, ref_value, rtol=1e-6)
+    for g, r in zip(jax.tree.leaves(grads), jax.tree.leaves(ref_grads)):
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+    steps = step_lib.stage_train_steps(job, *make_optimizer(config.optimizer, 10), None, None)
+    assert steps["phase1"] is not steps["phase2"]
+
+
+def test_unknown_phase_remat_policy_is_a_config_error():
+    config = tiny_config()
+    config.phases.phase2.remat_policy = "some"
+    with pytest.raises(ConfigError, match="config.phases.phase2.remat_policy='some'"):
+        configs.plan_phases(config)

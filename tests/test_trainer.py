@@ -91,13 +91,15 @@ def latest_checkpoint(workdir):
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill_is_exact(tmp_path):
+@pytest.mark.parametrize("rng_impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+def test_resume_after_sigkill_is_exact(tmp_path, rng_impl):
+    extra = [f"--config.rng_impl={rng_impl}"]
     straight = str(tmp_path / "straight")
-    proc = run_python(pretrain_args(straight, 20))
+    proc = run_python(pretrain_args(straight, 20, extra=extra))
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     resumed = str(tmp_path / "resumed")
-    first = start(pretrain_args(resumed, 20))
+    first = start(pretrain_args(resumed, 20, extra=extra))
     # Kill at a random moment after the step-5 checkpoint is committed.
     assert wait_for(lambda: (latest_checkpoint(resumed) or 0) >= 5)
     time.sleep(np.random.default_rng().uniform(0, 0.5))
@@ -105,7 +107,7 @@ def test_resume_after_sigkill_is_exact(tmp_path):
     first.wait()
     killed_at = latest_checkpoint(resumed)
     assert killed_at is not None and killed_at < 20
-    proc = run_python(pretrain_args(resumed, 20))
+    proc = run_python(pretrain_args(resumed, 20, extra=extra))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Resumed from" in proc.stdout
 

@@ -47,26 +47,42 @@ def positions_from_packing(packing_ids: jax.Array) -> jax.Array:
     return (index - start_index).astype(jnp.int32)
 
 
+KeepMaskFn = Callable[[tuple[int, ...]], tuple[jax.Array, float]]
+
+
 def einsum_attention(
     query: jax.Array,
     key: jax.Array,
     value: jax.Array,
     mask: jax.Array | None,
-    dropout: Callable[[jax.Array], jax.Array] | None = None,
+    dropout: KeepMaskFn | None = None,
 ) -> jax.Array:
     """Reference attention. query/key/value: [batch, seq, heads, head_dim] → same shape.
 
-    Softmax is computed in float32 whatever the compute dtype; `dropout` (if given) is applied
-    to the attention probabilities, as in the paper.
+    dropout (if given): shape → (bool keep mask of that shape, keep probability), for dropout
+    on the attention probabilities [batch, heads, q, k], as in the paper.
+
+    The softmax is arranged to keep the [batch, heads, q, k] tensors few and narrow (the
+    formulation of Google's MLPerf BERT): exp(scores − max) in float32, cast once to the compute
+    dtype, masked unnormalised, multiplied with the values; the normalisation (sum of the
+    float32 exponentials, times the keep probability) divides the smaller [batch, q, heads,
+    head_dim] product instead. Equal to softmax → dropout → probabilities · values.
     """
     scale = 1.0 / jnp.sqrt(jnp.asarray(query.shape[-1], jnp.float32))
     logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) * scale
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+    # The max only keeps exp in range; it cancels in the division (as in jax.nn.softmax).
+    peak = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    unnormalised = jnp.exp(logits - peak)
+    total = jnp.sum(unnormalised, axis=-1)  # [batch, heads, q] float32
+    weights = unnormalised.astype(value.dtype)
     if dropout is not None:
-        probs = dropout(probs)
-    return jnp.einsum("bhqk,bkhd->bqhd", probs, value)
+        keep, keep_prob = dropout(weights.shape)
+        weights = jnp.where(keep, weights, jnp.zeros_like(weights))
+        total = total * keep_prob
+    context = jnp.einsum("bhqk,bkhd->bqhd", weights, value, preferred_element_type=jnp.float32)
+    return (context / jnp.swapaxes(total, 1, 2)[..., None]).astype(value.dtype)
 
 
 def fused_attention(

@@ -82,11 +82,16 @@ class Dropout(nn.Module):
 
     rate: float
 
+    def keep_mask(self, shape: tuple[int, ...]) -> tuple[Array, float]:
+        """(keep mask of `shape`, keep probability) from this module's dropout stream: what
+        `__call__` applies, for callers that scale elsewhere (einsum_attention)."""
+        return dropout_keep_mask(self.make_rng("dropout"), shape, self.rate)
+
     @nn.compact
     def __call__(self, x: Array, deterministic: bool) -> Array:
         if deterministic or self.rate == 0.0:
             return x
-        keep, keep_prob = dropout_keep_mask(self.make_rng("dropout"), x.shape, self.rate)
+        keep, keep_prob = self.keep_mask(x.shape)
         return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros_like(x))
 
 
@@ -159,9 +164,7 @@ class SelfAttention(nn.Module):
         if impl == "einsum" or (impl == "auto" and dropout_active):
             dropout = None
             if dropout_active:
-                dropout = functools.partial(
-                    Dropout(cfg.attention_dropout_prob), deterministic=False
-                )
+                dropout = Dropout(cfg.attention_dropout_prob).keep_mask
             context = attn_lib.einsum_attention(query, key, value, mask, dropout)
         else:
             if dropout_active:

@@ -12,6 +12,8 @@ from jax.sharding import Mesh
 
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig
+from bertjax.models.config import REMAT_POLICIES
+from bertjax.train import step as step_lib
 
 
 def compute_dtype(dtype: str) -> str:
@@ -55,6 +57,7 @@ class Phase:
     max_predictions: int
     data: str
     eval_data: str
+    remat_policy: str = ""  # "": the model's (config.model.remat_policy); else none | full | dots
 
 
 def plan_phases(config) -> list[Phase]:
@@ -84,7 +87,8 @@ def plan_phases(config) -> list[Phase]:
                 f"{field} ends at step {start + steps} but config.train.num_train_steps={total}; "
                 "lower its steps or fraction (or those of the phases before it)")
         phases.append(Phase(name, start, start + steps, int(p.seq_len), int(p.max_predictions),
-                            p.get("data", ""), p.get("eval_data", "")))
+                            p.get("data", ""), p.get("eval_data", ""),
+                            p.get("remat_policy", "")))
         start += steps
     if start != total:
         raise ConfigError(
@@ -116,6 +120,10 @@ def _check_phase(field: str, phase, max_positions: int | None) -> None:
     if not _is_int(predictions) or not 1 <= predictions <= seq_len:
         raise ConfigError(f"{field}.max_predictions={predictions!r} must be in "
                           f"[1, seq_len={seq_len}]")
+    remat = phase.get("remat_policy", "")
+    if remat and remat not in REMAT_POLICIES:
+        raise ConfigError(f"{field}.remat_policy={remat!r} is not one of "
+                          f"{' | '.join(REMAT_POLICIES)} (or \"\": config.model.remat_policy)")
 
 
 OBJECTIVES = ("mlm_nsp", "mlm", "ltr")
@@ -128,6 +136,16 @@ def objective(config) -> str:
     value = config.get("objective", "mlm_nsp")
     if value not in OBJECTIVES:
         raise ConfigError(f"config.objective={value!r} is not one of {' | '.join(OBJECTIVES)}")
+    return value
+
+
+def rng_impl(config) -> str:
+    """config.rng_impl (default step.DEFAULT_RNG_IMPL): the PRNG of the dropout keys, one of
+    step.RNG_IMPLS; the parameters' initialisation does not depend on it."""
+    value = config.get("rng_impl", step_lib.DEFAULT_RNG_IMPL)
+    if value not in step_lib.RNG_IMPLS:
+        raise ConfigError(
+            f"config.rng_impl={value!r} is not one of {' | '.join(step_lib.RNG_IMPLS)}")
     return value
 
 

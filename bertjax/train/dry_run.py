@@ -54,7 +54,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
     tx, schedule = job.optimizer()
     mesh = sharding_lib.make_mesh(config.mesh)
     abstract_state, state_sharding = step_lib.state_shardings(
-        job.init_params, tx, mesh, config.logical_axis_rules
+        job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config)
     )
 
     table = parameter_table(abstract_state.params)
@@ -73,8 +73,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
         f"global batch {batch_size}; compute dtype {job.model_config.dtype}"
     )
     batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
-    train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding, batch_sharding,
-                                         job.grad_accum_steps, getattr(job, "denominators", None))
+    train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding, batch_sharding)
     stages = {}
     header = (
         f"  {'stage':<8} {'seq':>5} {'preds':>5} {'GFLOP/seq':>10} {'XLA GFLOP/seq':>14} "
@@ -86,7 +85,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
         # Masked-LM predictions per sequence (0 for fine-tuning heads).
         positions = stage.batch_spec.get("masked_lm_positions")
         preds = positions.shape[1] if positions is not None else 0
-        compiled = train_step.lower(abstract_state, stage.batch_spec).compile()
+        compiled = train_steps[stage.name].lower(abstract_state, stage.batch_spec).compile()
         memory = compiled.memory_analysis()
         cost = compiled.cost_analysis()
         cost = cost[0] if isinstance(cost, list | tuple) else cost
@@ -325,7 +324,7 @@ class _Step:
     """A job's train step, ready to compile on a slice's devices."""
 
     job: Any
-    train_step: Any
+    train_steps: dict[str, Any]  # stage name → its jitted step
     abstract_state: Any
     state_bytes: float  # the state's shards on one chip
     batch_sharding: Any
@@ -336,12 +335,11 @@ class _Step:
         mesh = sharding_lib.make_mesh(config.mesh, devices)
         configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
         abstract_state, state_sharding = step_lib.state_shardings(
-            job.init_params, tx, mesh, config.logical_axis_rules)
+            job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config))
         batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
-        train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
-                                             batch_sharding, job.grad_accum_steps,
-                                             getattr(job, "denominators", None))
-        return cls(job, train_step, abstract_state,
+        train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
+                                                 batch_sharding)
+        return cls(job, train_steps, abstract_state,
                    _shard_bytes(abstract_state, state_sharding), batch_sharding)
 
     def batch_bytes(self, stage) -> float:
@@ -359,7 +357,8 @@ class _Step:
         caching = jax.config.jax_enable_compilation_cache
         jax.config.update("jax_enable_compilation_cache", False)
         try:
-            compiled = self.train_step.lower(self.abstract_state, stage.batch_spec).compile()
+            compiled = self.train_steps[stage_name].lower(self.abstract_state,
+                                                          stage.batch_spec).compile()
         except jax.errors.JaxRuntimeError as e:
             message = " ".join(str(e).split())
             if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
@@ -508,6 +507,12 @@ def breakdown_lines(cost: StageCost, top: int = 25) -> list[str]:
     return lines
 
 
+def _phase_remat(job) -> str:
+    """The header's note of the phases with their own remat policy, e.g. " (phase2: dots)"."""
+    own = [f"{p.name}: {p.remat_policy}" for p in getattr(job, "phases", ()) if p.remat_policy]
+    return f" ({', '.join(own)})" if own else ""
+
+
 def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: bool = False,
                  breakdown: bool = False, print_fn=print) -> list[StageCost]:
     """Compiles every stage's train step for a Cloud TPU slice (TPU compiler, any machine) and
@@ -524,7 +529,8 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
     print_fn(f"Mesh {dict(zip(sharding_lib.MESH_AXES, mesh_shape, strict=True))}; global batch "
              f"{job.batch_size}" + (f" in {job.grad_accum_steps} micro-batches"
                                     if job.grad_accum_steps > 1 else "")
-             + f"; {cfg.dtype}; remat {cfg.remat_policy}; layers {cfg.num_layers}")
+             + f"; {cfg.dtype}; remat {cfg.remat_policy}{_phase_remat(job)}; layers "
+             f"{cfg.num_layers}")
     if cfg.scan_layers:
         print_fn("  (the config scans its layers; compiled unrolled here: a scanned step's time "
                  "is not costed right by XLA, and its temporaries are larger)")

@@ -248,7 +248,8 @@ def category(opcode: str, name: str, shape: str = "") -> str:
         return "layer norm"
     if "/attention/" in lowered:
         return "attention"
-    if "/encoder/layer_n/" in lowered:  # intermediate (and its GELU) and output dense
+    # intermediate (and its GELU) and output dense; remat puts the layer under "checkpoint/"
+    if re.search(r"/encoder/(checkpoint/)?layer_n/", lowered):
         return "FFN"
     if "/embeddings/" in lowered:
         return "embeddings"

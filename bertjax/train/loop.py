@@ -78,6 +78,7 @@ class Stage:
     description: str
     eval_every: int = 0  # 0: no evaluation; otherwise every N steps and at the stage's end
     log_extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    loss: Callable | None = None  # the stage's own (e.g. another remat policy); None: the job's
 
 
 class Runner:
@@ -171,7 +172,7 @@ class _Run:
     workdir: epath.Path
     log: Callable[[str], Any]
     runner: Runner
-    train_step: Callable
+    train_steps: dict[str, Callable]  # stage name → its jitted step
     abstract: Any
     state_sharding: Any
     checkpointer: Checkpointer
@@ -202,8 +203,8 @@ class _Run:
                      f"{self.last_saved}")
             return state, ({stage.name: inputs} if stage is not None else {})
         state = step_lib.create_train_state(job.init_params, tx,
-                                            jax.random.PRNGKey(self.config.seed),
-                                            self.state_sharding)
+                                            jax.random.key(self.config.seed),
+                                            self.state_sharding, configs.rng_impl(self.config))
         pretrained = job.pretrained_params()
         if pretrained:
             state = step_lib.replace_params(state, pretrained, self.state_sharding)
@@ -238,7 +239,8 @@ class _Run:
                     self.log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
                              f"without saving (last checkpoint: {_kept(self.last_saved)})")
                     return state, "preempted"
-                state, metrics = self.train_step(state, self.runner.to_global(batch))
+                state, metrics = self.train_steps[stage.name](state,
+                                                              self.runner.to_global(batch))
                 step += 1
                 if self.after_step(stage, step, state, metrics, inputs, throughput):
                     return state, "preempted"
@@ -337,13 +339,13 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
     rules = config.logical_axis_rules
     tx, schedule = job.optimizer()
-    abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules)
+    abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules,
+                                                        configs.rng_impl(config))
     runner = Runner(sharding_lib.batch_sharding(mesh, rules))
-    train_step = step_lib.jit_train_step(job.loss, tx, schedule, state_sharding,
-                                         runner.batch_sharding, job.grad_accum_steps,
-                                         getattr(job, "denominators", None))
+    train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
+                                             runner.batch_sharding)
     ckpt = config.checkpoint
-    run = _Run(job, config, workdir_path, log, runner, train_step, abstract, state_sharding,
+    run = _Run(job, config, workdir_path, log, runner, train_steps, abstract, state_sharding,
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
                             job.best_metric),
                metrics_lib.MetricsWriter(workdir))

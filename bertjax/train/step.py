@@ -50,28 +50,45 @@ class TrainState:
     step: jax.Array  # [] int32, the global step
     params: Any
     opt_state: Any
-    rng: jax.Array  # base key; each step folds in `step` for dropout
+    rng: jax.Array  # [] typed dropout base key (config.rng_impl); each step folds in `step`
+
+
+# Dropout keys: "threefry2x32" is JAX's counter-based hash (identical bits on every backend and
+# sharding); "rbg" and "unsafe_rbg" use XLA's RngBitGenerator (the TPU's hardware generator),
+# deterministic for a given compiled program and key, so a resumed run repeats its masks.
+RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+DEFAULT_RNG_IMPL = "threefry2x32"
 
 
 def initial_params(init_params: InitFn, rng):
-    """The (unboxed) params a run seeded with `rng` starts from."""
+    """The (unboxed) params a run seeded with `rng` (a threefry key) starts from."""
     params_rng, _ = jax.random.split(rng)
     return nn.unbox(init_params(params_rng))
 
 
-def _init_state(init_params: InitFn, tx, rng) -> TrainState:
+def dropout_base_key(rng, rng_impl: str = DEFAULT_RNG_IMPL) -> jax.Array:
+    """The dropout base key ([] typed key of `rng_impl`) of a run seeded with the threefry key
+    `rng`; the parameters (`initial_params`) do not depend on `rng_impl`."""
+    _, key = jax.random.split(rng)
+    if rng_impl == "threefry2x32":
+        return jax.random.wrap_key_data(jax.random.key_data(key), impl=rng_impl)
+    words = jax.random.key_data(jax.random.key(0, impl=rng_impl)).shape
+    return jax.random.wrap_key_data(jax.random.bits(key, words, jnp.uint32), impl=rng_impl)
+
+
+def _init_state(init_params: InitFn, tx, rng_impl: str, rng) -> TrainState:
     params = initial_params(init_params, rng)
-    _, dropout_rng = jax.random.split(rng)
-    return TrainState(
-        step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params), rng=dropout_rng
-    )
+    return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params),
+                      rng=dropout_base_key(rng, rng_impl))
 
 
-def state_shardings(init_params: InitFn, tx, mesh: Mesh, rules) -> tuple[TrainState, TrainState]:
+def state_shardings(init_params: InitFn, tx, mesh: Mesh, rules,
+                    rng_impl: str = DEFAULT_RNG_IMPL) -> tuple[TrainState, TrainState]:
     """(abstract state, NamedShardings of the state) without allocating anything."""
     boxed = jax.eval_shape(init_params, jax.random.key(0))
     param_specs = nn.get_partition_spec(boxed)
-    abstract = jax.eval_shape(functools.partial(_init_state, init_params, tx), jax.random.key(0))
+    abstract = jax.eval_shape(functools.partial(_init_state, init_params, tx, rng_impl),
+                              jax.random.key(0))
     opt_specs = optax.tree_map_params(
         tx,
         lambda _, spec: spec,
@@ -87,9 +104,12 @@ def state_shardings(init_params: InitFn, tx, mesh: Mesh, rules) -> tuple[TrainSt
     return abstract, shardings
 
 
-def create_train_state(init_params: InitFn, tx, rng, shardings: TrainState) -> TrainState:
-    """Initialises the state directly in its sharded layout (never whole on one device)."""
-    return jax.jit(functools.partial(_init_state, init_params, tx), out_shardings=shardings)(rng)
+def create_train_state(init_params: InitFn, tx, rng, shardings: TrainState,
+                       rng_impl: str = DEFAULT_RNG_IMPL) -> TrainState:
+    """Initialises the state directly in its sharded layout (never whole on one device).
+    rng: the run's threefry seed key (`jax.random.key(seed)`); rng_impl: the dropout keys'."""
+    return jax.jit(functools.partial(_init_state, init_params, tx, rng_impl),
+                   out_shardings=shardings)(rng)
 
 
 def replace_params(state: TrainState, loaded: dict[str, Any], shardings: TrainState) -> TrainState:
@@ -157,6 +177,20 @@ def train_step(
     metrics = dict(metrics, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
     new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
     return new_state, metrics
+
+
+def stage_train_steps(job, tx, schedule, state_sharding, batch_sharding) -> dict[str, Any]:
+    """{stage name: its jitted train step}: one per distinct loss, the job's `loss` unless a
+    stage brings its own (`stage.loss`, e.g. a phase with another remat policy)."""
+    by_loss, steps = {}, {}
+    for stage in job.stages:
+        loss = stage.loss or job.loss
+        if loss not in by_loss:
+            by_loss[loss] = jit_train_step(loss, tx, schedule, state_sharding, batch_sharding,
+                                           job.grad_accum_steps,
+                                           getattr(job, "denominators", None))
+        steps[stage.name] = by_loss[loss]
+    return steps
 
 
 def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding,

@@ -27,7 +27,7 @@ CONFIG_FILE = "config.json"
 # Config fields a resumed run must share with the run recorded in its workdir: they fix the
 # checkpoint's shapes, the optimizer state, and what a saved input position means. (The
 # compute dtype and the mesh may change: checkpoints restore onto any mesh.)
-RESUME_FIELDS = ("model.", "optimizer.name", "train.batch_size", "task.name")
+RESUME_FIELDS = ("model.", "optimizer.name", "train.batch_size", "task.name", "rng_impl")
 RESUME_FIELDS_FREE = ("model.dtype",)
 
 

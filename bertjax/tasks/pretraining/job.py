@@ -11,6 +11,7 @@ number of hosts. With `config.packing.enabled` the batches are packed rows carry
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -71,6 +72,7 @@ class PretrainingJob:
         self.total_steps = config.train.num_train_steps
         self.make_input = make_input
         nsp = dict(nsp_weight=config.train.nsp_weight, packed=self.packed, ltr=self.ltr)
+        self._nsp = nsp
         self.init_params, self.loss = step_fns(self.model, **nsp)
         # Normalisers over the global batch: accumulated micro-batches sum to one batch.
         self.denominators = functools.partial(loss_denominators, packed=self.packed,
@@ -93,7 +95,17 @@ class PretrainingJob:
                          f"{phase.seq_len}, {phase.max_predictions} predictions, data "
                          f"{phase.data or '(none)'}" + (", packed" if self.packed else "")
                          + f", objective {self.objective}"),
-            eval_every=every, log_extra={"phase_seq_len": phase.seq_len})
+            eval_every=every, log_extra={"phase_seq_len": phase.seq_len},
+            loss=self._phase_loss(phase))
+
+    def _phase_loss(self, phase: configs.Phase) -> Callable | None:
+        """The loss of a phase with its own remat policy (same params, another model
+        transform); None where the phase keeps the model's."""
+        if phase.remat_policy in ("", self.model_config.remat_policy):
+            return None
+        model = BertForPreTraining(dataclasses.replace(self.model_config,
+                                                       remat_policy=phase.remat_policy))
+        return step_fns(model, **self._nsp)[1]
 
     def optimizer(self):
         return make_optimizer(self.config.optimizer, self.total_steps,
