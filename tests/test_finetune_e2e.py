@@ -39,6 +39,8 @@ def test_glue_sst2_layout_cli(checkpoint, tmp_path):
         f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
         f"--config.data.dir={tmp_path / 'glue_data'}", "--config.train.batch_size=16",
         "--config.train.num_epochs=4", "--config.optimizer.learning_rate=1e-3",
+        # A few dozen steps, set for the reference's uncorrected Adam (larger early steps).
+        "--config.optimizer.name=bert_adamw", "--config.optimizer.schedule=reference",
         "--config.max_seq_length=32", "--config.log_every_steps=24",
     ], timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -71,6 +73,8 @@ def _files_config(kind, checkpoint, tmp_path, **data):
     config.max_seq_length = 32
     config.train.batch_size = 16
     config.optimizer.learning_rate = 1e-3
+    # A few dozen steps, set for the reference's uncorrected Adam (larger early steps).
+    config.optimizer.name, config.optimizer.schedule = "bert_adamw", "reference"
     config.log_every_steps = 1000
     config.eval.batch_size = 32
     config.min_bucket_length = 32  # one bucket: fewer compiles (the CLI test covers bucketing)

@@ -139,10 +139,13 @@ def test_pretraining_with_vocab_exports_the_same_model_and_resumes_on_one_proces
 
 
 def finetune(config: str, checkpoint: str, *flags: str, learning_rate: float = 1e-3):
-    """args_for of `python -m bertjax.finetune`: global batch 8, every step logged."""
+    """args_for of `python -m bertjax.finetune`: global batch 8, every step logged; the
+    reference's uncorrected Adam, whose larger early steps these few-step runs were set for."""
     return lambda out: ["-m", "bertjax.finetune", f"--config={config}",
                         f"--config.init_checkpoint={checkpoint}", f"--workdir={out}",
                         "--config.train.batch_size=8", "--config.log_every_steps=1",
+                        "--config.optimizer.name=bert_adamw",
+                        "--config.optimizer.schedule=reference",
                         f"--config.optimizer.learning_rate={learning_rate}", *flags]
 
 

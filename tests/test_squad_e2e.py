@@ -107,6 +107,8 @@ def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
     config.task.doc_stride, config.task.max_query_length = 16, 10
     config.train.batch_size, config.train.num_epochs = 32, 3
     config.optimizer.learning_rate = 1e-3
+    # A few dozen steps, set for the reference's uncorrected Adam (larger early steps).
+    config.optimizer.name, config.optimizer.schedule = "bert_adamw", "reference"
     config.model.hidden_dropout_prob = config.model.attention_dropout_prob = 0.0
     config.log_every_steps = 1000
     logs = []

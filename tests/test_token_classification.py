@@ -131,6 +131,8 @@ def test_conll2003_layout_end_to_end_cli(checkpoint, tmp_path):
         f"--config.init_checkpoint={checkpoint}", f"--workdir={workdir}",
         f"--config.data.dir={tmp_path}", "--config.train.batch_size=16",
         "--config.train.num_epochs=3", "--config.optimizer.learning_rate=1e-3",
+        # A few dozen steps, set for the reference's uncorrected Adam (larger early steps).
+        "--config.optimizer.name=bert_adamw", "--config.optimizer.schedule=reference",
         "--config.max_seq_length=32", "--config.data.stride=8", "--config.log_every_steps=100",
         "--config.min_bucket_length=32", "--config.eval.batch_size=32",  # one shape: 2 compiles
     ], timeout=300)
