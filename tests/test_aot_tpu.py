@@ -220,6 +220,32 @@ def test_sweep_ranks_by_sequences_over_the_whole_run_and_prints_its_flags():
     assert not misfit.fits and misfit.sequences_per_second is None
 
 
+def test_a_chip_without_cost_model_time_gets_the_calibrated_roofline_marked_as_such():
+    from bertjax.train import dry_run, topology
+
+    slice_ = topology.parse("v6e-8")
+
+    def stage(seconds, roofline):
+        return dry_run.StageCost("phase1", 128, 1000, 256, 1.0, 1.0, 2.0, 4.0, True, 1e15, 1e12,
+                                 seconds, compute_bound=1e-3, memory_bound=2e-3,
+                                 roofline=roofline)
+
+    timed, untimed = stage(0.03, 0.01), stage(None, 0.01)
+    # The cost model's time wins where there is one; otherwise roofline × the v5p ratio.
+    assert timed.time == 0.03 and timed.estimated_seconds is None
+    assert untimed.time == pytest.approx(0.01 * dry_run.ROOFLINE_TO_COST_MODEL)
+    assert untimed.mfu(slice_) == pytest.approx(
+        1e15 / (untimed.time * slice_.num_chips * slice_.peak_flops))
+    row = dry_run.stage_table([untimed], slice_)[1]
+    assert f"~{untimed.time * 1e3:.1f}" in row and "~" + f"{100 * untimed.mfu(slice_):.1f}%" in row
+    assert "~" not in dry_run.stage_table([timed], slice_)[1]
+    (note,) = dry_run.notes([untimed], slice_)
+    assert "no step time" in note and "estimate" in note and "10.0 ms" in note
+    # Without the per-op costs there is nothing to calibrate: no time, no MFU.
+    bare = stage(None, None)
+    assert bare.time is None and bare.mfu(slice_) is None
+
+
 def test_out_of_memory_figures_are_read_from_the_compiler_message():
     from bertjax.train import dry_run
 

@@ -37,6 +37,10 @@ GIB = 1024.0**3
 # cost-model time and temporaries are off the line of deeper steps (its peak memory is set by
 # what does not grow with depth); see docs/tpu_aot.md.
 FIT_LAYERS = 2
+# v5p's cost-model step time over the optimized HLO's per-op rooflines summed (hlo_costs),
+# measured on BERT-base and BERT-large steps (docs/tpu_aot.md, "Calibration"): where libtpu
+# gives a chip no cost-model time (v4, v5e, v6e), the roofline times this is the estimate.
+ROOFLINE_TO_COST_MODEL = 1.6
 
 
 def parameter_table(params: Any) -> list[tuple[str, int]]:
@@ -274,20 +278,33 @@ class StageCost:
     groups: dict | None = None  # the ops' costs by category and by op (see Measure)
     compute_bound: float | None = None  # seconds: XLA's FLOPs at the chip's peak
     memory_bound: float | None = None  # seconds: hlo_bytes at the chip's HBM bandwidth
+    roofline: float | None = None  # seconds: the optimized HLO's per-op rooflines, summed
+
+    @property
+    def estimated_seconds(self) -> float | None:
+        """Where the cost model gives no time: the per-op roofline × ROOFLINE_TO_COST_MODEL."""
+        if self.step_seconds or not self.roofline:
+            return None
+        return self.roofline * ROOFLINE_TO_COST_MODEL
+
+    @property
+    def time(self) -> float | None:
+        """Seconds per step: the cost model's, else the calibrated roofline estimate."""
+        return self.step_seconds or self.estimated_seconds
 
     @property
     def sequences_per_second(self) -> float | None:
-        return self.batch_size / self.step_seconds if self.step_seconds else None
+        return self.batch_size / self.time if self.time else None
 
     def mfu(self, slice_: topology_lib.Slice) -> float | None:
-        if not self.step_seconds or not self.model_flops:
+        if not self.time or not self.model_flops:
             return None
-        return self.model_flops / (self.step_seconds * slice_.num_chips * slice_.peak_flops)
+        return self.model_flops / (self.time * slice_.num_chips * slice_.peak_flops)
 
     @property
     def seconds(self) -> float | None:
         """Time to run the stage's steps."""
-        return self.step_seconds * self.steps if self.step_seconds else None
+        return self.time * self.steps if self.time else None
 
 
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGT])\b")
@@ -392,7 +409,8 @@ def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_li
                      hlo_bytes=m.hlo_bytes, groups=m.groups,
                      compute_bound=m.flops / slice_.peak_flops,
                      memory_bound=(m.hlo_bytes or m.bytes_accessed)
-                     / (slice_.chip.hbm_gbps * 1e9))
+                     / (slice_.chip.hbm_gbps * 1e9),
+                     roofline=m.groups and sum(g.seconds for g in m.groups["category"].values()))
 
 
 def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
@@ -457,6 +475,7 @@ def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]
              f"{'time':>9}"]
     for c in costs:
         mfu = c.mfu(slice_)
+        est = "~" if c.estimated_seconds else ""  # a calibrated roofline, not the cost model
         lines.append(
             f"  {c.name:<8} {c.seq_len:>5} {c.batch_size:>6} {c.argument_bytes / GIB:>9.2f} "
             f"{_fmt(c.temp_bytes / GIB, '.2f'):>9} {_fmt(c.total_bytes / GIB, '.2f'):>10} "
@@ -464,10 +483,10 @@ def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]
             f"{_fmt(c.xla_flops and c.xla_flops / 1e12, '.2f'):>10} "
             f"{_fmt(c.bytes_accessed and c.bytes_accessed / 1e9, '.1f'):>7} "
             f"{_fmt(c.hlo_bytes and c.hlo_bytes / 1e9, '.1f'):>7} "
-            f"{_fmt(c.step_seconds and c.step_seconds * 1e3, '.1f'):>8} "
-            f"{_fmt(c.sequences_per_second, ',.0f'):>9} "
-            f"{_fmt(mfu and 100 * mfu, '.1f') + ('%' if mfu else ''):>6} {c.steps:>9,} "
-            f"{_duration(c.seconds):>9}")
+            f"{est + _fmt(c.time and c.time * 1e3, '.1f'):>8} "
+            f"{est + _fmt(c.sequences_per_second, ',.0f'):>9} "
+            f"{est + _fmt(mfu and 100 * mfu, '.1f') + ('%' if mfu else ''):>6} {c.steps:>9,} "
+            f"{est + _duration(c.seconds):>9}")
     return lines
 
 
@@ -477,12 +496,16 @@ def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
     lines = []
     for c in costs:
         if c.fits and c.step_seconds is None and c.compute_bound is not None:
+            estimate = (
+                f"The times marked ~ are an estimate: the optimized HLO's per-op rooflines "
+                f"({c.roofline * 1e3:.1f} ms summed) × {ROOFLINE_TO_COST_MODEL:g}, the ratio of "
+                "v5p's cost model to the same roofline on BERT steps (docs/tpu_aot.md). "
+                if c.estimated_seconds else "No time or MFU is estimated. ")
             lines.append(
                 f"  {c.name}: libtpu's cost model gives no step time for {slice_.chip.family} "
-                "(optimal_seconds < 0), so no time or MFU is estimated. Two lower bounds "
-                f"instead: XLA's FLOPs at peak, {c.compute_bound * 1e3:.1f} ms; the HBM "
-                "bytes of the optimized HLO's ops at full bandwidth, "
-                f"{c.memory_bound * 1e3:.1f} ms.")
+                f"(optimal_seconds < 0). {estimate}Lower bounds: XLA's FLOPs at peak, "
+                f"{c.compute_bound * 1e3:.1f} ms; the HBM bytes of the optimized HLO's ops at "
+                f"full bandwidth, {c.memory_bound * 1e3:.1f} ms.")
         if not c.fits:
             lines.append(f"  {c.name} does not fit: {c.total_bytes / GIB:.2f} GiB per chip "
                          f"needed, {c.hbm_bytes / GIB:.2f} GiB available"
