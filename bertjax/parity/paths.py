@@ -16,9 +16,6 @@ compared with the default's:
   XLA_FLAGS carries --xla_force_host_platform_device_count before jax starts, so with fewer
   than 4 devices these runs go to a subprocess that sets it.
 
-NOTE for bertjax/parity/__main__.py (agent A): if `python -m bertjax.parity` set
-XLA_FLAGS=--xla_force_host_platform_device_count=4 when unset, before importing jax, the mesh
-rows would run in-process and skip the subprocess's start-up.
 """
 
 from __future__ import annotations
