@@ -15,7 +15,6 @@ compared with the default's:
 - the data / fsdp / tensor meshes over 4 devices. A CPU process has one device unless
   XLA_FLAGS carries --xla_force_host_platform_device_count before jax starts, so with fewer
   than 4 devices these runs go to a subprocess that sets it.
-
 """
 
 from __future__ import annotations
