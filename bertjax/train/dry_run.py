@@ -37,10 +37,9 @@ GIB = 1024.0**3
 # cost-model time and temporaries are off the line of deeper steps (its peak memory is set by
 # what does not grow with depth); see docs/tpu_aot.md.
 FIT_LAYERS = 2
-# v5p's cost-model step time over the optimized HLO's per-op rooflines summed (hlo_costs),
-# measured on BERT-base and BERT-large steps (docs/tpu_aot.md, "Calibration"): where libtpu
-# gives a chip no cost-model time (v4, v5e, v6e), the roofline times this is the estimate.
-ROOFLINE_TO_COST_MODEL = 1.6
+# The chip whose cost model calibrates the others' rooflines (libtpu 0.0.42.1 gives v4, v5e
+# and v6e no cost-model time).
+CALIBRATION_CHIP = "v5p"
 
 
 def parameter_table(params: Any) -> list[tuple[str, int]]:
@@ -279,13 +278,16 @@ class StageCost:
     compute_bound: float | None = None  # seconds: XLA's FLOPs at the chip's peak
     memory_bound: float | None = None  # seconds: hlo_bytes at the chip's HBM bandwidth
     roofline: float | None = None  # seconds: the optimized HLO's per-op rooflines, summed
+    # v5p's cost-model time over its per-op roofline, for the same per-chip step compiled for
+    # v5p (see `calibrate`); None where not measured.
+    calibration: float | None = None
 
     @property
     def estimated_seconds(self) -> float | None:
-        """Where the cost model gives no time: the per-op roofline × ROOFLINE_TO_COST_MODEL."""
-        if self.step_seconds or not self.roofline:
+        """Where the cost model gives no time: the per-op roofline × the v5p calibration."""
+        if self.step_seconds or not self.roofline or not self.calibration:
             return None
-        return self.roofline * ROOFLINE_TO_COST_MODEL
+        return self.roofline * self.calibration
 
     @property
     def time(self) -> float | None:
@@ -413,6 +415,29 @@ def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_li
                      roofline=m.groups and sum(g.seconds for g in m.groups["category"].values()))
 
 
+def calibrate(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
+              stage_names: list[str]) -> dict[str, float]:
+    """{stage: v5p's cost-model time / its per-op roofline} for the same per-chip step (same
+    chips, mesh and batch, FIT_LAYERS unrolled layers or fewer) compiled for a v5p slice of
+    the same chip count: what turns another chip's roofline into an estimated time. Stages
+    that do not fit there or get no time are left out."""
+    shape = topology_lib.slice_shape(topology_lib.CHIPS[CALIBRATION_CHIP], slice_.num_chips)
+    if shape is None:
+        return {}
+    v5p = topology_lib.Slice(topology_lib.CHIPS[CALIBRATION_CHIP], shape)
+    layers = make_job(layer_config(config, None)).model_config.num_layers
+    step = _Step.build(make_job(layer_config(config, min(layers, FIT_LAYERS))), config,
+                       topology_lib.devices(v5p))
+    ratios = {}
+    for name in stage_names:
+        m = step.compile(name, v5p)
+        roofline = not isinstance(m, str) and m.groups and sum(
+            g.seconds for g in m.groups["category"].values())
+        if roofline and m.seconds:
+            ratios[name] = m.seconds / roofline
+    return ratios
+
+
 def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
                    devices, exact: bool = False, until_misfit: bool = False
                    ) -> tuple[list[StageCost], str]:
@@ -449,6 +474,14 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
         costs.append(_stage_cost(stage, full, result, slice_))
         if until_misfit and not costs[-1].fits:
             break
+    untimed = [c.name for c in costs if c.fits and not c.step_seconds and c.roofline]
+    if untimed and slice_.chip.family != CALIBRATION_CHIP:
+        ratios = calibrate(make_job, config, slice_, untimed)
+        for c in costs:
+            c.calibration = ratios.get(c.name)
+        if ratios:
+            method += (f"; where {slice_.chip.family} has no cost-model time, the roofline "
+                       f"calibrated on {CALIBRATION_CHIP}")
     return costs, method
 
 
@@ -498,9 +531,10 @@ def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
         if c.fits and c.step_seconds is None and c.compute_bound is not None:
             estimate = (
                 f"The times marked ~ are an estimate: the optimized HLO's per-op rooflines "
-                f"({c.roofline * 1e3:.1f} ms summed) × {ROOFLINE_TO_COST_MODEL:g}, the ratio of "
-                "v5p's cost model to the same roofline on BERT steps (docs/tpu_aot.md). "
-                if c.estimated_seconds else "No time or MFU is estimated. ")
+                f"({c.roofline * 1e3:.1f} ms summed) × {c.calibration:.2f}, the ratio of "
+                f"{CALIBRATION_CHIP}'s cost model to its per-op roofline for the same per-chip "
+                f"step compiled for {CALIBRATION_CHIP}. " if c.estimated_seconds
+                else "No time or MFU is estimated. ")
             lines.append(
                 f"  {c.name}: libtpu's cost model gives no step time for {slice_.chip.family} "
                 f"(optimal_seconds < 0). {estimate}Lower bounds: XLA's FLOPs at peak, "
