@@ -31,6 +31,8 @@ from conftest import ROOT
 from bertjax.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bertjax.train import checkpoints, loop, multihost
 from bertjax.train import metrics as metrics_lib
+from bertjax.train import sharding as sharding_lib
+from bertjax.train import step as step_lib
 
 # ------------------------------------------------------------------------- a tiny job
 
@@ -248,6 +250,64 @@ def test_failed_resume_names_the_fields_and_leaves_every_file_byte_identical(fou
     summary, _ = run(workdir, 6, changed)
     assert summary["status"] == "done"
     assert json.loads((workdir / "config.json").read_text())["model"]["dtype"] == "bfloat16"
+
+
+# ------------------------------------------------------- a checkpoint from before rng_impl
+
+
+class DropoutRegressionJob(RegressionJob):
+    """RegressionJob with dropout on its inputs: the losses depend on the dropout key."""
+
+    def loss(self, params, batch, rng):
+        keep = jax.random.bernoulli(rng, 0.5, batch["x"].shape)
+        return super().loss(params, dict(batch, x=jnp.where(keep, batch["x"] * 2, 0.0)), rng)
+
+
+def raw_dropout_key(rng, rng_impl="threefry2x32"):
+    """The dropout key as the train state held it before config.rng_impl: raw uint32[2] data
+    of the threefry key split from the seed."""
+    return jax.random.key_data(jax.random.split(rng)[1])
+
+
+def test_a_checkpoint_with_a_raw_dropout_key_resumes_exactly_or_is_refused(tmp_path,
+                                                                           monkeypatch):
+    def train(workdir, steps, config=None):
+        lines = []
+        loop.train(DropoutRegressionJob(steps), config or make_config(), str(workdir),
+                   log=lines.append)
+        return lines
+
+    with monkeypatch.context() as old_code:
+        old_code.setattr(step_lib, "dropout_base_key", raw_dropout_key)
+        train(tmp_path / "straight", 4)  # the old code, never interrupted
+        train(tmp_path / "old", 2)
+    restored, _ = checkpoints.Checkpointer(str(tmp_path / "old")).restore(
+        2, *step_lib.state_shardings(DropoutRegressionJob(2).init_params, optax.adam(0.05),
+                                     sharding_lib.make_mesh(make_config().mesh),
+                                     make_config().logical_axis_rules))
+    assert restored.rng.dtype == jax.random.key(0).dtype  # typed once restored
+
+    for impl in ("rbg", "unsafe_rbg"):
+        before = snapshot(tmp_path / "old")
+        config = make_config()
+        config.rng_impl = impl
+        with pytest.raises(CheckpointError) as e:
+            train(tmp_path / "old", 4, config)
+        assert str(e.value) == (
+            f"{tmp_path / 'old' / 'checkpoints' / '2'} was saved before config.rng_impl "
+            f"existed: its dropout key is a raw threefry2x32 key, which config.rng_impl="
+            f"'{impl}' cannot continue; resume with config.rng_impl='threefry2x32' (its "
+            "default), or use a new --workdir")
+        assert snapshot(tmp_path / "old") == before
+
+    lines = train(tmp_path / "old", 4)
+    assert f"Resumed from {tmp_path / 'old' / 'checkpoints' / '2'} at step 2" in lines
+    assert losses(tmp_path / "old") == losses(tmp_path / "straight")
+    # The dropout key matters: other keys (same params) give other losses.
+    config = make_config()
+    config.rng_impl = "rbg"
+    train(tmp_path / "rbg", 4, config)
+    assert losses(tmp_path / "rbg")[1] != losses(tmp_path / "straight")[1]
 
 
 # ------------------------------------------------------------------------ disk full
