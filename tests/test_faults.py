@@ -11,6 +11,7 @@ same paths. Only the SIGTERM test starts a subprocess.
 import errno
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -576,3 +577,91 @@ def test_a_permanent_write_error_is_one_line_at_once_and_keeps_the_checkpoints(
     # The half-written line is cut off; the closing flush still writes step 3's record.
     assert [json.loads(line)["step"]
             for line in (workdir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+# ------------------------------------------- a flaky remote file system, below Python and C++
+
+# The regression job as a command whose writes go through tests/fault_fs.c (LD_PRELOAD): the
+# layer's rules (FAULT_FS) hold from the start, or from the save of step `arm_at` on (set once
+# the saves before it are complete).
+FAULT_FS_COMMAND = """
+import ctypes
+import sys
+
+sys.path.insert(0, "tests")
+import test_faults as t
+from bertjax import cli
+from bertjax.train import checkpoints, multihost
+
+workdir, steps, rules, arm_at = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+multihost.RETRY_DELAYS_S = (0.05, 0.1, 0.2)
+layer = ctypes.CDLL(None)
+save = checkpoints.Checkpointer.save
+
+
+def save_then_arm(self, step, *args, **kwargs):
+    if step == arm_at:
+        self.wait()
+        layer.fault_fs_arm(rules.encode())
+    return save(self, step, *args, **kwargs)
+
+
+checkpoints.Checkpointer.save = save_then_arm
+try:
+    cli.report_errors(lambda: t.run(workdir, steps))
+finally:
+    print(f"injected {layer.fault_fs_failed()} write errors", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def fault_fs(tmp_path_factory):
+    """tests/fault_fs.c built as a shared library (skips without a C compiler)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler for the fault-injecting file system layer")
+    library = tmp_path_factory.mktemp("fault_fs") / "fault_fs.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library),
+                    os.path.join(ROOT, "tests", "fault_fs.c"), "-ldl", "-lpthread"], check=True)
+    return library
+
+
+def run_with_faults(fault_fs, workdir, steps, rules, arm_at=0):
+    env = dict(os.environ, LD_PRELOAD=str(fault_fs), FAULT_FS=rules if arm_at == 0 else "")
+    return subprocess.run([sys.executable, "-c", FAULT_FS_COMMAND, str(workdir), str(steps),
+                           rules, str(arm_at)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_remote_write_errors_below_python_are_retried_or_one_line(fault_fs, four_steps,
+                                                                  tmp_path):
+    """Through a file system layer that fails writes with errno (not Python exceptions made up
+    by the test): transient errors of the metrics appends (EIO twice) and of an input position
+    written into a checkpoint (ETIMEDOUT) are retried, and the run ends as an undisturbed one.
+    The arrays of a checkpoint are written by tensorstore, whose own writes bertjax does not
+    retry (on GCS tensorstore retries its requests itself): from the save of step 4 on, every
+    array write fails: one line, step 2 stays the latest, and a rerun resumes from it."""
+    workdir = tmp_path / "transient"
+    proc = run_with_faults(fault_fs, workdir, 4, "metrics.jsonl:5:0:2;position.json:110:1:1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "injected 3 write errors" in proc.stdout
+    # Each failed attempt is one warning (closing a file may make two write calls).
+    for what in (f"writing {workdir}/metrics.jsonl failed (Input/output error)",
+                 "writing the input position to ", "failed (Connection timed out)"):
+        assert what in proc.stderr, proc.stderr[-3000:]
+    assert losses(workdir) == losses(four_steps)
+    assert steps_on_disk(workdir) == ["2", "4"]
+
+    workdir = tmp_path / "permanent"
+    proc = run_with_faults(fault_fs, workdir, 6, "ocdbt.process_0/d/:5:0:-1", arm_at=4)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert re.match(rf"error: saving checkpoint step 4 to {workdir / 'checkpoints' / '4'} failed "
+                    r"\(.*Input/output error.*\); step 2 is intact; ", errors[0]), errors[0]
+    assert [name for name in steps_on_disk(workdir) if name.isdigit()] == ["2"]
+    summary, lines = run(workdir, 4)
+    assert f"Resumed from {workdir / 'checkpoints' / '2'} at step 2" in lines
+    # (the failed run went on to step 6 before its asynchronous save reported the error)
+    assert {step: loss for step, loss in losses(workdir).items() if step <= 4} == losses(
+        four_steps)

@@ -172,7 +172,7 @@ class DataIteratorHandler(ocp.CheckpointHandler):
             directory.mkdir(parents=True, exist_ok=True)
             args.iterator.save(str(directory / POSITION_PREFIX))
 
-        multihost.write_from_main(write)
+        multihost.write_from_main(write, f"writing the input position to {directory}")
 
     def restore(self, directory: epath.Path, args: DataIteratorRestore) -> Any:
         args.iterator.restore(str(directory / POSITION_PREFIX))

@@ -326,16 +326,17 @@ def _share(message: str) -> str:
     return shared.tobytes().rstrip(b"\0").decode(errors="replace")
 
 
-def write_from_main(write: Callable[[], T]) -> T | None:
+def write_from_main(write: Callable[[], T], what: str = "write") -> T | None:
     """Runs `write()` on process 0 only and returns its result there (None elsewhere). Every
     process must call this: it returns once process 0's write is done, and if the write failed
     every process raises (process 0 its own error, the others a WriteError with its text).
-    Transient errors are retried first (`with_retries`)."""
+    Transient errors are retried first (`with_retries`; `what` names the write in its
+    warnings)."""
     error: BaseException | None = None
     result = None
     if is_main():
         try:
-            result = with_retries(write)
+            result = with_retries(write, what)
         except Exception as e:  # shared below, then raised
             error = e
     if jax.process_count() > 1:
