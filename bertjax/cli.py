@@ -289,7 +289,7 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
             if lost is not None:
                 from bertjax.train import multihost
 
-                exit_now(error_line(multihost.exit_line(lost)), 1, lost=True)
+                exit_now(multihost.exit_line(lost), 1, lost=True)
             if isinstance(e, KNOWN_ERRORS):
                 exit_now(error_line(e), 1)
             raise

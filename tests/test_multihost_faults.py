@@ -4,16 +4,20 @@ one device each) stand in for the N hosts of a pod slice (tests/multihost.py run
 What a slice meets and a single host never does: a host dies (SIGKILL), is preempted (SIGTERM
 to one process only), or stalls on its input; the others must not wait for it without bound.
 Each test prints the bound it measured (pytest -s):
-- a lost process: every other one exits non-zero with one `error:` line naming it, within
-  config.distributed.timeout_s; no half-written checkpoint becomes the latest;
+- a lost process (SIGKILL, of 2 or 4, at a random step; the coordinator too): every other
+  one exits non-zero with the same one `error:` line naming it by index and address, and
+  nothing after it, within config.distributed.timeout_s plus two heartbeats; no half-written
+  checkpoint becomes the latest;
 - a restart of all processes (on the same or another process count) resumes from the last
-  complete checkpoint with the same losses, bit for bit, as a run never interrupted;
+  complete checkpoint with the same losses, bit for bit, as a run never interrupted (up to
+  rounding on another count);
 - a stalled input: every process names the stalled one within config.train.input_timeout_s;
 - SIGTERM to one process: every process saves the same step and exits 0.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import random
 import re
@@ -91,6 +95,61 @@ def only_committed_checkpoints(workdir) -> None:
     temporary directory, which is never taken as the latest."""
     for step in committed_steps(workdir):
         assert (workdir / "checkpoints" / str(step) / "_CHECKPOINT_METADATA").exists(), step
+
+# ------------------------------------------------------------------ JAX's fatal log, replaced
+
+# What JAX 0.10's client logs, from a C++ thread, as it ends a process whose coordination
+# service has gone (its process 0 was killed) or found a task dead.
+JAX_COORDINATOR_GONE = """\
+E1125 15:24:02.485249   12353 coordination_service_agent.cc:289] Polled an error from \
+coordination service (this can be an error from this or another task).
+F1125 15:24:02.485289   12353 client.h:80] Terminating process because the JAX distributed \
+service detected fatal errors. absl::Status: UNAVAILABLE: Failed to send RPC to coordination \
+service. Either the leader task was preempted/died/restarted unexpectedly or this task is \
+experiencing network issues.
+Additional GRPC error information from remote target coordination_service while calling \
+/xla.coordination.CoordinationService/PollForError:
+:UNKNOWN:Error received from peer  {grpc_message:"Socket closed", grpc_status:14}
+*** Check failure stack trace: ***
+    @     0x7f94c8840634  absl::lts_20260107::log_internal::LogMessage::SendToLog()
+"""
+JAX_TASK_DEAD = """\
+F1125 15:22:33.014255   11319 client.h:80] Terminating process because the JAX distributed \
+service detected fatal errors. absl::Status: UNAVAILABLE: The following tasks are unhealthy \
+(stopped sending heartbeats):
+2
+The tasks have crashed.
+"""
+
+
+def guarded(text: str) -> str:
+    """What the stderr_guard companion shows of a process's stderr `text` (a process of 4)."""
+    from bertjax import stderr_guard
+
+    read, write = os.pipe()
+    os.write(write, text.encode())
+    os.close(write)
+    shown = io.BytesIO()
+    stderr_guard.guard(read, shown, 4, "10.0.0.2:8476")
+    os.close(read)
+    return shown.getvalue().decode()
+
+
+def test_the_stderr_guard_ends_every_output_in_one_line():
+    tail = ("the host died, was preempted or its process was killed; start all 4 processes "
+            "again (the same command) to resume from the last checkpoint\n")
+    assert guarded("step 3/12\n" + JAX_COORDINATOR_GONE) == (
+        "step 3/12\nerror: lost process 0 of 4 (the coordinator, 10.0.0.2:8476): the "
+        "coordination service stopped answering; " + tail)
+    assert guarded(JAX_TASK_DEAD) == (
+        "error: lost process 2 of 4: it sent no heartbeat to the coordination service; " + tail)
+    # Our own line first: nothing after it, JAX's log included.
+    assert guarded("error: lost process 1 of 4 (vm, pid 7): x\nTraceback (most recent call "
+                   "last):\n" + JAX_TASK_DEAD) == "error: lost process 1 of 4 (vm, pid 7): x\n"
+    # C++ log lines without a fatal one are shown, in order.
+    log = "W1125 15:22:33.014255   11319 service.cc:12] slow\n"
+    assert guarded(log + "step 4/12\n" + log) == log + "step 4/12\n" + log
+
 
 # ------------------------------------------------------------------------- a lost process
 
@@ -248,6 +307,35 @@ def test_a_stalled_input_is_named_on_every_process_within_the_input_timeout(tmp_
         assert "Traceback" not in p.output()
     assert max(seconds) < INPUT_TIMEOUT_S + 30
     assert committed_steps(tmp_path / "run") == [2]
+
+
+@pytest.mark.slow
+def test_a_process_killed_while_the_others_wait_at_a_barrier_is_named_within_the_bound(
+        tmp_path):
+    """Process 1 stalls on its input of step 4 (a long input_timeout_s) and is killed there:
+    process 0 waits at the coordination service's barrier of the step's check-in, where no
+    collective fails; the watchdog names process 1 once its heartbeats have stopped for
+    config.distributed.timeout_s (before JAX's own timeout would end it with a fatal log)."""
+    fifo = tmp_path / "shard.tfrecord"
+    os.mkfifo(fifo)
+    processes = start(["-c", STALLING_COMMAND, str(tmp_path / "run"), "1", str(fifo), "600",
+                       str(TIMEOUT_S)], 2)
+    deadline = time.monotonic() + 600
+    while not (tmp_path / "run" / "checkpoints" / "2" / "_CHECKPOINT_METADATA").exists():
+        assert time.monotonic() < deadline and all(p.exited is None for p in processes), \
+            "\n\n".join(p.output() for p in processes)
+        time.sleep(0.05)
+    time.sleep(5)  # step 3, then both wait: process 1 for its input, process 0 at the barrier
+    killed = time.monotonic()
+    processes[1].proc.kill()
+    wait(processes, WATCHDOG_BOUND_S + 60)
+    seconds = processes[0].exited - killed
+    print(f"SIGKILL process 1 of 2 while process 0 waits at a barrier: process 0 exited "
+          f"{processes[0].proc.returncode} after {seconds:.1f} s (bound {WATCHDOG_BOUND_S:g} s): "
+          f"{errors(processes[0])}", flush=True)
+    line = assert_one_line_naming(processes[0], processes[1], 1, 2)
+    assert ": it sent no heartbeat for " in line
+    assert seconds < WATCHDOG_BOUND_S
 
 
 # ----------------------------------------------------------------------- preemption of one
