@@ -114,8 +114,9 @@ class Watchdog:
     service: a process whose heartbeat stops for `timeout_s` (killed, its host dead) is named
     by every other process in the same one line (the first process to notice records it under
     `lost`; the others print that), which then end (`on_lost`). JAX's own heartbeat timeout is
-    set longer (cli.initialize_distributed), so this comes first: JAX's ends the process with
-    a fatal log instead (stderr_guard turns it into a line, but could not tell the others).
+    set longer (cli.initialize_distributed), so this comes first: JAX's ends each process with
+    a fatal log, which stderr_guard turns into a line, but not always the same line everywhere.
+    The heartbeat thread runs while the main thread waits or compiles (XLA releases the GIL).
 
     A process that ends (done, or with its own error) marks itself `left`, and is no longer
     watched."""
