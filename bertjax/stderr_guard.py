@@ -9,7 +9,7 @@ std::bad_cast). The companion outlives its process by a moment: it holds back C+
 for a moment, drops a fatal log, the lines just before it and all after it, and prints instead
 the one line naming the lost process. Once an `error:` line has passed, nothing after it is shown.
 
-Standard library only: it runs as `python -I <this file> <process count> <coordinator>`.
+Standard library only: the companion loads this file alone (`_COMPANION`).
 """
 
 from __future__ import annotations
@@ -60,13 +60,25 @@ def from_jax_fatal(text: str, count: int, coordinator: str) -> str:
     return f"error: JAX's distributed runtime ended this process: {first[:300]}"
 
 
+# The companion: `guard` from this file, without importing bertjax (nor JAX) there.
+_COMPANION = """
+import importlib.util
+import sys
+
+spec = importlib.util.spec_from_file_location("stderr_guard", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+module.guard(sys.stdin.fileno(), sys.stdout.buffer, int(sys.argv[2]), sys.argv[3])
+"""
+
+
 def start(count: int, coordinator: str) -> None:
     """Routes this process's stderr (file descriptor 2) through a companion process that runs
     `guard` and writes to the original stderr."""
     original = os.dup(2)
     companion = subprocess.Popen(
-        [sys.executable, "-I", os.path.abspath(__file__), str(count), coordinator],
-        stdin=subprocess.PIPE, stdout=original, stderr=original)
+        [sys.executable, "-I", "-c", _COMPANION, os.path.abspath(__file__), str(count),
+         coordinator], stdin=subprocess.PIPE, stdout=original, stderr=original)
     sys.stderr.flush()
     os.dup2(companion.stdin.fileno(), 2)
     os.close(original)
@@ -115,7 +127,3 @@ def guard(fd: int, sink, count: int, coordinator: str) -> None:
         show([from_jax_fatal(text, count, coordinator).encode() + b"\n"])
     else:
         show(held + ([rest] if rest else []))
-
-
-if __name__ == "__main__":
-    guard(sys.stdin.fileno(), sys.stdout.buffer, int(sys.argv[1]), sys.argv[2])
