@@ -8,7 +8,7 @@ TFRecords are named.
 
 The loop tests run `loop.train` in-process on a one-matrix regression job (compiles in well
 under a second); the loop never looks inside a job, so pre-training and fine-tuning take the
-same paths. Only the SIGTERM test starts a subprocess.
+same paths. The SIGTERM and file-system-layer tests start a subprocess.
 """
 
 import errno
