@@ -17,6 +17,7 @@ import re
 import shlex
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Sequence
 
 # Before anything imports TensorFlow (data_pipeline does, lazily).
@@ -184,9 +185,10 @@ DEFAULT_DISTRIBUTED_TIMEOUT_S = 300  # experiments/common.py: distributed()
 def initialize_distributed(config=None) -> None:
     """jax.distributed.initialize() as the flags ask; call it before any other JAX call.
 
-    config.distributed.timeout_s (default DEFAULT_DISTRIBUTED_TIMEOUT_S): JAX's coordination
-    service ends every process once one has sent no heartbeat for that long (a dead or hung
-    host), and a finishing process waits that long for the others."""
+    config.distributed.timeout_s (default DEFAULT_DISTRIBUTED_TIMEOUT_S): once a process has
+    sent no heartbeat for that long (its host dead, its process killed), every other one ends
+    with one line naming it (multihost.Watchdog), and a finishing process waits that long for
+    the others."""
     import jax
 
     FLAGS = flags.FLAGS
@@ -196,7 +198,9 @@ def initialize_distributed(config=None) -> None:
                                                              DEFAULT_DISTRIBUTED_TIMEOUT_S))
     if timeout <= 0:
         raise ConfigError(f"config.distributed.timeout_s={timeout} must be positive")
-    bounds = dict(heartbeat_timeout_seconds=timeout, shutdown_timeout_seconds=timeout)
+    # JAX's own heartbeat timeout is the fallback: bertjax's watchdog (multihost.Watchdog)
+    # names a silent process after `timeout`, in one line on every process.
+    bounds = dict(heartbeat_timeout_seconds=2 * timeout, shutdown_timeout_seconds=timeout)
     if FLAGS.coordinator_address:
         # Cross-process collectives on CPU (tests, laptops) go through gloo; no effect elsewhere.
         jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -205,6 +209,9 @@ def initialize_distributed(config=None) -> None:
                                    process_id=FLAGS.process_id, **bounds)
     else:
         jax.distributed.initialize(**bounds)
+    from bertjax.train import multihost
+
+    multihost.start_watchdog(timeout, lambda line: exit_now(line, 1, lost=True))
 
 
 def require(value, flag: str, example: str):
@@ -277,10 +284,12 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
             if show_tracebacks():
                 raise
             # A process of the job gone surfaces as whatever step failed (a collective, a
-            # checkpoint save): it is named first. With two, nobody else is left to wait for.
+            # checkpoint save): it is named first.
             lost = _lost_process(e)
             if lost is not None:
-                exit_now(error_line(lost), 1, linger=sys.modules["jax"].process_count() > 2)
+                from bertjax.train import multihost
+
+                exit_now(multihost.exit_line(lost), 1, lost=True)
             if isinstance(e, KNOWN_ERRORS):
                 exit_now(error_line(e), 1)
             raise
@@ -288,17 +297,36 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
     app.run(quiet_main, flags_parser=parse_flags)
 
 
-def exit_now(line: str, status: int, linger: bool = True) -> None:
+_EXITING = threading.Lock()  # held by the thread that ends the process
+
+
+def exit_now(line: str, status: int, linger: bool = True, lost: bool = False) -> None:
     """Prints `line` to stderr and ends the process at once, skipping the interpreter's
     shutdown: threads still running there (an asynchronous checkpoint save, orbax's and
     asyncio's finalisers, an XLA compile cut short) would print tracebacks after the one line,
     and JAX's shutdown barrier would wait for processes that are gone. Nothing is lost: orbax
     renames a checkpoint into place only once it is complete, and every file the run writes
-    itself is closed or replaced whole before an error reaches here. linger: on a multi-process
-    run, first wait (boundedly) for the other processes to stop too."""
+    itself is closed or replaced whole before an error reaches here. Only the first thread to
+    call this prints; another one waits for the end.
+
+    On a multi-process run: linger: first wait (boundedly) for the other processes to stop too
+    (they share the error). lost: `line` names a lost process (multihost.exit_line); every
+    process prints the same one (the first recorded), and process 0, whose exit would end the
+    others at once, waits for the others to have printed it."""
+    if not _EXITING.acquire(blocking=False):
+        threading.Event().wait()
+    watchdog = None
+    if "jax" in sys.modules:
+        from bertjax.train import multihost
+
+        watchdog = multihost.watchdog()
+    if lost and watchdog is not None:
+        line = watchdog.agree(line)
     sys.stdout.flush()
     print(line, file=sys.stderr, flush=True)
-    if linger:
+    if watchdog is not None:
+        watchdog.leave(line, wait_for_others=lost)
+    if linger and not lost:
         _leave_other_processes()
     os._exit(status)
 
@@ -313,8 +341,6 @@ def _leave_other_processes() -> None:
     jax = sys.modules.get("jax")
     if jax is None or not jax.distributed.is_initialized():
         return
-    import threading
-
     leaving = threading.Thread(target=jax.distributed.shutdown, daemon=True)
     leaving.start()
     leaving.join(SHUTDOWN_GRACE_S)

@@ -51,7 +51,8 @@ def checkpoint(every_steps: int, max_to_keep: int = 3) -> ml_collections.ConfigD
 
 
 def distributed() -> ml_collections.ConfigDict:
-    """Multi-process runs (one process per host). timeout_s: how long JAX's coordination
-    service goes without a process's heartbeat before it ends every process of the job (a
-    host died or hangs), and how long a finishing process waits for the others."""
+    """Multi-process runs (one process per host). timeout_s: how long a process may send no
+    heartbeat (its host died, its process was killed) before every other one ends with one
+    line naming it (JAX's own heartbeat timeout, the fallback, is twice that), and how long a
+    finishing process waits for the others."""
     return ml_collections.ConfigDict(dict(timeout_s=300))

@@ -1,16 +1,20 @@
 """Faults during a run: a corrupt latest checkpoint falls back to the previous one (and the run
 ends as one resumed from there), a failed resume changes no file of the workdir, a stalled input
 stops on SIGTERM or after config.train.input_timeout_s, a failed save is one line with the last
-good checkpoint intact, and empty, truncated, corrupted or foreign TFRecords are named.
+good checkpoint intact, transient write errors are retried (also through a file system layer
+that fails write calls below Python and tensorstore, tests/fault_fs.c), a checkpoint from before
+config.rng_impl resumes exactly or is refused, and empty, truncated, corrupted or foreign
+TFRecords are named.
 
 The loop tests run `loop.train` in-process on a one-matrix regression job (compiles in well
 under a second); the loop never looks inside a job, so pre-training and fine-tuning take the
-same paths. Only the SIGTERM test starts a subprocess.
+same paths. The SIGTERM and file-system-layer tests start a subprocess.
 """
 
 import errno
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -31,6 +35,8 @@ from conftest import ROOT
 from bertjax.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bertjax.train import checkpoints, loop, multihost
 from bertjax.train import metrics as metrics_lib
+from bertjax.train import sharding as sharding_lib
+from bertjax.train import step as step_lib
 
 # ------------------------------------------------------------------------- a tiny job
 
@@ -248,6 +254,64 @@ def test_failed_resume_names_the_fields_and_leaves_every_file_byte_identical(fou
     summary, _ = run(workdir, 6, changed)
     assert summary["status"] == "done"
     assert json.loads((workdir / "config.json").read_text())["model"]["dtype"] == "bfloat16"
+
+
+# ------------------------------------------------------- a checkpoint from before rng_impl
+
+
+class DropoutRegressionJob(RegressionJob):
+    """RegressionJob with dropout on its inputs: the losses depend on the dropout key."""
+
+    def loss(self, params, batch, rng):
+        keep = jax.random.bernoulli(rng, 0.5, batch["x"].shape)
+        return super().loss(params, dict(batch, x=jnp.where(keep, batch["x"] * 2, 0.0)), rng)
+
+
+def raw_dropout_key(rng, rng_impl="threefry2x32"):
+    """The dropout key as the train state held it before config.rng_impl: raw uint32[2] data
+    of the threefry key split from the seed."""
+    return jax.random.key_data(jax.random.split(rng)[1])
+
+
+def test_a_checkpoint_with_a_raw_dropout_key_resumes_exactly_or_is_refused(tmp_path,
+                                                                           monkeypatch):
+    def train(workdir, steps, config=None):
+        lines = []
+        loop.train(DropoutRegressionJob(steps), config or make_config(), str(workdir),
+                   log=lines.append)
+        return lines
+
+    with monkeypatch.context() as old_code:
+        old_code.setattr(step_lib, "dropout_base_key", raw_dropout_key)
+        train(tmp_path / "straight", 4)  # the old code, never interrupted
+        train(tmp_path / "old", 2)
+    restored, _ = checkpoints.Checkpointer(str(tmp_path / "old")).restore(
+        2, *step_lib.state_shardings(DropoutRegressionJob(2).init_params, optax.adam(0.05),
+                                     sharding_lib.make_mesh(make_config().mesh),
+                                     make_config().logical_axis_rules))
+    assert restored.rng.dtype == jax.random.key(0).dtype  # typed once restored
+
+    for impl in ("rbg", "unsafe_rbg"):
+        before = snapshot(tmp_path / "old")
+        config = make_config()
+        config.rng_impl = impl
+        with pytest.raises(CheckpointError) as e:
+            train(tmp_path / "old", 4, config)
+        assert str(e.value) == (
+            f"{tmp_path / 'old' / 'checkpoints' / '2'} was saved before config.rng_impl "
+            f"existed: its dropout key is a raw threefry2x32 key, which config.rng_impl="
+            f"'{impl}' cannot continue; resume with config.rng_impl='threefry2x32' (its "
+            "default), or use a new --workdir")
+        assert snapshot(tmp_path / "old") == before
+
+    lines = train(tmp_path / "old", 4)
+    assert f"Resumed from {tmp_path / 'old' / 'checkpoints' / '2'} at step 2" in lines
+    assert losses(tmp_path / "old") == losses(tmp_path / "straight")
+    # The dropout key matters: other keys (same params) give other losses.
+    config = make_config()
+    config.rng_impl = "rbg"
+    train(tmp_path / "rbg", 4, config)
+    assert losses(tmp_path / "rbg")[1] != losses(tmp_path / "straight")[1]
 
 
 # ------------------------------------------------------------------------ disk full
@@ -516,3 +580,91 @@ def test_a_permanent_write_error_is_one_line_at_once_and_keeps_the_checkpoints(
     # The half-written line is cut off; the closing flush still writes step 3's record.
     assert [json.loads(line)["step"]
             for line in (workdir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+# ------------------------------------------- a flaky remote file system, below Python and C++
+
+# The regression job as a command whose writes go through tests/fault_fs.c (LD_PRELOAD): the
+# layer's rules (FAULT_FS) hold from the start, or from the save of step `arm_at` on (set once
+# the saves before it are complete).
+FAULT_FS_COMMAND = """
+import ctypes
+import sys
+
+sys.path.insert(0, "tests")
+import test_faults as t
+from bertjax import cli
+from bertjax.train import checkpoints, multihost
+
+workdir, steps, rules, arm_at = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+multihost.RETRY_DELAYS_S = (0.05, 0.1, 0.2)
+layer = ctypes.CDLL(None)
+save = checkpoints.Checkpointer.save
+
+
+def save_then_arm(self, step, *args, **kwargs):
+    if step == arm_at:
+        self.wait()
+        layer.fault_fs_arm(rules.encode())
+    return save(self, step, *args, **kwargs)
+
+
+checkpoints.Checkpointer.save = save_then_arm
+try:
+    cli.report_errors(lambda: t.run(workdir, steps))
+finally:
+    print(f"injected {layer.fault_fs_failed()} write errors", flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def fault_fs(tmp_path_factory):
+    """tests/fault_fs.c built as a shared library (skips without a C compiler)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler for the fault-injecting file system layer")
+    library = tmp_path_factory.mktemp("fault_fs") / "fault_fs.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library),
+                    os.path.join(ROOT, "tests", "fault_fs.c"), "-ldl", "-lpthread"], check=True)
+    return library
+
+
+def run_with_faults(fault_fs, workdir, steps, rules, arm_at=0):
+    env = dict(os.environ, LD_PRELOAD=str(fault_fs), FAULT_FS=rules if arm_at == 0 else "")
+    return subprocess.run([sys.executable, "-c", FAULT_FS_COMMAND, str(workdir), str(steps),
+                           rules, str(arm_at)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=600)
+
+
+def test_remote_write_errors_below_python_are_retried_or_one_line(fault_fs, four_steps,
+                                                                  tmp_path):
+    """Through a file system layer that fails writes with errno (not Python exceptions made up
+    by the test): transient errors of the metrics appends (EIO twice) and of an input position
+    written into a checkpoint (ETIMEDOUT) are retried, and the run ends as an undisturbed one.
+    The arrays of a checkpoint are written by tensorstore, whose own writes bertjax does not
+    retry (on GCS tensorstore retries its requests itself): from the save of step 4 on, every
+    array write fails: one line, step 2 stays the latest, and a rerun resumes from it."""
+    workdir = tmp_path / "transient"
+    proc = run_with_faults(fault_fs, workdir, 4, "metrics.jsonl:5:0:2;position.json:110:1:1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "injected 3 write errors" in proc.stdout
+    # Each failed attempt is one warning (closing a file may make two write calls).
+    for what in (f"writing {workdir}/metrics.jsonl failed (Input/output error)",
+                 "writing the input position to ", "failed (Connection timed out)"):
+        assert what in proc.stderr, proc.stderr[-3000:]
+    assert losses(workdir) == losses(four_steps)
+    assert steps_on_disk(workdir) == ["2", "4"]
+
+    workdir = tmp_path / "permanent"
+    proc = run_with_faults(fault_fs, workdir, 6, "ocdbt.process_0/d/:5:0:-1", arm_at=4)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert re.match(rf"error: saving checkpoint step 4 to {workdir / 'checkpoints' / '4'} failed "
+                    r"\(.*Input/output error.*\); step 2 is intact; ", errors[0]), errors[0]
+    assert [name for name in steps_on_disk(workdir) if name.isdigit()] == ["2"]
+    summary, lines = run(workdir, 4)
+    assert f"Resumed from {workdir / 'checkpoints' / '2'} at step 2" in lines
+    # (the failed run went on to step 6 before its asynchronous save reported the error)
+    assert {step: loss for step, loss in losses(workdir).items() if step <= 4} == losses(
+        four_steps)

@@ -16,7 +16,9 @@ Faults: a save that fails (a full disk, a write error; with async saves found at
 or `wait`) raises one CheckpointError naming the path, the earlier steps untouched. On resume,
 `restore_newest` skips a step that fails to restore (a truncated or missing file), says so and
 moves it to `workdir/unreadable_checkpoints/<step>` (kept for inspection, never deleted) so the
-run can save that step again.
+run can save that step again. A checkpoint from before config.rng_impl (a raw dropout key)
+resumes exactly with the default threefry keys, and is refused in one line with others
+(`typed_key`).
 
 Preemption: on a multi-process run the JAX distributed runtime turns SIGTERM (how TPU VMs
 announce preemption) into a sync point that every process reaches at the same step
@@ -26,6 +28,7 @@ announce preemption) into a sync point that every process reaches at the same st
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -42,6 +45,7 @@ from orbax.checkpoint import checkpoint_managers
 
 from bertjax.errors import CheckpointError
 from bertjax.train import multihost
+from bertjax.train import step as step_lib
 
 T = TypeVar("T")
 UNREADABLE_DIR = "unreadable_checkpoints"
@@ -132,6 +136,30 @@ def read_checkpoint(path: epath.Path, read: Callable[[], T], what: str = "",
         raise UnreadableCheckpoint(path, what + short_reason(e), hint) from None
 
 
+# The key data of a checkpoint saved before config.rng_impl existed: a raw threefry key.
+_RAW_KEY_IMPL = "threefry2x32"
+
+
+def typed_key(path: epath.Path, value: Any, target: jax.ShapeDtypeStruct) -> Any:
+    """`value` restored for `target`, with raw key data where a typed PRNG key is expected (the
+    dropout key of a checkpoint saved before config.rng_impl: a raw uint32[2] threefry key)
+    made the typed threefry key of the same bits, so the run goes on exactly as it would have.
+    Any other key type cannot continue that run: a CheckpointError in one line."""
+    wanted = jax.dtypes.issubdtype(target.dtype, jax.dtypes.prng_key)
+    if not wanted or jax.dtypes.issubdtype(value.dtype, jax.dtypes.prng_key):
+        return value
+    raw = jax.random.key(0, impl=_RAW_KEY_IMPL)
+    if target.dtype != raw.dtype or value.shape != jax.random.key_data(raw).shape:
+        impl = next((name for name in step_lib.RNG_IMPLS
+                     if jax.random.key(0, impl=name).dtype == target.dtype), str(target.dtype))
+        raise CheckpointError(
+            f"{path} was saved before config.rng_impl existed: its dropout key is a raw "
+            f"{_RAW_KEY_IMPL} key, which config.rng_impl={impl!r} cannot continue; resume with "
+            f"config.rng_impl={_RAW_KEY_IMPL!r} (its default), or use a new --workdir")
+    wrap = functools.partial(jax.random.wrap_key_data, impl=_RAW_KEY_IMPL)
+    return jax.jit(wrap, out_shardings=target.sharding)(value)
+
+
 POSITION_PREFIX = "position"
 
 
@@ -144,7 +172,7 @@ class DataIteratorHandler(ocp.CheckpointHandler):
             directory.mkdir(parents=True, exist_ok=True)
             args.iterator.save(str(directory / POSITION_PREFIX))
 
-        multihost.write_from_main(write)
+        multihost.write_from_main(write, f"writing the input position to {directory}")
 
     def restore(self, directory: epath.Path, args: DataIteratorRestore) -> Any:
         args.iterator.restore(str(directory / POSITION_PREFIX))
@@ -248,7 +276,9 @@ class Checkpointer:
         restored = read_checkpoint(self._path(step), lambda: self.manager.restore(
             step, args=ocp.args.Composite(state=ocp.args.StandardRestore(target),
                                           meta=ocp.args.JsonRestore())))
-        return restored["state"], dict(restored["meta"])
+        state = jax.tree.map(functools.partial(typed_key, self._path(step)), restored["state"],
+                             target)
+        return state, dict(restored["meta"])
 
     def restore_data(self, step: int, iterator: Any) -> None:
         """Moves `iterator` to where it was when `step` was saved."""

@@ -12,17 +12,23 @@
 
 On one process both are plain calls.
 
-A process that dies (a host lost, a process killed) makes the others' next collective fail:
-on CPU at once (gloo's connection closes), elsewhere once the coordination service misses its
-heartbeats for `config.distributed.timeout_s` (cli.initialize_distributed), when JAX ends every
-process. `lost_process` turns the first kind into one line naming the process.
+A process that dies (a host lost, a process killed) ends every other one with the same one
+`error:` line naming it (index and host): a collective with it fails (on CPU at once: gloo's
+connection closes; `lost_process`), or its heartbeat stops for `config.distributed.timeout_s`
+(`Watchdog`), whichever comes first. If process 0 dies, the coordination service goes with it;
+JAX then ends each process at once, and `bertjax.stderr_guard` replaces JAX's fatal log with
+that line.
 """
 
 from __future__ import annotations
 
+import atexit
 import errno
 import logging
+import os
 import re
+import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -30,6 +36,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
+from bertjax import stderr_guard
 from bertjax.errors import BertjaxError
 
 T = TypeVar("T")
@@ -47,31 +54,205 @@ class WriteError(BertjaxError, OSError):
 
 
 class LostProcess(BertjaxError, RuntimeError):
-    """Another process of the job is gone: a collective with it failed."""
+    """Another process of the job is gone: a collective or coordination call failed. `index`:
+    which one, where known."""
+
+    def __init__(self, index: int | None, cause: str):
+        super().__init__(stderr_guard.lost_line(index, jax.process_count(), "", cause)
+                         .removeprefix("error: "))
+        self.index, self.cause = index, cause
 
 
-# How XLA's runtime reports a collective whose peer has gone (gloo on CPU, the coordination
-# service elsewhere); messages, since every status comes as the same exception type.
+# How XLA's runtime reports a failure whose cause is another process gone: a collective whose
+# peer closed its connection (gloo on CPU), a coordination-service call that failed (its host,
+# process 0, gone; a task that missed its heartbeats). Messages, since every status comes as
+# the same exception type.
 _PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|Socket closed|"
-                        r"heartbeat timeout|stopped sending heartbeats|Broken pipe")
+                        r"heartbeat timeout|stopped sending heartbeats|Broken pipe|"
+                        r"Failed to send RPC to coordination service")
 
 
 def lost_process(error: BaseException) -> LostProcess | None:
-    """`error` as a LostProcess when it is a collective that failed because another process of
-    this multi-process run is gone (naming it where it can be told: the other one of two);
-    None otherwise."""
+    """`error` as a LostProcess when it failed because another process of this multi-process
+    run is gone, naming it where the error tells (of two, the other one; the coordinator, when
+    the coordination service is unreachable; a task the service found dead); None otherwise.
+    `exit_line` names it otherwise."""
     count = jax.process_count() if jax.distributed.is_initialized() else 1
     text = str(error)
     found = _PEER_GONE.search(text)
     if count == 1 or not found:
         return None
-    peer = re.search(r"peer (\[[^\]]+\]:\d+)", text)
-    who = (f"process {1 - jax.process_index()} of 2" if count == 2 else
-           f"a process of {count}" + (f" (collective peer {peer[1]})" if peer else ""))
-    return LostProcess(
-        f"lost {who}: a collective failed ({found[0]}); the host died, was preempted or its "
-        f"process was killed; start all {count} processes again (the same command) to resume "
-        "from the last checkpoint")
+    cause = f"a collective failed ({found[0]})"
+    if stderr_guard.coordinator_gone(text):
+        index, cause = 0, "the coordination service stopped answering"
+    else:
+        index = stderr_guard.unhealthy_task(text)
+        if index is None and count == 2:
+            index = 1 - jax.process_index()
+    return LostProcess(index, cause)
+
+
+def exit_line(lost: LostProcess) -> str:
+    """The one line naming the lost process. Where `lost` does not name it, the watchdog looks
+    for the process whose heartbeats stopped (at most `config.distributed.timeout_s`; usually
+    seconds, as a failed collective makes it look harder: `Watchdog.suspect`)."""
+    if lost.index is None and _watchdog is not None:
+        named = _watchdog.suspect()
+        if named is not None:
+            return named
+    return _watchdog.line(lost.index, lost.cause) if _watchdog else stderr_guard.lost_line(
+        lost.index, jax.process_count(), "", lost.cause)
+
+
+# ------------------------------------------------------------------------------ the watchdog
+
+_WATCH = "bertjax/watch/"  # coordination-service keys: host/i, beat/i, left/i, lost
+
+
+class Watchdog:
+    """Each process's heartbeat, and its watch over the others', through the coordination
+    service: a process whose heartbeat stops for `timeout_s` (killed, its host dead) is named
+    by every other process in the same one line (the first process to notice records it under
+    `lost`; the others print that), which then end (`on_lost`). JAX's own heartbeat timeout is
+    set longer (cli.initialize_distributed), so this comes first: JAX's ends each process with
+    a fatal log, which stderr_guard turns into a line, but not always the same line everywhere.
+    The heartbeat thread runs while the main thread waits or compiles (XLA releases the GIL).
+
+    A process that ends (done, or with its own error) marks itself `left`, and is no longer
+    watched."""
+
+    def __init__(self, client, timeout_s: float, coordinator: str, on_lost: Callable[[str], Any]):
+        self.client, self.timeout_s, self.coordinator = client, timeout_s, coordinator
+        self.on_lost = on_lost
+        self.index, self.count = jax.process_index(), jax.process_count()
+        self.interval_s = min(5.0, max(0.5, timeout_s / 30))
+        # After a failed collective, a process silent this long is the lost one.
+        self.suspect_s = max(3 * self.interval_s, 5.0)
+        self._threshold_s = timeout_s
+        self._changed: dict[int, tuple[str | None, float]] = {}  # peer: (beat, when it changed)
+        self._entries: dict[str, str] = {}
+        self._stopped = threading.Event()
+        client.key_value_set(f"{_WATCH}host/{self.index}",
+                             f"{socket.gethostname()}, pid {os.getpid()}", allow_overwrite=True)
+        self._thread = threading.Thread(target=self._run, name="watchdog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        beat = 0
+        while not self._stopped.is_set():
+            beat += 1
+            try:
+                self.client.key_value_set(f"{_WATCH}beat/{self.index}", str(beat),
+                                          allow_overwrite=True)
+                self._entries = dict(self.client.key_value_dir_get(_WATCH))
+            except Exception as e:  # noqa: BLE001 - the service's errors are all one type
+                if self._stopped.is_set():
+                    return
+                if stderr_guard.coordinator_gone(str(e)):
+                    self.on_lost(self.line(0, "the coordination service stopped answering"))
+                    return
+            else:
+                line = self._verdict()
+                if line is not None:
+                    self.on_lost(line)
+                    return
+            self._stopped.wait(self.interval_s)
+
+    def _verdict(self) -> str | None:
+        """The recorded `lost` line, or a line naming a peer silent for the threshold."""
+        entries, now = self._entries, time.monotonic()
+        if f"{_WATCH}lost" in entries:
+            return entries[f"{_WATCH}lost"]
+        for peer in range(self.count):
+            if peer == self.index or f"{_WATCH}left/{peer}" in entries:
+                continue
+            beat = entries.get(f"{_WATCH}beat/{peer}")
+            last, since = self._changed.get(peer, (None, now))
+            if beat != last or peer not in self._changed:
+                self._changed[peer] = (beat, now)
+            elif now - since > self._threshold_s:
+                return self.line(peer, f"it sent no heartbeat for {now - since:.0f} s")
+        return None
+
+    def suspect(self) -> str | None:
+        """After a failed collective: watches with the short threshold (`suspect_s`) for up to
+        `timeout_s`; the line naming the silent process, else None."""
+        self._threshold_s = self.suspect_s
+        deadline = time.monotonic() + self.timeout_s
+        while time.monotonic() < deadline:
+            time.sleep(self.interval_s)  # the watchdog thread may end the process meanwhile
+            entries = self._entries
+            line = entries.get(f"{_WATCH}lost")
+            if line is not None:
+                return line
+            for peer in range(self.count):  # a peer that ended with its own error
+                left = entries.get(f"{_WATCH}left/{peer}", "")
+                if peer != self.index and left.startswith("error: "):
+                    return self.line(peer, "it ended with its own error (see its log)")
+        return None
+
+    def line(self, index: int | None, cause: str) -> str:
+        where = ""
+        if index == 0:
+            where = f"the coordinator, {self.coordinator}"
+        elif index is not None:
+            where = self._entries.get(f"{_WATCH}host/{index}", "")
+        return stderr_guard.lost_line(index, self.count, where, cause)
+
+    def agree(self, line: str) -> str:
+        """Records `line` as the job's `lost` line, or returns the one another process
+        recorded first."""
+        try:
+            self.client.key_value_set(f"{_WATCH}lost", line)
+        except Exception:  # noqa: BLE001 - already recorded, or the service is gone
+            try:
+                return self.client.key_value_try_get(f"{_WATCH}lost")
+            except Exception:  # noqa: BLE001
+                pass
+        return line
+
+    def leave(self, line: str, wait_for_others: bool) -> None:
+        """Marks this process as ended (with `line`), and stops watching. wait_for_others: on
+        process 0, which hosts the coordination service, first waits (boundedly) for the other
+        processes, but the one `line` names as lost, to have ended too: its exit would end
+        them at once, before they print their line."""
+        self._stopped.set()
+        lost = re.match(r"error: lost process (\d+) of", line)
+        try:
+            self.client.key_value_set(f"{_WATCH}left/{self.index}", line, allow_overwrite=True)
+            if not (wait_for_others and self.index == 0):
+                return
+            deadline = time.monotonic() + 3 * self.interval_s + 5
+            others = {f"{_WATCH}left/{p}" for p in range(1, self.count)
+                      if not (lost and p == int(lost[1]))}
+            while time.monotonic() < deadline:
+                if others <= dict(self.client.key_value_dir_get(_WATCH)).keys():
+                    return
+                time.sleep(0.2)
+        except Exception:  # noqa: BLE001 - the service is gone: nothing to wait for
+            return
+
+
+_watchdog: Watchdog | None = None
+
+
+def start_watchdog(timeout_s: float, on_lost: Callable[[str], Any]) -> None:
+    """On a multi-process run (after jax.distributed.initialize): the Watchdog, and stderr
+    through the stderr_guard companion. At a normal exit the process marks itself ended before
+    JAX's own shutdown."""
+    global _watchdog
+    if jax.process_count() == 1 or _watchdog is not None:
+        return
+    from jax._src import distributed
+
+    coordinator = distributed.global_state.coordinator_address or "?"
+    stderr_guard.start(jax.process_count(), coordinator)
+    _watchdog = Watchdog(distributed.global_state.client, timeout_s, coordinator, on_lost)
+    atexit.register(_watchdog.leave, "done", False)  # runs before JAX's (registered earlier)
+
+
+def watchdog() -> Watchdog | None:
+    return _watchdog
 
 
 def statuses(tag: str, status: str, timeout_s: float) -> list[str]:
@@ -146,16 +327,17 @@ def _share(message: str) -> str:
     return shared.tobytes().rstrip(b"\0").decode(errors="replace")
 
 
-def write_from_main(write: Callable[[], T]) -> T | None:
+def write_from_main(write: Callable[[], T], what: str = "write") -> T | None:
     """Runs `write()` on process 0 only and returns its result there (None elsewhere). Every
     process must call this: it returns once process 0's write is done, and if the write failed
     every process raises (process 0 its own error, the others a WriteError with its text).
-    Transient errors are retried first (`with_retries`)."""
+    Transient errors are retried first (`with_retries`; `what` names the write in its
+    warnings)."""
     error: BaseException | None = None
     result = None
     if is_main():
         try:
-            result = with_retries(write)
+            result = with_retries(write, what)
         except Exception as e:  # shared below, then raised
             error = e
     if jax.process_count() > 1:
