@@ -126,7 +126,8 @@ def make_step(config, mesh=None, grad_accum_steps=1):
     state = step_lib.create_train_state(init, tx, jax.random.key(0), state_sharding)
     step = step_lib.jit_train_step(loss, tx, schedule, state_sharding,
                                    sharding_lib.batch_sharding(mesh, config.logical_axis_rules),
-                                   grad_accum_steps=grad_accum_steps)
+                                   grad_accum_steps=grad_accum_steps,
+                                   rules=config.logical_axis_rules)
     return state, step
 
 
@@ -224,6 +225,47 @@ def test_sharded_training_over_a_4_device_mesh_matches_one_device():
                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
                            "PYTHONPATH": "tests"})
     assert "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+FSDP_SCRIPT = r"""
+import re
+import jax, numpy as np
+from bertjax.tasks.pretraining import PretrainingJob
+from bertjax.train import dry_run
+from experiments import pretrain
+
+PER_DEVICE, SEQ = 8, 128
+results = {}
+for mesh in ((4, 1, 1), (1, 4, 1)):  # data parallel, FSDP: the same batch per device
+    config = pretrain.get_config("tiny")
+    config.model.update(dtype="bfloat16", hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
+                        vocab_size=512)
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
+    config.train.batch_size = PER_DEVICE * 4
+    job = PretrainingJob(config, make_input=None)
+    step = dry_run._Step.build(job, config, jax.devices())
+    stage = job.stages[0]
+    compiled = step.train_steps[stage.name].lower(step.abstract_state, stage.batch_spec).compile()
+    # Collectives whose result is a [global batch, seq, ...] activation.
+    whole = re.findall(rf"= \w+\[{config.train.batch_size},{SEQ},[^\]]*\]\S* "
+                       r"(all-gather|all-reduce)(?:-start)?\(", compiled.as_text())
+    results[mesh] = (compiled.memory_analysis().temp_size_in_bytes, step.state_bytes, whole)
+print(results)
+(dp_temp, dp_state, dp_whole), (fsdp_temp, fsdp_state, fsdp_whole) = results.values()
+assert fsdp_temp <= dp_temp, results  # activations no larger than data parallelism's
+assert fsdp_state <= dp_state / 3, results  # params and moments split over the 4 devices
+assert not fsdp_whole and not dp_whole, results
+print("FSDP_OK")
+"""
+
+
+def test_fsdp_shards_the_activations_like_data_parallelism():
+    """At the same batch per device, FSDP's train step needs no more temporaries than data
+    parallelism's and gathers no [batch, seq, ...] activation over the global batch, while its
+    parameters and moments are split over the fsdp axis (4 CPU devices)."""
+    proc = run_python(["-c", FSDP_SCRIPT],
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert "FSDP_OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_phase_remat_policy_applies_to_that_phase_alone():

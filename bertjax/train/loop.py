@@ -343,7 +343,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                                                         configs.rng_impl(config))
     runner = Runner(sharding_lib.batch_sharding(mesh, rules))
     train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
-                                             runner.batch_sharding)
+                                             runner.batch_sharding, rules)
     ckpt = config.checkpoint
     run = _Run(job, config, workdir_path, log, runner, train_steps, abstract, state_sharding,
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),

@@ -179,25 +179,34 @@ def train_step(
     return new_state, metrics
 
 
-def stage_train_steps(job, tx, schedule, state_sharding, batch_sharding) -> dict[str, Any]:
+def stage_train_steps(job, tx, schedule, state_sharding, batch_sharding,
+                      rules: sharding_lib.Rules | None = None) -> dict[str, Any]:
     """{stage name: its jitted train step}: one per distinct loss, the job's `loss` unless a
-    stage brings its own (`stage.loss`, e.g. a phase with another remat policy)."""
+    stage brings its own (`stage.loss`, e.g. a phase with another remat policy). rules: see
+    `jit_train_step`."""
     by_loss, steps = {}, {}
     for stage in job.stages:
         loss = stage.loss or job.loss
         if loss not in by_loss:
             by_loss[loss] = jit_train_step(loss, tx, schedule, state_sharding, batch_sharding,
                                            job.grad_accum_steps,
-                                           getattr(job, "denominators", None))
+                                           getattr(job, "denominators", None), rules)
         steps[stage.name] = by_loss[loss]
     return steps
 
 
 def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding,
-                   grad_accum_steps: int = 1, denominators: DenominatorsFn | None = None):
-    """`train_step` jitted with explicit in/out shardings and the state donated."""
+                   grad_accum_steps: int = 1, denominators: DenominatorsFn | None = None,
+                   rules: sharding_lib.Rules | None = None):
+    """`train_step` jitted with explicit in/out shardings and the state donated.
+
+    rules: the logical-axis rules; with them (and a NamedSharding `batch_sharding`, whose mesh
+    is used) the model's activation constraints take effect (`sharding.with_rules`).
+    """
     step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
                              grad_accum_steps=grad_accum_steps, denominators=denominators)
+    if rules is not None and batch_sharding is not None:
+        step = sharding_lib.with_rules(step, batch_sharding.mesh, rules)
     return jax.jit(
         step,
         in_shardings=(state_sharding, batch_sharding),
