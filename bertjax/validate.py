@@ -86,6 +86,9 @@ def check_common(config) -> None:
         value = _number(config, path)
         if value is not None and not (isinstance(value, (int, float)) and 0 <= value < 1):
             raise ConfigError(f"config.{path}={value!r} must be in [0, 1)")
+    from bertjax.train import profiling
+
+    profiling.steps_of(config)
     name = _number(config, "optimizer.name")
     if name is not None and name not in ("bert_adamw", "adamw", "lamb"):
         raise ConfigError(f"config.optimizer.name={name!r} is not one of "

@@ -55,3 +55,9 @@ def distributed() -> ml_collections.ConfigDict:
     service goes without a process's heartbeat before it ends every process of the job (a
     host died or hangs), and how long a finishing process waits for the others."""
     return ml_collections.ConfigDict(dict(timeout_s=300))
+
+
+def profile() -> ml_collections.ConfigDict:
+    """steps: "START,END" traces steps START..END (as the logs number them) with the JAX
+    profiler into workdir/profile, for TensorBoard's profile plugin; "" (default): no trace."""
+    return ml_collections.ConfigDict(dict(steps=""))

@@ -49,6 +49,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     config.mesh = common.mesh()
     config.distributed = common.distributed()
+    config.profile = common.profile()
     config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config
 

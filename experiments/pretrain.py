@@ -88,5 +88,6 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
 
     config.mesh = common.mesh()
     config.distributed = common.distributed()
+    config.profile = common.profile()
     config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -85,4 +86,7 @@ def with_rules(fn: Callable, mesh: Mesh, rules: Rules) -> Callable:
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
             return fn(*args, **kwargs)
 
+    # Keep the function's name: profiles and HLO dumps name the jitted program by it.
+    base = fn.func if isinstance(fn, functools.partial) else fn
+    constrained.__name__ = constrained.__qualname__ = base.__name__
     return constrained
