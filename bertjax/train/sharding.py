@@ -69,7 +69,6 @@ def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*spec))
 
 
-
 def with_rules(fn: Callable, mesh: Mesh, rules: Rules) -> Callable:
     """`fn` traced with the logical-axis `rules` and `mesh` in force (for `jax.jit`), so the
     model's `nn.with_logical_constraint` calls constrain its activations.
