@@ -236,6 +236,7 @@ def _one_line_error(proc):
     (["--config.trian.batch_size=8"], "trian", 1),
     (["--config.profile.steps=5,2"], "config.profile.steps='5,2'", 1),
     (["--config.profile.steps=3"], "config.profile.steps='3'", 1),
+    (["--config.train.grad_reduce_dtype=fp8"], "config.train.grad_reduce_dtype='fp8'", 1),
 ])
 def test_bad_input_fails_with_one_line(tmp_path, extra, needle, devices):
     proc = run_python(pretrain_args(str(tmp_path / "run"), 4, extra=extra),
