@@ -312,7 +312,8 @@ for e, r, *ps in zip(*(jax.tree.leaves(t) for t in (exact, reduced, *parts))):
     scale = sum(np.abs(np.asarray(p)) for p in ps)
     np.testing.assert_allclose(sum(np.asarray(p) for p in ps), e, rtol=1e-5, atol=1e-6)
     assert np.all(np.abs(r - e) <= 8 * eps * scale + 1e-9), float(np.max(np.abs(r - e)))
-assert any(not np.array_equal(e, r) for e, r in zip(jax.tree.leaves(exact), jax.tree.leaves(reduced)))
+assert any(not np.array_equal(e, r)
+           for e, r in zip(jax.tree.leaves(exact), jax.tree.leaves(reduced)))
 
 def all_reduce_types(compiled):
     heads = re.findall(r"= (\(?[^=]*?) all-reduce(?:-start)?\(", compiled.as_text())
