@@ -86,6 +86,14 @@ def check_common(config) -> None:
         value = _number(config, path)
         if value is not None and not (isinstance(value, (int, float)) and 0 <= value < 1):
             raise ConfigError(f"config.{path}={value!r} must be in [0, 1)")
+    from bertjax.train import profiling
+    from bertjax.train import step as step_lib
+
+    profiling.steps_of(config)
+    reduce_dtype = _number(config, "train.grad_reduce_dtype")
+    if reduce_dtype is not None and reduce_dtype not in step_lib.GRAD_REDUCE_DTYPES:
+        raise ConfigError(f"config.train.grad_reduce_dtype={reduce_dtype!r} is not one of "
+                          f"{step_lib.GRAD_REDUCE_DTYPES}")
     name = _number(config, "optimizer.name")
     if name is not None and name not in ("bert_adamw", "adamw", "lamb"):
         raise ConfigError(f"config.optimizer.name={name!r} is not one of "

@@ -56,3 +56,9 @@ def distributed() -> ml_collections.ConfigDict:
     line naming it (JAX's own heartbeat timeout, the fallback, is twice that), and how long a
     finishing process waits for the others."""
     return ml_collections.ConfigDict(dict(timeout_s=300))
+
+
+def profile() -> ml_collections.ConfigDict:
+    """steps: "START,END" traces steps START..END (as the logs number them) with the JAX
+    profiler into workdir/profile, for TensorBoard's profile plugin; "" (default): no trace."""
+    return ml_collections.ConfigDict(dict(steps=""))

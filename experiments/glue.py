@@ -36,8 +36,9 @@ def base_config() -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict(dict(
         dtype="auto", hidden_dropout_prob=0.1, attention_dropout_prob=0.1))
 
+    # grad_reduce_dtype: see experiments/pretrain.py.
     config.train = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=3.0,
-                                                  grad_accum_steps=1))
+                                                  grad_accum_steps=1, grad_reduce_dtype="float32"))
     config.optimizer = common.optimizer(learning_rate=2e-5, name="adamw", schedule="from_peak")
     config.optimizer.warmup_proportion = 0.1
     # Evaluation on the dev set(s) every `every_steps` steps (0 = at the end of every epoch);
@@ -49,6 +50,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     config.mesh = common.mesh()
     config.distributed = common.distributed()
+    config.profile = common.profile()
     config.logical_axis_rules = common.LOGICAL_AXIS_RULES
     return config
 

@@ -126,3 +126,27 @@ def test_dry_run_prints_the_paper_totals_and_compiled_memory(preset):
     arg_gib = float(rows[0][4])
     assert arg_gib * 1024**3 >= 3 * 4 * EXPECTED_TOTALS[preset]
     assert all(float(r[6]) >= float(r[4]) for r in rows)
+
+
+def test_large_lamb_is_bert_large_with_the_lamb_recipe():
+    """You et al. (2019): 8,599 steps, 7,038 at length 128 then 1,561 at 512, batch 65536,
+    LAMB peaking at 6e-3 after 2,000 steps, warmed up again over phase 2's first 200 steps."""
+    from bertjax import validate
+    from bertjax.tasks.pretraining import PretrainingJob
+
+    config = pretrain_experiment.get_config("large_lamb")
+    validate.pretraining(config, workdir=None)
+    job = PretrainingJob(config, make_input=None)
+    assert [(p.seq_len, p.start, p.end) for p in job.phases] == [(128, 0, 7038),
+                                                                 (512, 7038, 8599)]
+    assert job.batch_size == 65536 and config.optimizer.name == "lamb"
+    shapes = jax.eval_shape(job.init_params, jax.random.key(0))
+    assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)) == EXPECTED_TOTALS["large"]
+    _, schedule = job.optimizer()
+
+    def decayed(step):  # linear from 6e-3 at the end of warm-up to 0 at the last step
+        return 6e-3 * (1 - (step - 2000) / (8599 - 2000))
+
+    for step, expected in [(1000, 3e-3), (2000, 6e-3), (5000, decayed(5000)), (7038, 0.0),
+                           (7138, decayed(7138) / 2), (7238, decayed(7238)), (8599, 0.0)]:
+        assert float(schedule(step)) == pytest.approx(expected, rel=1e-5, abs=1e-9), step

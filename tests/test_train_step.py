@@ -126,7 +126,8 @@ def make_step(config, mesh=None, grad_accum_steps=1):
     state = step_lib.create_train_state(init, tx, jax.random.key(0), state_sharding)
     step = step_lib.jit_train_step(loss, tx, schedule, state_sharding,
                                    sharding_lib.batch_sharding(mesh, config.logical_axis_rules),
-                                   grad_accum_steps=grad_accum_steps)
+                                   grad_accum_steps=grad_accum_steps,
+                                   rules=config.logical_axis_rules)
     return state, step
 
 
@@ -224,6 +225,128 @@ def test_sharded_training_over_a_4_device_mesh_matches_one_device():
                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
                            "PYTHONPATH": "tests"})
     assert "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+FSDP_SCRIPT = r"""
+import re
+import jax, numpy as np
+from bertjax.tasks.pretraining import PretrainingJob
+from bertjax.train import dry_run
+from experiments import pretrain
+
+PER_DEVICE, SEQ = 8, 128
+results = {}
+for mesh in ((4, 1, 1), (1, 4, 1)):  # data parallel, FSDP: the same batch per device
+    config = pretrain.get_config("tiny")
+    config.model.update(dtype="bfloat16", hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
+                        vocab_size=512)
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
+    config.train.batch_size = PER_DEVICE * 4
+    job = PretrainingJob(config, make_input=None)
+    step = dry_run._Step.build(job, config, jax.devices())
+    stage = job.stages[0]
+    compiled = step.train_steps[stage.name].lower(step.abstract_state, stage.batch_spec).compile()
+    # Collectives whose result is a [global batch, seq, ...] activation.
+    whole = re.findall(rf"= \w+\[{config.train.batch_size},{SEQ},[^\]]*\]\S* "
+                       r"(all-gather|all-reduce)(?:-start)?\(", compiled.as_text())
+    results[mesh] = (compiled.memory_analysis().temp_size_in_bytes, step.state_bytes, whole)
+print(results)
+(dp_temp, dp_state, dp_whole), (fsdp_temp, fsdp_state, fsdp_whole) = results.values()
+assert fsdp_temp <= dp_temp, results  # activations no larger than data parallelism's
+assert fsdp_state <= dp_state / 3, results  # params and moments split over the 4 devices
+assert not fsdp_whole and not dp_whole, results
+print("FSDP_OK")
+"""
+
+
+def test_fsdp_shards_the_activations_like_data_parallelism():
+    """At the same batch per device, FSDP's train step needs no more temporaries than data
+    parallelism's and gathers no [batch, seq, ...] activation over the global batch, while its
+    parameters and moments are split over the fsdp axis (4 CPU devices)."""
+    proc = run_python(["-c", FSDP_SCRIPT],
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert "FSDP_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+BF16_REDUCE_SCRIPT = r"""
+import functools, re
+import jax, jax.numpy as jnp, numpy as np
+from test_train_step import tiny_config, synthetic_batch
+from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.tasks import pretraining
+from bertjax.train import sharding as sharding_lib, step as step_lib
+from bertjax.train.optimizer import make_optimizer
+
+config = tiny_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+config.mesh.data = 4
+cfg = BertConfig.from_dict(config.model)
+init, loss = pretraining.step_fns(BertForPreTraining(cfg))
+denominators = functools.partial(pretraining.loss_denominators, packed=False)
+mesh = sharding_lib.make_mesh(config.mesh)
+rules = config.logical_axis_rules
+tx, schedule = make_optimizer(config.optimizer, 10)
+_, shardings = step_lib.state_shardings(init, tx, mesh, rules)
+state = step_lib.create_train_state(init, tx, jax.random.key(0), shardings)
+batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+batch = jax.device_put(synthetic_batch(cfg, 16, 16, 4), batch_sharding)
+rng = jax.random.key(1)
+
+def grads_with(fn):
+    f = functools.partial(fn, loss_fn=loss, denominators=denominators)
+    jitted = jax.jit(sharding_lib.with_rules(f, mesh, rules))
+    return jitted(state.params, batch, rng)[0], jitted.lower(state.params, batch, rng).compile()
+
+exact, exact_compiled = grads_with(step_lib.gradients)
+reduced, reduced_compiled = grads_with(step_lib.bf16_reduced_gradients)
+
+# Independent reference: each replica's share of the batch's gradient on one device, then the
+# bound of rounding 4 addends to bfloat16 and summing them in bfloat16.
+totals = denominators(batch)
+share = jax.jit(jax.grad(lambda p, b: loss(p, b, rng, denominators=totals)[0]))
+host = jax.device_get(batch)
+parts = [share(jax.device_get(state.params), {k: v[4 * i:4 * i + 4] for k, v in host.items()})
+         for i in range(4)]
+eps = 2.0 ** -8  # bfloat16's relative rounding error bound (8 significand bits)
+for e, r, *ps in zip(*(jax.tree.leaves(t) for t in (exact, reduced, *parts))):
+    e, r = np.asarray(e), np.asarray(r)
+    scale = sum(np.abs(np.asarray(p)) for p in ps)
+    np.testing.assert_allclose(sum(np.asarray(p) for p in ps), e, rtol=1e-5, atol=1e-6)
+    assert np.all(np.abs(r - e) <= 8 * eps * scale + 1e-9), float(np.max(np.abs(r - e)))
+assert any(not np.array_equal(e, r)
+           for e, r in zip(jax.tree.leaves(exact), jax.tree.leaves(reduced)))
+
+def all_reduce_types(compiled):
+    heads = re.findall(r"= (\(?[^=]*?) all-reduce(?:-start)?\(", compiled.as_text())
+    return set(re.findall(r"\b(bf16|f32)\[", " ".join(heads)))
+assert all_reduce_types(exact_compiled) == {"f32"}, all_reduce_types(exact_compiled)
+# Every parameter's [data, ...] replica gradients are summed in bfloat16 (XLA:CPU then widens
+# that all-reduce to float32; the TPU compiler keeps it: tests/test_aot_tpu.py).
+lowered = jax.jit(sharding_lib.with_rules(functools.partial(
+    step_lib.bf16_reduced_gradients, loss_fn=loss, denominators=denominators), mesh, rules)
+    ).lower(state.params, batch, rng).as_text()
+bf16_sums = re.findall(r"stablehlo.reduce\(.*across dimensions = \[0\] : "
+                       r"\(tensor<4x[0-9x]*bf16>", lowered)
+assert len(bf16_sums) == len(jax.tree.leaves(state.params)), len(bf16_sums)
+
+# The default train step is the float32 one, program for program.
+def step_text(**kw):
+    step = step_lib.jit_train_step(loss, tx, schedule, shardings, batch_sharding,
+                                   denominators=denominators, rules=rules, **kw)
+    return step.lower(state, batch).as_text()
+assert step_text() == step_text(grad_reduce_dtype="float32")
+assert step_text() != step_text(grad_reduce_dtype="bfloat16")
+print("BF16_REDUCE_OK")
+"""
+
+
+def test_bf16_gradient_reduction_rounds_only_the_replica_sum():
+    """grad_reduce_dtype: float32 (default) is the unchanged step; bfloat16 all-reduces the
+    data-parallel replicas' gradients in bfloat16, within bfloat16 rounding of the float32
+    gradient (4 CPU devices, data=4)."""
+    proc = run_python(["-c", BF16_REDUCE_SCRIPT],
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+                           "PYTHONPATH": "tests"})
+    assert "BF16_REDUCE_OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_a_phase_remat_policy_applies_to_that_phase_alone():

@@ -234,11 +234,38 @@ def _one_line_error(proc):
     (["--config.mesh.data=16"], "config.mesh", 8),
     (["--config.phases.phase1.data=/nonexistent/train-*.tfrecord"], "/nonexistent/train-", 1),
     (["--config.trian.batch_size=8"], "trian", 1),
+    (["--config.profile.steps=5,2"], "config.profile.steps='5,2'", 1),
+    (["--config.profile.steps=3"], "config.profile.steps='3'", 1),
+    (["--config.train.grad_reduce_dtype=fp8"], "config.train.grad_reduce_dtype='fp8'", 1),
 ])
 def test_bad_input_fails_with_one_line(tmp_path, extra, needle, devices):
     proc = run_python(pretrain_args(str(tmp_path / "run"), 4, extra=extra),
                       env=devices_env(devices))
     assert needle in _one_line_error(proc)
+
+
+PROFILE_SCRIPT = r"""
+import sys
+from tensorflow.tsl.profiler.protobuf import xplane_pb2
+space = xplane_pb2.XSpace()
+space.ParseFromString(open(sys.argv[1], "rb").read())
+names = {m.name for plane in space.planes for m in plane.event_metadata.values()}
+print(sorted(n for n in names if "train_step" in n))
+"""
+
+
+def test_profile_steps_write_a_readable_trace(tmp_path):
+    """profile.steps=2,3: one XSpace (.xplane.pb) under workdir/profile in the profile
+    plugin's layout, which parses and holds the train step's program."""
+    workdir = tmp_path / "run"
+    proc = run_python(pretrain_args(str(workdir), 4, extra=["--config.profile.steps=2,3"]))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Profile of steps 2..3 written to" in proc.stdout, proc.stdout[-2000:]
+    traces = list((workdir / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0, traces
+    parsed = run_python(["-c", PROFILE_SCRIPT, str(traces[0])])
+    assert parsed.returncode == 0, parsed.stderr[-3000:]
+    assert "jit_train_step" in parsed.stdout, parsed.stdout
 
 
 @pytest.mark.slow

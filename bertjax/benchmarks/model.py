@@ -159,7 +159,8 @@ def bertjax_train_step(cfg, batch_size, seq_len, max_predictions):
     _, state_sharding = step_lib.state_shardings(init, tx, mesh, config.logical_axis_rules)
     state = step_lib.create_train_state(init, tx, jax.random.PRNGKey(0), state_sharding)
     step = step_lib.jit_train_step(loss, tx, schedule, state_sharding,
-                                   sharding_lib.batch_sharding(mesh, config.logical_axis_rules))
+                                   sharding_lib.batch_sharding(mesh, config.logical_axis_rules),
+                                   rules=config.logical_axis_rules)
     batch = _synthetic_batch(cfg, batch_size, seq_len, max_predictions)
     holder = [state]
 

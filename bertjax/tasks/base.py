@@ -243,6 +243,7 @@ class FineTuningJob:
         self.batch_size = config.train.batch_size
         self.eval_batch_size = config.eval.batch_size
         self.grad_accum_steps = config.train.get("grad_accum_steps", 1)
+        self.grad_reduce_dtype = config.train.get("grad_reduce_dtype", "float32")
         self.best_metric = task.primary_metric
         self.steps_per_epoch = task.num_batches(self.train_features, self.batch_size)
         self.total_steps = max(1, int(round(self.steps_per_epoch * config.train.num_epochs)))

@@ -76,7 +76,8 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
         f"global batch {batch_size}; compute dtype {job.model_config.dtype}"
     )
     batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
-    train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding, batch_sharding)
+    train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding, batch_sharding,
+                                             config.logical_axis_rules)
     stages = {}
     header = (
         f"  {'stage':<8} {'seq':>5} {'preds':>5} {'GFLOP/seq':>10} {'XLA GFLOP/seq':>14} "
@@ -357,7 +358,7 @@ class _Step:
             job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config))
         batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
         train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
-                                                 batch_sharding)
+                                                 batch_sharding, config.logical_axis_rules)
         return cls(job, train_steps, abstract_state,
                    _shard_bytes(abstract_state, state_sharding), batch_sharding)
 

@@ -50,7 +50,7 @@ import numpy as np
 from etils import epath
 
 from bertjax.errors import TrainingError
-from bertjax.train import configs, multihost
+from bertjax.train import configs, multihost, profiling
 from bertjax.train import flops as flops_lib
 from bertjax.train import metrics as metrics_lib
 from bertjax.train import sharding as sharding_lib
@@ -177,6 +177,7 @@ class _Run:
     state_sharding: Any
     checkpointer: Checkpointer
     writer: metrics_lib.MetricsWriter
+    profiler: profiling.StepProfiler
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
     last_saved: int | None = None
     start_time: float = 0.0  # time.time() when the first stage starts
@@ -239,9 +240,11 @@ class _Run:
                     self.log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
                              f"without saving (last checkpoint: {_kept(self.last_saved)})")
                     return state, "preempted"
+                self.profiler.before(step + 1)
                 state, metrics = self.train_steps[stage.name](state,
                                                               self.runner.to_global(batch))
                 step += 1
+                self.profiler.after(step, metrics)
                 if self.after_step(stage, step, state, metrics, inputs, throughput):
                     return state, "preempted"
             return state, "done"
@@ -343,12 +346,13 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                                                         configs.rng_impl(config))
     runner = Runner(sharding_lib.batch_sharding(mesh, rules))
     train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
-                                             runner.batch_sharding)
+                                             runner.batch_sharding, rules)
     ckpt = config.checkpoint
     run = _Run(job, config, workdir_path, log, runner, train_steps, abstract, state_sharding,
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
                             job.best_metric),
-               metrics_lib.MetricsWriter(workdir))
+               metrics_lib.MetricsWriter(workdir),
+               profiling.StepProfiler(profiling.steps_of(config), workdir, log))
     try:
         # Nothing in the workdir changes until the resume is known to work.
         if run.checkpointer.all_steps():
@@ -375,5 +379,6 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
             run.checkpointer.abandon()  # its pending save waits for the lost process
         raise
     finally:
+        run.profiler.stop()
         run.checkpointer.close()
         run.writer.close()

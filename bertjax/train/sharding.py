@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -67,3 +68,24 @@ def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
     spec = nn.logical_to_mesh_axes(("batch",), as_rules(rules))
     return NamedSharding(mesh, PartitionSpec(*spec))
 
+
+def with_rules(fn: Callable, mesh: Mesh, rules: Rules) -> Callable:
+    """`fn` traced with the logical-axis `rules` and `mesh` in force (for `jax.jit`), so the
+    model's `nn.with_logical_constraint` calls constrain its activations.
+
+    Without both, flax makes those calls no-ops and XLA picks the activations' shardings from
+    the parameters': under FSDP the embedding table's `embed` split over `fsdp` sharded the
+    [batch, seq, hidden] activations over hidden, every matmul's contraction then ran
+    split over fsdp, and its [batch, seq, ...] results were all-gathered and all-reduced over
+    the whole global batch (more temporaries per device than data parallelism).
+    """
+    rules = as_rules(rules)
+
+    def constrained(*args, **kwargs):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+            return fn(*args, **kwargs)
+
+    # Keep the function's name: profiles and HLO dumps name the jitted program by it.
+    base = fn.func if isinstance(fn, functools.partial) else fn
+    constrained.__name__ = constrained.__qualname__ = base.__name__
+    return constrained

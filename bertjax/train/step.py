@@ -132,6 +132,96 @@ def _micro_batches(batch: Batch, num: int) -> Batch:
     return jax.tree.map(split, batch)
 
 
+GRAD_REDUCE_DTYPES = ("float32", "bfloat16")
+
+
+def gradients(params, batch: Batch, dropout_rng, *, loss_fn: LossFn, grad_accum_steps: int = 1,
+              denominators: DenominatorsFn | None = None) -> tuple[Any, dict[str, jax.Array]]:
+    """(gradients, metrics) of the loss over `batch` (accumulated over `grad_accum_steps`
+    micro-batches: shares of the batch's normalisers summed with `denominators`, else a 1 / k
+    mean; see the module docstring)."""
+    if grad_accum_steps == 1:
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+        (_, metrics), grads = grad_fn(params, batch, dropout_rng)
+        return grads, metrics
+    share = loss_fn
+    if denominators is not None:  # shares of the global batch: their sum is its value
+        share = functools.partial(loss_fn, denominators=denominators(batch))
+    grad_fn = jax.value_and_grad(share, has_aux=True)
+
+    def accumulate(carry, inputs):
+        micro, index = inputs
+        (_, m), g = grad_fn(params, micro, jax.random.fold_in(dropout_rng, index))
+        return jax.tree.map(lambda c, x: c + x.astype(jnp.float32), carry, (g, m)), None
+
+    micro = _micro_batches(batch, grad_accum_steps)
+    first = jax.tree.map(lambda x: x[0], micro)
+    (_, metric_shapes), grad_shapes = jax.eval_shape(grad_fn, params, first, dropout_rng)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, jnp.float32), (grad_shapes, metric_shapes))
+    (grads, metrics), _ = jax.lax.scan(accumulate, zeros, (micro, jnp.arange(grad_accum_steps)))
+    if denominators is None:
+        grads, metrics = jax.tree.map(lambda x: x / grad_accum_steps, (grads, metrics))
+    return grads, metrics
+
+
+def _without_axis(rules, axis: str):
+    """Logical-axis rules with mesh axis `axis` taken out of every mapping."""
+    def strip(value):
+        if isinstance(value, tuple):
+            kept = tuple(a for a in value if a != axis)
+            return kept if len(kept) > 1 else (kept[0] if kept else None)
+        return None if value == axis else value
+
+    return tuple((name, strip(value)) for name, value in rules)
+
+
+def bf16_reduced_gradients(params, batch: Batch, dropout_rng, *, loss_fn: LossFn,
+                           grad_accum_steps: int = 1,
+                           denominators: DenominatorsFn | None = None
+                           ) -> tuple[Any, dict[str, jax.Array]]:
+    """`gradients` with the sum over data-parallel replicas (the `data` mesh axis) done in
+    bfloat16, which halves the bytes of that all-reduce; the result is float32 again.
+
+    The batch [B, ...] is viewed as [data, B / data, ...] (each replica's rows, already on its
+    devices) and the gradient of every replica's rows is taken under `vmap` along the `data`
+    axis; each is cast to bfloat16 and the replicas' are summed. With `denominators` each
+    replica's gradient is its share of the global batch's, so the sum is the batch's gradient
+    (else the replicas' means are averaged). Dropout keys differ per replica. Sums within a
+    replica (over `fsdp` and the micro-batches) stay float32. Traced where a mesh is set
+    (`sharding.with_rules`); without a `data` axis above 1 it is `gradients` cast to bf16.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    replicas = 1 if mesh.empty else dict(zip(mesh.axis_names, mesh.axis_sizes)).get("data", 1)
+    kwargs = dict(grad_accum_steps=grad_accum_steps)
+    scale = 1.0
+    if denominators is not None:
+        totals = denominators(batch)  # of the global batch
+        if grad_accum_steps == 1:
+            kwargs["loss_fn"] = functools.partial(loss_fn, denominators=totals)
+        else:
+            kwargs.update(loss_fn=loss_fn, denominators=lambda _: totals)
+    else:
+        kwargs["loss_fn"], scale = loss_fn, 1.0 / replicas
+    per_replica = functools.partial(gradients, params, **kwargs)
+
+    def reduce(x):  # [replicas, ...] → [...], summed in bfloat16 (jnp.sum would upcast)
+        low = x.astype(jnp.bfloat16)
+        total = jax.lax.reduce(low, jnp.zeros((), jnp.bfloat16), jax.lax.add, (0,))
+        return total.astype(x.dtype) * scale
+
+    if replicas == 1:
+        grads, metrics = per_replica(batch, dropout_rng)
+        return jax.tree.map(lambda g: reduce(g[None]), grads), metrics
+    split = jax.tree.map(lambda x: x.reshape((replicas, x.shape[0] // replicas) + x.shape[1:]),
+                         batch)
+    keys = jax.vmap(lambda i: jax.random.fold_in(dropout_rng, i))(jnp.arange(replicas))
+    # Inside the vmap the batch axis of the activations is split over the other axes only.
+    with nn.logical_axis_rules(_without_axis(nn.get_logical_axis_rules(), "data")):
+        grads, metrics = jax.vmap(per_replica, spmd_axis_name="data")(split, keys)
+    metrics = jax.tree.map(lambda m: jnp.sum(m, axis=0) * scale, metrics)
+    return jax.tree.map(reduce, grads), metrics
+
+
 def train_step(
     state: TrainState,
     batch: Batch,
@@ -141,37 +231,16 @@ def train_step(
     schedule: optax.Schedule,
     grad_accum_steps: int = 1,
     denominators: DenominatorsFn | None = None,
+    grad_reduce_dtype: str = "float32",
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches:
     shares of the global batch's normalisers summed with `denominators`, else a 1 / k mean;
-    see the module docstring)."""
+    see the module docstring). grad_reduce_dtype "bfloat16": the sum over data-parallel
+    replicas in bfloat16 (`bf16_reduced_gradients`); params and moments stay float32."""
     dropout_rng = jax.random.fold_in(state.rng, state.step)
-    if grad_accum_steps == 1:
-        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-        (_, metrics), grads = grad_fn(state.params, batch, dropout_rng)
-    else:
-        share = loss_fn
-        if denominators is not None:  # shares of the global batch: their sum is its value
-            share = functools.partial(loss_fn, denominators=denominators(batch))
-        grad_fn = jax.value_and_grad(share, has_aux=True)
-
-        def accumulate(carry, inputs):
-            micro, index = inputs
-            (_, m), g = grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, index))
-            return jax.tree.map(lambda c, x: c + x.astype(jnp.float32), carry, (g, m)), None
-
-        micro = _micro_batches(batch, grad_accum_steps)
-        first = jax.tree.map(lambda x: x[0], micro)
-        (_, metric_shapes), grad_shapes = jax.eval_shape(grad_fn, state.params, first, dropout_rng)
-        zeros = jax.tree.map(
-            lambda s: jnp.zeros(s.shape, jnp.float32), (grad_shapes, metric_shapes)
-        )
-        (grads, metrics), _ = jax.lax.scan(
-            accumulate, zeros, (micro, jnp.arange(grad_accum_steps))
-        )
-        if denominators is None:
-            grads, metrics = jax.tree.map(lambda x: x / grad_accum_steps, (grads, metrics))
-
+    compute = bf16_reduced_gradients if grad_reduce_dtype == "bfloat16" else gradients
+    grads, metrics = compute(state.params, batch, dropout_rng, loss_fn=loss_fn,
+                             grad_accum_steps=grad_accum_steps, denominators=denominators)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
@@ -179,25 +248,36 @@ def train_step(
     return new_state, metrics
 
 
-def stage_train_steps(job, tx, schedule, state_sharding, batch_sharding) -> dict[str, Any]:
+def stage_train_steps(job, tx, schedule, state_sharding, batch_sharding,
+                      rules: sharding_lib.Rules | None = None) -> dict[str, Any]:
     """{stage name: its jitted train step}: one per distinct loss, the job's `loss` unless a
-    stage brings its own (`stage.loss`, e.g. a phase with another remat policy)."""
+    stage brings its own (`stage.loss`, e.g. a phase with another remat policy). rules: see
+    `jit_train_step`."""
     by_loss, steps = {}, {}
     for stage in job.stages:
         loss = stage.loss or job.loss
         if loss not in by_loss:
             by_loss[loss] = jit_train_step(loss, tx, schedule, state_sharding, batch_sharding,
                                            job.grad_accum_steps,
-                                           getattr(job, "denominators", None))
+                                           getattr(job, "denominators", None), rules,
+                                           getattr(job, "grad_reduce_dtype", "float32"))
         steps[stage.name] = by_loss[loss]
     return steps
 
 
 def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding,
-                   grad_accum_steps: int = 1, denominators: DenominatorsFn | None = None):
-    """`train_step` jitted with explicit in/out shardings and the state donated."""
+                   grad_accum_steps: int = 1, denominators: DenominatorsFn | None = None,
+                   rules: sharding_lib.Rules | None = None, grad_reduce_dtype: str = "float32"):
+    """`train_step` jitted with explicit in/out shardings and the state donated.
+
+    rules: the logical-axis rules; with them (and a NamedSharding `batch_sharding`, whose mesh
+    is used) the model's activation constraints take effect (`sharding.with_rules`).
+    """
     step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                             grad_accum_steps=grad_accum_steps, denominators=denominators)
+                             grad_accum_steps=grad_accum_steps, denominators=denominators,
+                             grad_reduce_dtype=grad_reduce_dtype)
+    if rules is not None and batch_sharding is not None:
+        step = sharding_lib.with_rules(step, batch_sharding.mesh, rules)
     return jax.jit(
         step,
         in_shardings=(state_sharding, batch_sharding),

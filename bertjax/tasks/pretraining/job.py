@@ -69,6 +69,7 @@ class PretrainingJob:
         self.phases = configs.plan_phases(config)
         self.batch_size = config.train.batch_size
         self.grad_accum_steps = config.train.grad_accum_steps
+        self.grad_reduce_dtype = config.train.get("grad_reduce_dtype", "float32")
         self.total_steps = config.train.num_train_steps
         self.make_input = make_input
         nsp = dict(nsp_weight=config.train.nsp_weight, packed=self.packed, ltr=self.ltr)
