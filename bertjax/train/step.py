@@ -33,8 +33,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bertjax.models import flash_attention
 from bertjax.train import sharding as sharding_lib
 
 Batch = dict[str, jax.Array]
@@ -198,8 +199,15 @@ def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding
     """`train_step` jitted with explicit in/out shardings and the state donated."""
     step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
                              grad_accum_steps=grad_accum_steps, denominators=denominators)
+    flash_sharding = batch_sharding if isinstance(batch_sharding, NamedSharding) else None
+
+    def traced(state, batch):
+        # Flash attention's Mosaic kernels run per batch shard (see flash_attention).
+        with flash_attention.sharded_like(flash_sharding):
+            return step(state, batch)
+
     return jax.jit(
-        step,
+        traced,
         in_shardings=(state_sharding, batch_sharding),
         out_shardings=(state_sharding, None),
         donate_argnums=(0,),

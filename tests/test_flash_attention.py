@@ -1,0 +1,208 @@
+"""attention_impl="flash" (the Pallas TPU kernels, interpreted on CPU) against the einsum path,
+and the kernels' cost estimates against counts read off the kernels themselves."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.models import BertConfig, BertModel
+from bertjax.models import attention as attn_lib
+from bertjax.models import flash_attention as flash
+from bertjax.models.config import ConfigError
+
+
+def _inputs(rng, batch, seq, heads, head_dim):
+    keys = jax.random.split(jax.random.key(rng), 4)
+    return [jax.random.normal(k, (batch, seq, heads, head_dim), jnp.float32) for k in keys]
+
+
+def _loss_and_grads(attend, q, k, v, weights, real):
+    """Σ attend(q, k, v) · weights over real query rows, and its gradient in q, k, v."""
+    def loss(q, k, v):
+        return jnp.sum(attend(q, k, v) * weights * real[:, :, None, None])
+    return jax.jit(jax.value_and_grad(loss, (0, 1, 2)))(q, k, v)
+
+
+CASES = {  # name: (padding, packing, causal, head_dim)
+    "padding": (True, False, False, 64),
+    "packing": (True, True, False, 64),
+    "causal": (True, False, True, 64),
+    "all, head_dim 32": (True, True, True, 32),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_flash_equals_einsum_values_and_gradients(case):
+    padding, packing, causal, head_dim = CASES[case]
+    batch, seq, heads = 2, 40, 2  # seq not a multiple of the kernels' 128-token blocks
+    q, k, v, weights = _inputs(0, batch, seq, heads, head_dim)
+    lengths = np.array([31, seq]) if padding else np.array([seq, seq])
+    input_mask = jnp.asarray(np.arange(seq)[None] < lengths[:, None], jnp.int32)
+    packing_ids = None
+    if packing:  # two examples per row, 0 on padding as the data pipeline writes them
+        packing_ids = jnp.where(input_mask > 0, 1 + (jnp.arange(seq)[None] >= 13), 0)
+    mask = attn_lib.attention_mask(input_mask, packing_ids, causal=causal, seq_len=seq)
+    segments = flash.segment_ids(input_mask, packing_ids, (batch, seq))
+    real = input_mask.astype(jnp.float32)
+
+    expected = _loss_and_grads(lambda q, k, v: attn_lib.einsum_attention(q, k, v, mask),
+                               q, k, v, weights, real)
+    got = _loss_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, segments, causal),
+                          q, k, v, weights, real)
+    out = flash.flash_attention(q, k, v, segments, causal)
+    reference = attn_lib.einsum_attention(q, k, v, mask)
+    assert bool(jnp.all(jnp.isfinite(out)))  # padded rows too: never a fully masked row
+    rows = np.asarray(input_mask, bool)
+    np.testing.assert_allclose(np.asarray(out)[rows], np.asarray(reference)[rows], atol=2e-5)
+    for name, a, b in zip(("loss", "dq", "dk", "dv"), jax.tree.leaves(got),
+                          jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=name)
+
+
+def test_fully_padded_row_stays_finite():
+    q, k, v, _ = _inputs(1, 2, 16, 1, 32)
+    input_mask = jnp.asarray([[1] * 16, [0] * 16], jnp.int32)
+    segments = flash.segment_ids(input_mask, None, (2, 16))
+    out, grads = jax.value_and_grad(
+        lambda q: flash.flash_attention(q, k, v, segments).sum())(q)
+    assert bool(jnp.isfinite(out)) and bool(jnp.all(jnp.isfinite(grads)))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bert_model_flash_equals_einsum(causal):
+    cfg = dict(vocab_size=53, hidden_size=64, num_heads=2, intermediate_size=96, num_layers=2,
+               max_position_embeddings=32, hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
+               causal=causal)
+    batch, seq = 2, 24
+    r = np.random.default_rng(3)
+    ids = jnp.asarray(r.integers(0, 53, (batch, seq)), jnp.int32)
+    types = jnp.asarray(np.arange(seq)[None] >= np.array([[9], [14]]), jnp.int32)
+    input_mask = jnp.asarray(np.arange(seq)[None] < np.array([[seq], [17]]), jnp.int32)
+    packing = jnp.where(input_mask > 0, 1 + (jnp.arange(seq)[None] >= 11), 0)
+    weights = jax.random.normal(jax.random.key(4), (batch, seq, 64))
+    real = input_mask.astype(jnp.float32)[..., None]
+    einsum_model = BertModel(BertConfig(**cfg, attention_impl="einsum"))
+    params = nn.unbox(einsum_model.init(jax.random.key(0), ids, types, input_mask)["params"])
+
+    def run(impl):
+        model = BertModel(BertConfig(**cfg, attention_impl=impl))
+
+        def loss(params):
+            out = model.apply({"params": params}, ids, types, input_mask, packing_ids=packing)
+            return (jnp.sum(out["sequence_output"] * weights * real)
+                    + jnp.sum(out["pooled_output"])), out["sequence_output"]
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+    (loss_e, seq_e), grads_e = run("einsum")
+    (loss_f, seq_f), grads_f = run("flash")
+    rows = np.asarray(input_mask, bool)
+    np.testing.assert_allclose(np.asarray(seq_f)[rows], np.asarray(seq_e)[rows], atol=2e-5)
+    np.testing.assert_allclose(loss_f, loss_e, rtol=1e-5)
+    for path, a in jax.tree_util.tree_leaves_with_path(grads_f):
+        b = dict(jax.tree_util.tree_leaves_with_path(grads_e))[path]
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+def test_flash_with_attention_dropout_is_a_config_error():
+    with pytest.raises(ConfigError, match="model.attention_dropout_prob=0.1"):
+        BertConfig(attention_impl="flash", attention_dropout_prob=0.1)
+    BertConfig(attention_impl="flash", attention_dropout_prob=0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost estimates
+
+
+def _pallas_calls(jaxpr):
+    """Every pallas_call equation in a jaxpr, nested ones included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append(eqn)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            found += _pallas_calls(sub)
+    return found
+
+
+def _kernel_counts(jaxpr):
+    """(matmul FLOPs, exp elements) of one kernel invocation, read off its jaxpr: 2·M·N·K per
+    dot_general, scan bodies times their length, a cond by its costliest branch."""
+    flops = exps = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            flops += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(lhs[d] for d in contract)
+        elif name == "exp":
+            exps += math.prod(eqn.outvars[0].aval.shape)
+        elif name == "cond":
+            branch = max((_kernel_counts(b.jaxpr) for b in eqn.params["branches"]))
+            flops, exps = flops + branch[0], exps + branch[1]
+        else:
+            for sub in jex.jaxprs_in_params(eqn.params):
+                f, e = _kernel_counts(sub)
+                times = eqn.params.get("length", 1) if name == "scan" else 1
+                flops, exps = flops + times * f, exps + times * e
+    return flops, exps
+
+
+def _nbytes(avals):
+    return sum(math.prod(a.shape) * a.dtype.itemsize for a in avals)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_cost_estimates_match_the_kernels(dtype):
+    batch, heads, seq, head_dim = 2, 3, 128, 64  # one block: every operand is read once
+    q = jnp.ones((batch, heads, seq, head_dim), dtype)
+    segments = jnp.zeros((batch, seq), jnp.int32)
+
+    def loss(q, k, v):
+        return flash._flash(q, k, v, segments, False, 0.125).astype(jnp.float32).sum()
+
+    calls = _pallas_calls(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, q, q).jaxpr)
+    by_kernel = {eqn.params["jaxpr"].debug_info.func_name: eqn for eqn in calls}
+    assert set(by_kernel) == {"_flash_attention_kernel", "_flash_attention_dkv_kernel",
+                              "_flash_attention_dq_kernel"}
+    shape = flash.Shape(batch, heads, seq, head_dim, q.dtype.itemsize)
+    blocks = flash.block_sizes(seq)
+    forward = flash.forward_cost(shape, blocks)
+    dkv, dq = flash.backward_costs(shape, blocks)
+    scores = batch * heads * seq * seq
+    expected = {"_flash_attention_kernel": (forward, flash.FORWARD_ELEMENTWISE),
+                "_flash_attention_dkv_kernel": (dkv, flash.BACKWARD_ELEMENTWISE),
+                "_flash_attention_dq_kernel": (dq, flash.BACKWARD_ELEMENTWISE)}
+    for name, eqn in by_kernel.items():
+        cost, elementwise = expected[name]
+        assert eqn.params["cost_estimate"] == cost, name  # what the compiled kernel carries
+        steps = math.prod(eqn.params["grid_mapping"].grid)
+        flops, exps = _kernel_counts(eqn.params["jaxpr"])
+        assert cost.flops == steps * flops + elementwise * scores, name
+        assert cost.transcendentals == steps * exps == scores, name
+        operands = [v.aval for v in eqn.invars] + [v.aval for v in eqn.outvars]
+        assert cost.bytes_accessed == _nbytes(operands), name
+
+
+def test_forward_estimate_equals_the_shipped_one():
+    """Where one block covers the keys, the formula is the shipped kernel's own estimate."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
+
+    batch, heads, seq, head_dim = 2, 3, 128, 64
+    q = jnp.ones((batch, heads, seq, head_dim), jnp.float32)
+    ids = tpu_flash.SegmentIds(jnp.zeros((batch, seq), jnp.int32),
+                               jnp.zeros((batch, seq), jnp.int32))
+    blocks = flash.block_sizes(seq)
+    with flash._interpret(True):
+        jaxpr = jax.make_jaxpr(lambda q: tpu_flash._flash_attention_impl(
+            q, q, q, None, ids, True, False, 0.125, blocks.block_b, blocks.block_q,
+            blocks.block_k_major, blocks.block_k, False))(q)
+    (eqn,) = _pallas_calls(jaxpr.jaxpr)
+    shipped = eqn.params["cost_estimate"]
+    assert shipped == flash.forward_cost(flash.Shape(batch, heads, seq, head_dim, 4), blocks)
