@@ -1,6 +1,7 @@
 """attention_impl="flash" (the Pallas TPU kernels, interpreted on CPU) against the einsum path,
 and the kernels' cost estimates against counts read off the kernels themselves."""
 
+import importlib.util
 import math
 
 import flax.linen as nn
@@ -206,3 +207,32 @@ def test_forward_estimate_equals_the_shipped_one():
     (eqn,) = _pallas_calls(jaxpr.jaxpr)
     shipped = eqn.params["cost_estimate"]
     assert shipped == flash.forward_cost(flash.Shape(batch, heads, seq, head_dim, 4), blocks)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernel or interpreter: decided by what the step is lowered for
+
+
+def _attention_grad(q, k, v, segments):
+    return flash.flash_attention(q, k, v, segments).astype(jnp.float32).sum()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu (pip install -e '.[tpu]') is not installed")
+def test_tpu_compile_holds_the_mosaic_kernels_and_cpu_the_interpreter():
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from bertjax.train import topology
+
+    devices = topology.devices(topology.parse("v5p-8"))  # 4 chips, on this CPU host
+    rows = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec("data"))
+    spec = jax.ShapeDtypeStruct((8, 128, 2, 64), jnp.bfloat16, sharding=rows)
+    segments = jax.ShapeDtypeStruct((8, 128), jnp.int32, sharding=rows)
+    step = jax.jit(jax.grad(_attention_grad, (0, 1, 2)))
+    with flash.sharded_like(rows):  # as jit_train_step does: the kernels run per batch shard
+        tpu = step.lower(spec, spec, spec, segments).compile().as_text()
+    cpu = step.lower(*(jax.ShapeDtypeStruct(s.shape, s.dtype)
+                       for s in (spec, spec, spec, segments))).compile().as_text()
+    # forward, dk/dv and dq kernels
+    assert tpu.count('custom_call_target="tpu_custom_call"') == 3
+    assert "tpu_custom_call" not in cpu
