@@ -265,11 +265,22 @@ def flash_attention(
 ) -> jax.Array:
     """Attention through the Pallas kernels. query/key/value: [batch, seq, heads, head_dim]
     → same shape; segments: [batch, seq] int (`segment_ids`), tokens attend within theirs.
+    Scaled by 1/sqrt(head_dim)."""
+    scale = float(query.shape[-1]) ** -0.5
 
-    Scaled by 1/sqrt(head_dim). The sequence is padded to a multiple of BLOCK with
-    PAD_SEGMENT tokens (dropped again from the output).
-    """
-    batch, seq, _, head_dim = query.shape
+    def attend(q, k, v, segments, shard):
+        del shard
+        return _flash(q, k, v, segments, causal, scale)
+
+    return run_padded(attend, query, key, value, segments)
+
+
+def run_padded(attend, query, key, value, segments, *extra):
+    """attend(q, k, v, segments, shard, *extra) → out, on [batch, heads, padded, head_dim]
+    (the kernels' layout, the sequence padded to a multiple of BLOCK with PAD_SEGMENT tokens,
+    dropped again from the output), per batch shard under `sharded_like` (shard: the shard's
+    int32 index, 0 unsharded); query/key/value and the result [batch, seq, heads, head_dim]."""
+    _, seq, _, _ = query.shape
     padded = -(-seq // BLOCK) * BLOCK
 
     def to_kernel(x):  # [batch, seq, heads, head_dim] → [batch, heads, padded, head_dim]
@@ -278,16 +289,21 @@ def flash_attention(
 
     segments = jnp.pad(segments.astype(jnp.int32), ((0, 0), (0, padded - seq)),
                        constant_values=PAD_SEGMENT)
-    scale = float(head_dim) ** -0.5
 
-    def attend(q, k, v, segments):
-        return _flash(q, k, v, segments, causal, scale)
+    def run(q, k, v, segments, *extra):
+        return attend(q, k, v, segments, jnp.int32(0), *extra)
 
     sharding = _BATCH_SHARDING.get()
     if sharding is not None and sharding.mesh.size > 1:
         batch_axes = tuple(sharding.spec)[0] if len(sharding.spec) else None
         rows, tokens = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None)
-        attend = jax.shard_map(attend, mesh=sharding.mesh, in_specs=(rows, rows, rows, tokens),
-                               out_specs=rows, check_vma=False)
-    out = attend(to_kernel(query), to_kernel(key), to_kernel(value), segments)
+
+        def per_shard(q, k, v, segments, *extra):
+            shard = jnp.int32(0) if batch_axes is None else jax.lax.axis_index(batch_axes)
+            return attend(q, k, v, segments, shard, *extra)
+
+        run = jax.shard_map(per_shard, mesh=sharding.mesh,
+                            in_specs=(rows, rows, rows, tokens) + (PartitionSpec(),) * len(extra),
+                            out_specs=rows, check_vma=False)
+    out = run(to_kernel(query), to_kernel(key), to_kernel(value), segments, *extra)
     return jnp.swapaxes(out[:, :, :seq], 1, 2)
