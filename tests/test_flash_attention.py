@@ -2,6 +2,7 @@
 and the kernels' cost estimates against counts read off the kernels themselves."""
 
 import importlib.util
+import functools
 import math
 
 import flax.linen as nn
@@ -13,8 +14,8 @@ import pytest
 
 from bertjax.models import BertConfig, BertModel
 from bertjax.models import attention as attn_lib
+from bertjax.models import dropout_attention as dropout
 from bertjax.models import flash_attention as flash
-from bertjax.models.config import ConfigError
 
 
 def _inputs(rng, batch, seq, heads, head_dim):
@@ -111,10 +112,25 @@ def test_bert_model_flash_equals_einsum(causal):
                                    err_msg=jax.tree_util.keystr(path))
 
 
-def test_flash_with_attention_dropout_is_a_config_error():
-    with pytest.raises(ConfigError, match="model.attention_dropout_prob=0.1"):
-        BertConfig(attention_impl="flash", attention_dropout_prob=0.1)
-    BertConfig(attention_impl="flash", attention_dropout_prob=0.0)
+def test_bert_model_flash_applies_attention_dropout_in_training():
+    cfg = BertConfig(vocab_size=53, hidden_size=64, num_heads=2, intermediate_size=96,
+                     num_layers=1, max_position_embeddings=32, hidden_dropout_prob=0.0,
+                     attention_dropout_prob=0.3, attention_impl="flash")
+    ids = jnp.asarray(np.random.default_rng(0).integers(0, 53, (2, 16)), jnp.int32)
+    model = BertModel(cfg)
+    params = model.init(jax.random.key(0), ids)["params"]
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def run(seed, deterministic=False):
+        return model.apply({"params": params}, ids, deterministic=deterministic,
+                           rngs={"dropout": jax.random.key(seed)})["sequence_output"]
+
+    np.testing.assert_array_equal(run(1), run(1))
+    assert not np.allclose(run(1), run(2))
+    without = BertModel(BertConfig(**{**cfg.to_dict(), "attention_dropout_prob": 0.0}))
+    np.testing.assert_allclose(run(1, True),
+                               jax.jit(without.apply)({"params": params}, ids)["sequence_output"],
+                               atol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,3 +252,94 @@ def test_tpu_compile_holds_the_mosaic_kernels_and_cpu_the_interpreter():
     # forward, dk/dv and dq kernels
     assert tpu.count('custom_call_target="tpu_custom_call"') == 3
     assert "tpu_custom_call" not in cpu
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention dropout inside the kernel (bertjax.models.dropout_attention)
+
+
+def test_keep_mask_rate_and_independence():
+    rate, shape = 0.1, (4, 3, 128, 128)
+    keep = np.asarray(dropout.keep_mask(jnp.int32(7), shape, rate))
+    kept = dropout.keep_probability(rate)
+    n = keep.size
+    assert abs(keep.mean() - kept) < 5 * math.sqrt(kept * (1 - kept) / n)
+    # Rows, heads and seeds draw independently: two masks agree where both keep or both drop.
+    agree = kept ** 2 + (1 - kept) ** 2
+    other_seed = np.asarray(dropout.keep_mask(jnp.int32(8), shape, rate))
+    for a, b in ((keep[0, 0], keep[0, 1]), (keep[0, 0], keep[1, 0]), (keep, other_seed),
+                 (keep[0, 0, :-1], keep[0, 0, 1:]), (keep[0, 0, :, :-1], keep[0, 0, :, 1:])):
+        tolerance = 5 * math.sqrt(agree * (1 - agree) / a.size)
+        assert abs((a == b).mean() - agree) < tolerance
+
+
+def test_dropout_scales_kept_probabilities_by_one_over_keep():
+    """Uniform attention over n real keys with values 1: each output is kept/(n·keep), whose
+    mean over every row and head is 1 (a statistical check of the 1/keep scaling)."""
+    batch, heads, seq, rate = 4, 4, 128, 0.25
+    q = jnp.zeros((batch, seq, heads, 64), jnp.float32)  # equal scores: uniform softmax
+    v = jnp.ones_like(q)
+    segments = jnp.zeros((batch, seq), jnp.int32)
+    out = dropout.dropout_attention(q, q, v, segments, jnp.array([3], jnp.int32), rate)
+    kept = dropout.keep_probability(rate)
+    sd = math.sqrt((1 - kept) / (kept * seq)) / math.sqrt(batch * heads * seq)
+    assert abs(float(out.mean()) - 1.0) < 5 * sd
+    assert float(out.min()) < 1.0 < float(out.max())  # rows do differ: masks are applied
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_kernel_equals_einsum_with_the_same_mask(causal):
+    """Values and q/k/v gradients against einsum_attention given the kernel's own mask
+    (`keep_mask`): forward and backward draw that same mask and scale by 1/keep."""
+    batch, heads, seq, head_dim, rate = 2, 2, 128, 64, 0.1
+    q, k, v, weights = _inputs(5, batch, seq, heads, head_dim)
+    input_mask = jnp.asarray(np.arange(seq)[None] < np.array([[100], [seq]]), jnp.int32)
+    segments = flash.segment_ids(input_mask, None, (batch, seq))
+    mask = attn_lib.attention_mask(input_mask, None, causal=causal, seq_len=seq)
+    seed = jnp.array([12345], jnp.int32)
+    keep = dropout.keep_mask(seed[0], (batch, heads, seq, seq), rate)
+    static = dropout.Static(causal, head_dim ** -0.5, rate, heads)
+    real = input_mask.astype(jnp.float32)
+
+    def kernel(q, k, v):
+        to = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
+        return to(dropout._attend(seed, to(q), to(k), to(v), segments, static))
+
+    def reference(q, k, v):
+        return attn_lib.einsum_attention(
+            q, k, v, mask, lambda shape: (keep, dropout.keep_probability(rate)))
+
+    got = _loss_and_grads(kernel, q, k, v, weights, real)
+    expected = _loss_and_grads(reference, q, k, v, weights, real)
+    for name, a, b in zip(("loss", "dq", "dk", "dv"), jax.tree.leaves(got),
+                          jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=name)
+
+
+def test_dropout_cost_estimates_match_the_kernels():
+    batch, heads, seq, head_dim = 2, 3, 128, 64
+    q = jnp.ones((batch, heads, seq, head_dim), jnp.bfloat16)
+    segments = jnp.zeros((batch, seq), jnp.int32)
+    static = dropout.Static(False, 0.125, 0.1, heads)
+
+    def loss(q, k, v):
+        out = dropout._attend(jnp.array([1], jnp.int32), q, k, v, segments, static)
+        return out.astype(jnp.float32).sum()
+
+    calls = _pallas_calls(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, q, q).jaxpr)
+    by_kernel = {eqn.params["jaxpr"].debug_info.func_name: eqn for eqn in calls}
+    shape = flash.Shape(batch, heads, seq, head_dim, 2)
+    expected = {"_forward_kernel": (dropout.forward_cost(shape), 1),
+                "_backward_kernel": (dropout.backward_cost(shape), 2)}
+    assert set(by_kernel) == set(expected)
+    scores = batch * heads * seq * seq
+    for name, eqn in by_kernel.items():
+        cost, passes = expected[name]
+        assert eqn.params["cost_estimate"] == cost, name
+        steps = math.prod(eqn.params["grid_mapping"].grid)
+        flops, exps = _kernel_counts(eqn.params["jaxpr"])
+        assert cost.flops == steps * flops + passes * dropout.ELEMENTWISE * scores, name
+        assert cost.transcendentals == steps * exps == scores, name
+        # Every block is fetched once (the segment ids' index does not change across heads).
+        operands = [v.aval for v in eqn.invars[1:]] + [v.aval for v in eqn.outvars]
+        assert cost.bytes_accessed == _nbytes(operands), name

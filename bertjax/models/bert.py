@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention as attn_lib
+from bertjax.models import dropout_attention
 from bertjax.models import flash_attention as flash_lib
 from bertjax.models.config import BertConfig
 from bertjax.models.dense import Dense
@@ -164,7 +165,12 @@ class SelfAttention(nn.Module):
         query, key, value = project("query"), project("key"), project("value")
         dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
         impl = cfg.attention_impl
-        if impl == "flash":  # BertConfig rules out attention dropout with it
+        if impl == "flash" and dropout_active:  # dropout drawn inside the kernel
+            bits = jax.random.bits(self.make_rng("dropout"), (1,), jnp.uint32)
+            context = dropout_attention.dropout_attention(
+                query, key, value, mask, jax.lax.bitcast_convert_type(bits, jnp.int32),
+                cfg.attention_dropout_prob, cfg.causal)
+        elif impl == "flash":
             context = flash_lib.flash_attention(query, key, value, mask, cfg.causal)
         elif impl == "einsum" or (impl == "auto" and dropout_active):
             dropout = None

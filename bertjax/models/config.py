@@ -48,8 +48,9 @@ class BertConfig:
     param_dtype: str = "float32"
     # "auto": jax.nn.dot_product_attention (fused kernels) unless attention dropout is active,
     # which the fused kernels cannot apply; "einsum": the plain reference path;
-    # "xla" / "cudnn": force that dot_product_attention implementation; "flash": the Pallas
-    # TPU flash-attention kernels (interpreted off TPU), without attention dropout.
+    # "xla" / "cudnn": force that dot_product_attention implementation; "flash": Pallas TPU
+    # kernels (interpreted off TPU): JAX's flash attention, or with attention dropout active
+    # bertjax.models.dropout_attention, which draws the mask inside the kernel.
     attention_impl: str = "auto"
     causal: bool = False  # left-to-right attention (the LTR ablation)
     remat_policy: str = "none"  # rematerialise each layer: none | full | dots
@@ -85,12 +86,6 @@ class BertConfig:
                 raise ConfigError(
                     f"model.{field}={getattr(self, field)!r} is not one of {allowed}"
                 )
-
-        if self.attention_impl == "flash" and self.attention_dropout_prob > 0:
-            raise ConfigError(
-                f"model.attention_dropout_prob={self.attention_dropout_prob} must be 0 with "
-                "model.attention_impl='flash' (the flash kernels apply no attention dropout)"
-            )
 
     @property
     def head_dim(self) -> int:

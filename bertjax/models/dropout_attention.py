@@ -159,12 +159,12 @@ def _shape(q):
 
 
 def forward_cost(shape: flash.Shape) -> pl.CostEstimate:
-    """One grid step per (batch row, head) reads q, k, v and both segment-id rows and writes
-    o and the log-sum-exp [seq, 128] float32; q·kᵀ and p·v are 4·B·H·S²·D FLOPs, one exp per
+    """One grid step per (batch row, head) reads its q, k, v and writes o and the log-sum-exp
+    [seq, 128] float32 (the segment ids once per batch row); q·kᵀ and p·v are 4·B·H·S²·D FLOPs, one exp per
     score, and ELEMENTWISE FLOPs per score (scale, max, subtract, sum, dropout select)."""
     s = shape
     scores = s.batch * s.heads * s.seq * s.seq
-    segments = s.batch * s.heads * (s.seq * LANES + SUBLANES * s.seq) * 4
+    segments = s.segment_bytes(1, 1)  # fetched once per batch row: the heads step inside
     return pl.CostEstimate(
         flops=4 * scores * s.head_dim + ELEMENTWISE * scores, transcendentals=scores,
         bytes_accessed=4 * s.qkv_bytes + s.lane_bytes + segments)
@@ -176,7 +176,7 @@ def backward_cost(shape: flash.Shape) -> pl.CostEstimate:
     do·vᵀ, ds·k, dsᵀ·q): 10·B·H·S²·D FLOPs, one exp per score."""
     s = shape
     scores = s.batch * s.heads * s.seq * s.seq
-    segments = s.batch * s.heads * (s.seq * LANES + SUBLANES * s.seq) * 4
+    segments = s.segment_bytes(1, 1)  # fetched once per batch row: the heads step inside
     return pl.CostEstimate(
         flops=10 * scores * s.head_dim + 2 * ELEMENTWISE * scores, transcendentals=scores,
         bytes_accessed=7 * s.qkv_bytes + 2 * s.lane_bytes + segments)
