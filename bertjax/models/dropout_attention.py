@@ -164,10 +164,9 @@ def forward_cost(shape: flash.Shape) -> pl.CostEstimate:
     score, and ELEMENTWISE FLOPs per score (scale, max, subtract, sum, dropout select)."""
     s = shape
     scores = s.batch * s.heads * s.seq * s.seq
-    segments = s.segment_bytes(1, 1)  # fetched once per batch row: the heads step inside
     return pl.CostEstimate(
         flops=4 * scores * s.head_dim + ELEMENTWISE * scores, transcendentals=scores,
-        bytes_accessed=4 * s.qkv_bytes + s.lane_bytes + segments)
+        bytes_accessed=4 * s.qkv_bytes + s.lane_bytes + s.segment_bytes())
 
 
 def backward_cost(shape: flash.Shape) -> pl.CostEstimate:
@@ -176,10 +175,9 @@ def backward_cost(shape: flash.Shape) -> pl.CostEstimate:
     do·vᵀ, ds·k, dsᵀ·q): 10·B·H·S²·D FLOPs, one exp per score."""
     s = shape
     scores = s.batch * s.heads * s.seq * s.seq
-    segments = s.segment_bytes(1, 1)  # fetched once per batch row: the heads step inside
     return pl.CostEstimate(
         flops=10 * scores * s.head_dim + 2 * ELEMENTWISE * scores, transcendentals=scores,
-        bytes_accessed=7 * s.qkv_bytes + 2 * s.lane_bytes + segments)
+        bytes_accessed=7 * s.qkv_bytes + 2 * s.lane_bytes + s.segment_bytes())
 
 
 ELEMENTWISE = 5  # FLOPs per score besides the matmuls; the keep hash is integer work

@@ -6,14 +6,14 @@ segment) and a causal flag. Padding and packing become segment ids: a real token
 its packed example (0 without packing), a padding token's is `PAD_SEGMENT`, which no real
 query shares; so a padding query attends to the padding keys only (at least to itself: no
 row is ever fully masked, no NaN) and its output, never read by a real token, is harmless.
-The sequence is padded to a multiple of the kernels' 128-token blocks the same way.
+The sequence is padded to a multiple of 128 tokens the same way, and each kernel holds all
+of it in one block (up to MAX_SEQ tokens).
 
 Interpret or kernel is decided when the step is lowered, from the platform it is lowered for
 (`lax.platform_dependent`): a TPU (also an ahead-of-time compile for a TPU topology on a CPU
 host) gets the Mosaic kernels, anything else the Pallas interpreter (plain HLO). The shipped
-backward kernels carry no `pl.CostEstimate` (XLA's cost model would count them as free), and
-the forward's counts k and v once however many query blocks re-read them: all three get the
-analytic estimates below (equal to the shipped forward one where a block covers the keys).
+backward kernels carry no `pl.CostEstimate` (XLA's cost model would count them as free):
+all three kernels get the analytic estimates below (the forward's equals the shipped one).
 """
 
 from __future__ import annotations
@@ -30,8 +30,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bertjax.errors import ConfigError
+
 PAD_SEGMENT = -1  # packing ids and the 0 of unpacked input are >= 0
 BLOCK = 128  # the kernels' smallest block along the sequence (and their lane width)
+MAX_SEQ = 512  # one block holds the whole sequence (BERT's longest)
 LANES = tpu_flash.NUM_LANES
 SUBLANES = tpu_flash.NUM_SUBLANES
 
@@ -82,8 +85,17 @@ def _interpret(on: bool):
 
 
 def block_sizes(seq_len: int) -> tpu_flash.BlockSizes:
-    """The kernels' blocks for a padded sequence (a multiple of BLOCK): the shipped default."""
-    return tpu_flash.BlockSizes.get_default(None, None, seq_len, seq_len, None)
+    """One block over the whole (padded) sequence: BERT's sequences fit VMEM, nothing is
+    fetched twice, and the forward's softmax needs no rescaling across blocks."""
+    if seq_len > MAX_SEQ:
+        raise ConfigError(f"model.attention_impl='flash' takes sequences of up to {MAX_SEQ} "
+                          f"tokens (one block), got {seq_len}")
+    # Except dq's key blocks: that kernel reads di broadcast to its key block's width, which
+    # at one block would be a float32 [seq, seq] array per head.
+    return tpu_flash.BlockSizes(
+        block_q=seq_len, block_k_major=seq_len, block_k=seq_len, block_b=1,
+        block_q_major_dkv=seq_len, block_k_major_dkv=seq_len, block_k_dkv=seq_len,
+        block_q_dkv=seq_len, block_k_major_dq=BLOCK, block_k_dq=BLOCK, block_q_dq=seq_len)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +109,10 @@ class Shape:
     itemsize: int  # bytes of one q/k/v/o element
 
     @property
+    def scores(self) -> int:
+        return self.batch * self.heads * self.seq * self.seq
+
+    @property
     def qkv_bytes(self) -> int:
         """One [batch, heads, seq, head_dim] array."""
         return self.batch * self.heads * self.seq * self.head_dim * self.itemsize
@@ -106,79 +122,54 @@ class Shape:
         """One float32 [batch, heads, seq, 128] array (l, m, di broadcast to the lanes)."""
         return self.batch * self.heads * self.seq * LANES * 4
 
-    def segment_bytes(self, q_blocks: int, k_blocks: int) -> int:
-        """The segment ids as the kernels read them: q ids as [batch, seq, 128] int32, kv ids
-        as [batch, 8, seq]; a block is fetched again whenever its index changes between grid
-        steps (grid batch, heads, outer, inner), so once per batch row when there is one
-        block, else once per head (q) and per head and outer block (kv)."""
-        q = self.batch * self.seq * LANES * 4 * (1 if q_blocks == 1 else self.heads)
-        kv = self.batch * SUBLANES * self.seq * 4 * (1 if k_blocks == 1 else self.heads * q_blocks)
-        return q + kv
+    def segment_bytes(self, key_ids_per_head: bool = False) -> int:
+        """The segment ids as the kernels read them, query ids [batch, seq, 128] and key ids
+        [batch, 8, seq] int32: a block is fetched again only when its index changes between
+        grid steps, so once per batch row, the heads stepping inside, but the key ids once
+        per head where a kernel walks several key blocks (dq's)."""
+        key_ids = self.batch * SUBLANES * self.seq * 4
+        return (self.batch * self.seq * LANES * 4
+                + key_ids * (self.heads if key_ids_per_head else 1))
 
 
-def forward_cost(shape: Shape, blocks: tpu_flash.BlockSizes) -> pl.CostEstimate:
-    """HBM bytes and FLOPs of the forward kernel (with the l, m residuals), non-causal grid.
-
-    FLOPs: q·kᵀ and p·v, 4·B·H·S²·D, plus 4 elementwise FLOPs per score (what the shipped
-    estimate, XLA's count of its reference softmax, gives), one exp per score. As the shipped
-    estimate, causal masking is not discounted (the kernels skip whole blocks above the
-    diagonal only, none at one block). Bytes: q, o, l,
-    m once; k and v once per query block when the keys span several blocks (the block index
-    changes every step), once when they fit one; the segment ids as `Shape.segment_bytes`.
-    """
-    s = shape
-    q_blocks, k_blocks = s.seq // blocks.block_q, s.seq // blocks.block_k_major
-    scores = s.batch * s.heads * s.seq * s.seq
-    kv_reads = 1 if k_blocks == 1 else q_blocks
-    bytes_ = (2 * s.qkv_bytes + 2 * kv_reads * s.qkv_bytes + 2 * s.lane_bytes
-              + s.segment_bytes(q_blocks, k_blocks))
-    return pl.CostEstimate(flops=4 * scores * s.head_dim + FORWARD_ELEMENTWISE * scores,
-                           transcendentals=scores, bytes_accessed=bytes_)
-
-
+# Elementwise FLOPs per score besides the matmuls and the exp: the forward's is what the
+# shipped estimate (XLA's count of its reference softmax) gives; the backward's are scale,
+# subtract, normalise, subtract di, multiply, mask.
 FORWARD_ELEMENTWISE = 4
-
-
-def backward_costs(shape: Shape, blocks: tpu_flash.BlockSizes
-                   ) -> tuple[pl.CostEstimate, pl.CostEstimate]:
-    """(dk/dv kernel, dq kernel) HBM bytes and FLOPs, non-causal grid.
-
-    dk/dv recomputes q·kᵀ, then pᵀ·do, do·vᵀ, dsᵀ·q: 8·B·H·S²·D; dq recomputes q·kᵀ and do·vᵀ,
-    then ds·k: 6·B·H·S²·D; each one exp per score and ~6 elementwise FLOPs per score
-    (scale, subtract, normalise, subtract di, multiply, mask). Bytes: the dk/dv grid keeps
-    its k, v, dk, dv block and streams q, do, l, m, di per key block (once when one block
-    covers the keys); the dq grid the converse.
-    """
-    s = shape
-    scores = s.batch * s.heads * s.seq * s.seq
-    q_blocks_dkv = s.seq // blocks.block_q_major_dkv
-    k_blocks_dkv = s.seq // blocks.block_k_major_dkv
-    # Streamed per key block: q, do (q-shaped) and l, m, di (lane-shaped).
-    q_side = 2 * s.qkv_bytes + 3 * s.lane_bytes
-    streamed = 1 if q_blocks_dkv == 1 else k_blocks_dkv
-    dkv = pl.CostEstimate(
-        flops=8 * scores * s.head_dim + BACKWARD_ELEMENTWISE * scores,
-        transcendentals=scores,
-        bytes_accessed=(4 * s.qkv_bytes + streamed * q_side
-                        + s.segment_bytes(k_blocks_dkv, q_blocks_dkv)))
-    q_blocks_dq = s.seq // blocks.block_q_dq
-    k_blocks_dq = s.seq // blocks.block_k_major_dq
-    kv_reads = 1 if k_blocks_dq == 1 else q_blocks_dq
-    dq = pl.CostEstimate(
-        flops=6 * scores * s.head_dim + BACKWARD_ELEMENTWISE * scores,
-        transcendentals=scores,
-        bytes_accessed=(q_side + s.qkv_bytes + 2 * kv_reads * s.qkv_bytes
-                        + s.segment_bytes(q_blocks_dq, k_blocks_dq)))
-    return dkv, dq
-
-
 BACKWARD_ELEMENTWISE = 6
+
+
+def forward_cost(shape: Shape) -> pl.CostEstimate:
+    """The forward kernel (with its l, m residuals): reads q, k, v and the segment ids, writes
+    o, l, m ([seq, 128] float32 each); q·kᵀ and p·v are 4·B·H·S²·D FLOPs, one exp per score.
+    Causal masking is not discounted (with one block the kernel computes every score)."""
+    s = shape
+    return pl.CostEstimate(
+        flops=4 * s.scores * s.head_dim + FORWARD_ELEMENTWISE * s.scores,
+        transcendentals=s.scores,
+        bytes_accessed=4 * s.qkv_bytes + 2 * s.lane_bytes + s.segment_bytes())
+
+
+def backward_costs(shape: Shape) -> tuple[pl.CostEstimate, pl.CostEstimate]:
+    """(dk/dv kernel, dq kernel). Both read q, k, v, do, l, m, di and the segment ids; dk/dv
+    recomputes q·kᵀ, then pᵀ·do, do·vᵀ, dsᵀ·q (8·B·H·S²·D FLOPs) and writes dk, dv; dq
+    recomputes q·kᵀ and do·vᵀ, then ds·k (6·B·H·S²·D) and writes dq. One exp per score each."""
+    s = shape
+    reads = 4 * s.qkv_bytes + 3 * s.lane_bytes
+
+    def cost(matmuls, writes, key_ids_per_head):
+        return pl.CostEstimate(
+            flops=2 * matmuls * s.scores * s.head_dim + BACKWARD_ELEMENTWISE * s.scores,
+            transcendentals=s.scores,
+            bytes_accessed=reads + writes * s.qkv_bytes + s.segment_bytes(key_ids_per_head))
+
+    return cost(4, 2, False), cost(3, 1, s.seq > BLOCK)
 
 
 def _with_costs(fn, costs: dict[str, pl.CostEstimate]):
     """fn with each pallas_call given the estimate of `costs` whose key its kernel's name
     contains (the traced jaxpr's equation parameters rewritten): the shipped backward kernels
-    have none, and the forward's counts k and v once however many query blocks read them."""
+    have none."""
 
     def run(*args):
         closed = jax.make_jaxpr(fn)(*args)
@@ -218,7 +209,7 @@ def _forward(q, k, v, segments, causal, scale):
             q, k, v, None, ids, True, causal, scale, blocks.block_b, blocks.block_q,
             blocks.block_k_major, blocks.block_k, False)
 
-    cost = forward_cost(Shape(*q.shape, q.dtype.itemsize), blocks)
+    cost = forward_cost(Shape(*q.shape, q.dtype.itemsize))
     costed = _with_costs(forward, {"_flash_attention_kernel": cost})
     return tuple(_on_platform(costed, q, k, v, segments))
 
@@ -226,7 +217,7 @@ def _forward(q, k, v, segments, causal, scale):
 def _backward(q, k, v, segments, out, l, m, d_out, causal, scale):
     """Per-shard backward: (dq, dk, dv), each [b, h, s, d]."""
     blocks = block_sizes(q.shape[2])
-    dkv_cost, dq_cost = backward_costs(Shape(*q.shape, q.dtype.itemsize), blocks)
+    dkv_cost, dq_cost = backward_costs(Shape(*q.shape, q.dtype.itemsize))
 
     def backward(q, k, v, segments, out, l, m, d_out):
         ids = tpu_flash.SegmentIds(segments, segments)
