@@ -1,9 +1,12 @@
 """Fused attention with attention dropout inside the kernel (Pallas TPU; interpreted off TPU).
 
-For `attention_impl="flash"` with `attention_dropout_prob > 0` in training. Sequences up to a
-few hundred tokens (BERT's 128 and 512) fit one block, so each grid step (batch row, head)
-holds its whole [seq, seq] score tile in VMEM: no online softmax, and the backward is one
-kernel that recomputes the probabilities once and writes dq, dk and dv.
+For `attention_impl="flash"` with `attention_dropout_prob > 0` in training. Sequences up to
+512 tokens fit one block, so each grid step (batch row, head) holds its whole score tile in
+VMEM: no online softmax, and the backward is one kernel that recomputes the probabilities
+once and writes dq, dk and dv. The tile is kept transposed, [keys, queries]: the softmax's
+reductions over keys then leave [1, queries] rows, so the per-query residuals (log-sum-exp,
+and di = Σ out·d_out for the backward) travel as float32 [batch, heads, 1, seq], not
+broadcast to 128 lanes as in JAX's flash kernels, and the backward needs one transpose.
 
 The keep mask is a stateless hash of (seed, batch row, head, query, key) computed in the
 kernel from iotas: the forward and the backward draw the same mask, nothing of it is stored,
@@ -44,13 +47,12 @@ def _mix(x):
     return x ^ lax.shift_right_logical(x, jnp.int32(16))
 
 
-def keep_bits(seed, row, head, num_heads: int, shape: tuple[int, int]):
-    """Keep-decision draws [q, k] int32 in [0, 2²⁴) for one (batch row, head): a hash of the
-    position q·k_len + k, salted by (row, head) and the seed. Used in the kernels and outside."""
-    query = lax.broadcasted_iota(jnp.int32, shape, 0)
-    key = lax.broadcasted_iota(jnp.int32, shape, 1)
+def keep_bits(seed, row, head, num_heads: int, query, key, key_len: int):
+    """Keep-decision draws int32 in [0, 2²⁴) for one (batch row, head): a hash of the position
+    query·key_len + key (query, key: int32 index arrays of one shape), salted by (row, head)
+    and the seed. Used in the kernels and outside."""
     salt = _mix(row * num_heads + head + _u32(0x9E3779B9))
-    bits = _mix(_mix(query * shape[1] + key) ^ salt) ^ seed
+    bits = _mix(_mix(query * key_len + key) ^ salt) ^ seed
     return lax.shift_right_logical(_mix(bits), jnp.int32(32 - BITS))
 
 
@@ -68,7 +70,9 @@ def keep_mask(seed, shape: tuple[int, int, int, int], rate: float) -> jax.Array:
     batch, heads, q_len, k_len = shape
 
     def one(row, head):
-        return keep_bits(seed, row, head, heads, (q_len, k_len)) >= threshold(rate)
+        query = lax.broadcasted_iota(jnp.int32, (q_len, k_len), 0)
+        key = lax.broadcasted_iota(jnp.int32, (q_len, k_len), 1)
+        return keep_bits(seed, row, head, heads, query, key, k_len) >= threshold(rate)
 
     rows = jnp.arange(batch, dtype=jnp.int32)
     return jax.vmap(jax.vmap(one, (None, 0)), (0, None))(rows, jnp.arange(heads, dtype=jnp.int32))
@@ -84,56 +88,57 @@ class Static:
     num_heads: int
 
 
-def _scores(static, q, k, q_segments, kv_segments):
-    """Masked, scaled scores [q, k] float32."""
-    s = lax.dot_general(q, k, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+def _scores(static, q, k, key_ids, query_ids):
+    """Masked, scaled scores transposed, [k, q] float32: reductions over keys run along the
+    sublanes and leave [1, q] rows, which broadcast over a tile without relayout."""
+    s = lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     s = s * static.scale
-    mask = q_segments == kv_segments  # [q, 128]-tiled column against a [1, k] row
+    key_ids = jnp.tile(key_ids, (1, q.shape[0] // LANES))  # [k, 128] column → [k, q]
+    mask = key_ids == query_ids  # against the [1, q] row
     if static.causal:
-        mask &= (lax.broadcasted_iota(jnp.int32, s.shape, 0)
-                 >= lax.broadcasted_iota(jnp.int32, s.shape, 1))
+        mask &= (lax.broadcasted_iota(jnp.int32, s.shape, 1)
+                 >= lax.broadcasted_iota(jnp.int32, s.shape, 0))
     return jnp.where(mask, s, MASK_VALUE)
 
 
-def _segments(q_seg_ref, kv_seg_ref, k_len):
-    q_seg = jnp.tile(q_seg_ref[0], (1, k_len // LANES))  # [q, k]
-    return q_seg, kv_seg_ref[0, :1]  # [1, k]
-
-
 def _keep(static, seed_ref, shape):
-    bits = keep_bits(seed_ref[0], pl.program_id(0), pl.program_id(1), static.num_heads, shape)
+    """The keep mask of this grid step's (batch row, head), transposed: [k, q]."""
+    key = lax.broadcasted_iota(jnp.int32, shape, 0)
+    query = lax.broadcasted_iota(jnp.int32, shape, 1)
+    bits = keep_bits(seed_ref[0], pl.program_id(0), pl.program_id(1), static.num_heads,
+                     query, key, shape[0])
     return bits >= threshold(static.rate)
 
 
-def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, o_ref, lse_ref, *,
-                    static):
+def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, o_ref, lse_ref,
+                    *, static):
     q, k, v = q_ref[0, 0], k_ref[0, 0], v_ref[0, 0]
-    s = _scores(static, q, k, *_segments(q_seg_ref, kv_seg_ref, k.shape[0]))
-    m = jnp.max(s, axis=1, keepdims=True)
+    s = _scores(static, q, k, key_ids_ref[0], query_ids_ref[0, :1])
+    m = jnp.max(s, axis=0, keepdims=True)  # [1, q]
     p = jnp.exp(s - m)
-    total = jnp.sum(p, axis=1, keepdims=True)
-    p = jnp.where(_keep(static, seed_ref, s.shape), p, 0.0)
-    out = lax.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)
-    o_ref[0, 0] = (out / (total * keep_probability(static.rate))).astype(o_ref.dtype)
-    lse_ref[0, 0] = jnp.broadcast_to(m + jnp.log(total), lse_ref.shape[2:])
+    total = jnp.sum(p, axis=0, keepdims=True)
+    scale = 1.0 / (total * keep_probability(static.rate))
+    p = jnp.where(_keep(static, seed_ref, s.shape), p * scale, 0.0)  # dropped probabilities
+    o_ref[0, 0] = lax.dot(p.T.astype(v.dtype), v,
+                          preferred_element_type=jnp.float32).astype(o_ref.dtype)
+    lse_ref[0, 0] = m + jnp.log(total)
 
 
-def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, q_seg_ref, kv_seg_ref, lse_ref, do_ref,
-                     di_ref, dq_ref, dk_ref, dv_ref, *, static):
+def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, lse_ref,
+                     do_ref, di_ref, dq_ref, dk_ref, dv_ref, *, static):
     q, k, v, do = q_ref[0, 0], k_ref[0, 0], v_ref[0, 0], do_ref[0, 0]
-    s = _scores(static, q, k, *_segments(q_seg_ref, kv_seg_ref, k.shape[0]))
-    tiles = (1, k.shape[0] // LANES)
-    p = jnp.exp(s - jnp.tile(lse_ref[0, 0], tiles))  # the softmax, before dropout
+    s = _scores(static, q, k, key_ids_ref[0], query_ids_ref[0, :1])
+    p = jnp.exp(s - lse_ref[0, 0])  # the softmax [k, q], before dropout
     keep = _keep(static, seed_ref, s.shape)
     inverse = 1.0 / keep_probability(static.rate)
     dropped = jnp.where(keep, p * inverse, 0.0)
-    dv = lax.dot(dropped.T.astype(do.dtype), do, preferred_element_type=jnp.float32)
-    d_dropped = lax.dot_general(do, v, (((1,), (1,)), ((), ())),
+    dv = lax.dot(dropped.astype(do.dtype), do, preferred_element_type=jnp.float32)
+    d_dropped = lax.dot_general(v, do, (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
     dp = jnp.where(keep, d_dropped * inverse, 0.0)
-    ds = p * (dp - jnp.tile(di_ref[0, 0], tiles)) * static.scale
-    dq = lax.dot(ds.astype(k.dtype), k, preferred_element_type=jnp.float32)
-    dk = lax.dot(ds.T.astype(q.dtype), q, preferred_element_type=jnp.float32)
+    ds = p * (dp - di_ref[0, 0]) * static.scale  # [k, q]
+    dk = lax.dot(ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
+    dq = lax.dot(ds.T.astype(k.dtype), k, preferred_element_type=jnp.float32)
     dq_ref[0, 0] = dq.astype(dq_ref.dtype)
     dk_ref[0, 0] = dk.astype(dk_ref.dtype)
     dv_ref[0, 0] = dv.astype(dv_ref.dtype)
@@ -143,15 +148,21 @@ def _row_spec(seq, width):
     return pl.BlockSpec((1, 1, seq, width), lambda b, h, seed: (b, h, 0, 0))
 
 
+def _vector_spec(seq):
+    """A [batch, heads, 1, seq] float32 per-query vector (log-sum-exp, di)."""
+    return pl.BlockSpec((1, 1, 1, seq), lambda b, h, seed: (b, h, 0, 0))
+
+
 def _segment_inputs(segments, seq):
-    """The segment ids as the kernels read them (as the shipped kernels do): queries
-    [batch, seq, 128] (lane-broadcast), keys [batch, 8, seq] (sublane-broadcast)."""
+    """The segment ids as the kernels read them (the shipped kernels' layout): keys as a
+    column [batch, seq, 128] (lane-broadcast), queries as a row [batch, 8, seq]
+    (sublane-broadcast)."""
     batch = segments.shape[0]
-    q_ids = lax.broadcast_in_dim(segments, (batch, seq, LANES), (0, 1))
-    kv_ids = lax.broadcast_in_dim(segments, (batch, SUBLANES, seq), (0, 2))
+    key_ids = lax.broadcast_in_dim(segments, (batch, seq, LANES), (0, 1))
+    query_ids = lax.broadcast_in_dim(segments, (batch, SUBLANES, seq), (0, 2))
     specs = [pl.BlockSpec((1, seq, LANES), lambda b, h, seed: (b, 0, 0)),
              pl.BlockSpec((1, SUBLANES, seq), lambda b, h, seed: (b, 0, 0))]
-    return [q_ids, kv_ids], specs
+    return [key_ids, query_ids], specs
 
 
 def _shape(q):
@@ -160,27 +171,29 @@ def _shape(q):
 
 def forward_cost(shape: flash.Shape) -> pl.CostEstimate:
     """One grid step per (batch row, head) reads its q, k, v and writes o and the log-sum-exp
-    [seq, 128] float32 (the segment ids once per batch row); q·kᵀ and p·v are 4·B·H·S²·D FLOPs, one exp per
-    score, and ELEMENTWISE FLOPs per score (scale, max, subtract, sum, dropout select)."""
+    (float32 per query), the segment ids once per batch row; q·kᵀ and p·v are 4·B·H·S²·D
+    FLOPs, one exp per score, and ELEMENTWISE FLOPs per score."""
     s = shape
-    scores = s.batch * s.heads * s.seq * s.seq
+    scores = s.scores
     return pl.CostEstimate(
         flops=4 * scores * s.head_dim + ELEMENTWISE * scores, transcendentals=scores,
-        bytes_accessed=4 * s.qkv_bytes + s.lane_bytes + s.segment_bytes())
+        bytes_accessed=4 * s.qkv_bytes + s.vector_bytes + s.segment_bytes())
 
 
 def backward_cost(shape: flash.Shape) -> pl.CostEstimate:
-    """Reads q, k, v, do, the log-sum-exp and di ([seq, 128] float32 each) and the segment
-    ids, writes dq, dk, dv; five [S, S]·[S, D] matmuls (q·kᵀ recomputed, dropped·do,
-    do·vᵀ, ds·k, dsᵀ·q): 10·B·H·S²·D FLOPs, one exp per score."""
+    """Reads q, k, v, do, the log-sum-exp and di (float32 per query) and the segment ids,
+    writes dq, dk, dv; five [S, S]·[S, D] matmuls (k·qᵀ recomputed, dropped·do, v·doᵀ,
+    ds·q, dsᵀ·k): 10·B·H·S²·D FLOPs, one exp per score."""
     s = shape
-    scores = s.batch * s.heads * s.seq * s.seq
+    scores = s.scores
     return pl.CostEstimate(
         flops=10 * scores * s.head_dim + 2 * ELEMENTWISE * scores, transcendentals=scores,
-        bytes_accessed=7 * s.qkv_bytes + 2 * s.lane_bytes + s.segment_bytes())
+        bytes_accessed=7 * s.qkv_bytes + 2 * s.vector_bytes + s.segment_bytes())
 
 
-ELEMENTWISE = 5  # FLOPs per score besides the matmuls; the keep hash is integer work
+# FLOPs per score besides the matmuls (scale, max, subtract, sum, normalise-and-drop; the
+# backward about twice that); the keep hash is integer work, which the estimate leaves out.
+ELEMENTWISE = 5
 
 
 def _forward_call(static, interpret, seed, q, k, v, segments):
@@ -191,9 +204,9 @@ def _forward_call(static, interpret, seed, q, k, v, segments):
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(batch, heads),
             in_specs=[_row_spec(seq, head_dim)] * 3 + seg_specs,
-            out_specs=[_row_spec(seq, head_dim), _row_spec(seq, LANES)]),
+            out_specs=[_row_spec(seq, head_dim), _vector_spec(seq)]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, seq, LANES), jnp.float32)],
+                   jax.ShapeDtypeStruct((batch, heads, 1, seq), jnp.float32)],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
         cost_estimate=forward_cost(_shape(q)),
         interpret=interpret,
@@ -208,8 +221,7 @@ def _backward_call(static, interpret, seed, q, k, v, segments, lse, d_out, di):
         functools.partial(_backward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=(batch, heads),
-            in_specs=[row] * 3 + seg_specs + [_row_spec(seq, LANES), row,
-                                              _row_spec(seq, LANES)],
+            in_specs=[row] * 3 + seg_specs + [_vector_spec(seq), row, _vector_spec(seq)],
             out_specs=[row] * 3),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
@@ -236,8 +248,9 @@ def _attend_fwd(seed, q, k, v, segments, static):
 
 def _attend_bwd(static, residuals, d_out):
     seed, q, k, v, segments, out, lse = residuals
-    di = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1, keepdims=True)
-    di = jnp.broadcast_to(di, (*di.shape[:-1], LANES))
+    # Σ_d out · d_out per query: [batch, heads, 1, seq], the layout of the log-sum-exp.
+    di = jnp.einsum("bhqd,bhqd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))[
+        :, :, None, :]
     dq, dk, dv = _on_platform(_backward_call, static, seed, q, k, v, segments, lse, d_out, di)
     return None, dq, dk, dv, None
 

@@ -118,6 +118,11 @@ class Shape:
         return self.batch * self.heads * self.seq * self.head_dim * self.itemsize
 
     @property
+    def vector_bytes(self) -> int:
+        """One float32 [batch, heads, seq] array (a per-query scalar)."""
+        return self.batch * self.heads * self.seq * 4
+
+    @property
     def lane_bytes(self) -> int:
         """One float32 [batch, heads, seq, 128] array (l, m, di broadcast to the lanes)."""
         return self.batch * self.heads * self.seq * LANES * 4
