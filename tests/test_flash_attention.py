@@ -1,8 +1,8 @@
 """attention_impl="flash" (the Pallas TPU kernels, interpreted on CPU) against the einsum path,
 and the kernels' cost estimates against counts read off the kernels themselves."""
 
-import importlib.util
 import functools
+import importlib.util
 import math
 
 import flax.linen as nn
@@ -161,7 +161,7 @@ def _kernel_counts(jaxpr):
         elif name == "exp":
             exps += math.prod(eqn.outvars[0].aval.shape)
         elif name == "cond":
-            branch = max((_kernel_counts(b.jaxpr) for b in eqn.params["branches"]))
+            branch = max(_kernel_counts(b.jaxpr) for b in eqn.params["branches"])
             flops, exps = flops + branch[0], exps + branch[1]
         else:
             for sub in jex.jaxprs_in_params(eqn.params):

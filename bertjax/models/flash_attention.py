@@ -205,7 +205,8 @@ def _on_platform(fn, *args):
 
 
 def _forward(q, k, v, segments, causal, scale):
-    """Per-shard forward: (out [b, h, s, d], l, m [b, h, s] float32 softmax residuals)."""
+    """Per-shard forward: (out [b, h, s, d], total, peak [b, h, s] float32: the softmax's
+    row sums and maxima, the kernels' l and m)."""
     blocks = block_sizes(q.shape[2])
 
     def forward(q, k, v, segments):
@@ -219,19 +220,19 @@ def _forward(q, k, v, segments, causal, scale):
     return tuple(_on_platform(costed, q, k, v, segments))
 
 
-def _backward(q, k, v, segments, out, l, m, d_out, causal, scale):
+def _backward(q, k, v, segments, out, total, peak, d_out, causal, scale):
     """Per-shard backward: (dq, dk, dv), each [b, h, s, d]."""
     blocks = block_sizes(q.shape[2])
     dkv_cost, dq_cost = backward_costs(Shape(*q.shape, q.dtype.itemsize))
 
-    def backward(q, k, v, segments, out, l, m, d_out):
+    def backward(q, k, v, segments, out, total, peak, d_out):
         ids = tpu_flash.SegmentIds(segments, segments)
         dq, dk, dv, _, _ = tpu_flash._flash_attention_bwd(
-            False, causal, scale, blocks, False, (q, k, v, None, ids, out, l, m), d_out)
+            False, causal, scale, blocks, False, (q, k, v, None, ids, out, total, peak), d_out)
         return dq, dk, dv
 
     costed = _with_costs(backward, {"dkv_kernel": dkv_cost, "dq_kernel": dq_cost})
-    return tuple(_on_platform(costed, q, k, v, segments, out, l, m, d_out))
+    return tuple(_on_platform(costed, q, k, v, segments, out, total, peak, d_out))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -240,8 +241,8 @@ def _flash(q, k, v, segments, causal, scale):
 
 
 def _flash_fwd(q, k, v, segments, causal, scale):
-    out, l, m = _forward(q, k, v, segments, causal, scale)
-    return out, (q, k, v, segments, out, l, m)
+    out, total, peak = _forward(q, k, v, segments, causal, scale)
+    return out, (q, k, v, segments, out, total, peak)
 
 
 def _flash_bwd(causal, scale, residuals, d_out):
