@@ -102,12 +102,19 @@ def _scores(static, q, k, key_ids, query_ids):
 
 
 def _keep(static, seed_ref, shape):
-    """The keep mask of this grid step's (batch row, head), transposed: [k, q]."""
+    """The keep mask [k, q] of this grid step's (batch row, head), or None at rate 0 (no hash
+    computed)."""
+    if static.rate == 0:
+        return None
     key = lax.broadcasted_iota(jnp.int32, shape, 0)
     query = lax.broadcasted_iota(jnp.int32, shape, 1)
     bits = keep_bits(seed_ref[0], pl.program_id(0), pl.program_id(1), static.num_heads,
                      query, key, shape[0])
     return bits >= threshold(static.rate)
+
+
+def _drop(keep, x):
+    return x if keep is None else jnp.where(keep, x, 0.0)
 
 
 def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, o_ref, lse_ref,
@@ -118,7 +125,7 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, o
     p = jnp.exp(s - m)
     total = jnp.sum(p, axis=0, keepdims=True)
     scale = 1.0 / (total * keep_probability(static.rate))
-    p = jnp.where(_keep(static, seed_ref, s.shape), p * scale, 0.0)  # dropped probabilities
+    p = _drop(_keep(static, seed_ref, s.shape), p * scale)  # dropped probabilities
     o_ref[0, 0] = lax.dot(p.T.astype(v.dtype), v,
                           preferred_element_type=jnp.float32).astype(o_ref.dtype)
     lse_ref[0, 0] = m + jnp.log(total)
@@ -131,11 +138,11 @@ def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, 
     p = jnp.exp(s - lse_ref[0, 0])  # the softmax [k, q], before dropout
     keep = _keep(static, seed_ref, s.shape)
     inverse = 1.0 / keep_probability(static.rate)
-    dropped = jnp.where(keep, p * inverse, 0.0)
+    dropped = _drop(keep, p * inverse)
     dv = lax.dot(dropped.astype(do.dtype), do, preferred_element_type=jnp.float32)
     d_dropped = lax.dot_general(v, do, (((1,), (1,)), ((), ())),
                                 preferred_element_type=jnp.float32)
-    dp = jnp.where(keep, d_dropped * inverse, 0.0)
+    dp = _drop(keep, d_dropped * inverse)
     ds = p * (dp - di_ref[0, 0]) * static.scale  # [k, q]
     dk = lax.dot(ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
     dq = lax.dot(ds.T.astype(k.dtype), k, preferred_element_type=jnp.float32)
