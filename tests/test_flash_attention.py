@@ -1,5 +1,6 @@
-"""attention_impl="flash" (the Pallas TPU kernels, interpreted on CPU) against the einsum path,
-and the kernels' cost estimates against counts read off the kernels themselves."""
+"""attention_impl "flash" (this project's Pallas TPU kernel, bertjax/models/dropout_attention.py)
+and "flash_jax" (JAX's Pallas flash kernels), interpreted on CPU, against the einsum path; the
+kernels' cost estimates against counts read off the kernels themselves."""
 
 import functools
 import importlib.util
@@ -16,6 +17,7 @@ from bertjax.models import BertConfig, BertModel
 from bertjax.models import attention as attn_lib
 from bertjax.models import dropout_attention as dropout
 from bertjax.models import flash_attention as flash
+from bertjax.models.config import ConfigError
 
 
 def _inputs(rng, batch, seq, heads, head_dim):
@@ -38,8 +40,16 @@ CASES = {  # name: (padding, packing, causal, head_dim)
 }
 
 
+IMPLS = {  # attention_impl: the attention function (segments, causal) of bert.SelfAttention
+    "flash": lambda q, k, v, segments, causal: dropout.dropout_attention(
+        q, k, v, segments, jnp.zeros((1,), jnp.int32), 0.0, causal),
+    "flash_jax": flash.flash_attention,
+}
+
+
+@pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("case", CASES)
-def test_flash_equals_einsum_values_and_gradients(case):
+def test_flash_equals_einsum_values_and_gradients(case, impl):
     padding, packing, causal, head_dim = CASES[case]
     batch, seq, heads = 2, 40, 2  # seq not a multiple of 128: padded for the kernels
     q, k, v, weights = _inputs(0, batch, seq, heads, head_dim)
@@ -54,9 +64,10 @@ def test_flash_equals_einsum_values_and_gradients(case):
 
     expected = _loss_and_grads(lambda q, k, v: attn_lib.einsum_attention(q, k, v, mask),
                                q, k, v, weights, real)
-    got = _loss_and_grads(lambda q, k, v: flash.flash_attention(q, k, v, segments, causal),
+    attend = IMPLS[impl]
+    got = _loss_and_grads(lambda q, k, v: attend(q, k, v, segments, causal),
                           q, k, v, weights, real)
-    out = flash.flash_attention(q, k, v, segments, causal)
+    out = attend(q, k, v, segments, causal)
     reference = attn_lib.einsum_attention(q, k, v, mask)
     assert bool(jnp.all(jnp.isfinite(out)))  # padded rows too: never a fully masked row
     rows = np.asarray(input_mask, bool)
@@ -66,17 +77,19 @@ def test_flash_equals_einsum_values_and_gradients(case):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=name)
 
 
-def test_fully_padded_row_stays_finite():
+@pytest.mark.parametrize("impl", IMPLS)
+def test_fully_padded_row_stays_finite(impl):
     q, k, v, _ = _inputs(1, 2, 16, 1, 32)
     input_mask = jnp.asarray([[1] * 16, [0] * 16], jnp.int32)
     segments = flash.segment_ids(input_mask, None, (2, 16))
     out, grads = jax.value_and_grad(
-        lambda q: flash.flash_attention(q, k, v, segments).sum())(q)
+        lambda q: IMPLS[impl](q, k, v, segments, False).sum())(q)
     assert bool(jnp.isfinite(out)) and bool(jnp.all(jnp.isfinite(grads)))
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_bert_model_flash_equals_einsum(causal):
+@pytest.mark.parametrize("impl,causal", [("flash", False), ("flash", True),
+                                         ("flash_jax", False)])
+def test_bert_model_flash_equals_einsum(impl, causal):
     cfg = dict(vocab_size=53, hidden_size=64, num_heads=2, intermediate_size=96, num_layers=2,
                max_position_embeddings=32, hidden_dropout_prob=0.0, attention_dropout_prob=0.0,
                causal=causal)
@@ -102,7 +115,7 @@ def test_bert_model_flash_equals_einsum(causal):
         return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
 
     (loss_e, seq_e), grads_e = run("einsum")
-    (loss_f, seq_f), grads_f = run("flash")
+    (loss_f, seq_f), grads_f = run(impl)
     rows = np.asarray(input_mask, bool)
     np.testing.assert_allclose(np.asarray(seq_f)[rows], np.asarray(seq_e)[rows], atol=2e-5)
     np.testing.assert_allclose(loss_f, loss_e, rtol=1e-5)
@@ -110,6 +123,11 @@ def test_bert_model_flash_equals_einsum(causal):
         b = dict(jax.tree_util.tree_leaves_with_path(grads_e))[path]
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4,
                                    err_msg=jax.tree_util.keystr(path))
+
+
+def test_flash_jax_with_attention_dropout_is_a_config_error():
+    with pytest.raises(ConfigError, match="model.attention_dropout_prob=0.1"):
+        BertConfig(attention_impl="flash_jax", attention_dropout_prob=0.1)
 
 
 def test_bert_model_flash_applies_attention_dropout_in_training():
@@ -232,13 +250,15 @@ def test_forward_estimate_equals_the_shipped_one():
 # Kernel or interpreter: decided by what the step is lowered for
 
 
-def _attention_grad(q, k, v, segments):
-    return flash.flash_attention(q, k, v, segments).astype(jnp.float32).sum()
+def _attention_loss(attend, q, k, v, segments):
+    return attend(q, k, v, segments, False).astype(jnp.float32).sum()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu (pip install -e '.[tpu]') is not installed")
-def test_tpu_compile_holds_the_mosaic_kernels_and_cpu_the_interpreter():
+@pytest.mark.filterwarnings("ignore:Error reading persistent compilation cache")
+@pytest.mark.parametrize("impl,kernels", [("flash", 2), ("flash_jax", 3)])
+def test_tpu_compile_holds_the_mosaic_kernels_and_cpu_the_interpreter(impl, kernels):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from bertjax.train import topology
@@ -247,13 +267,13 @@ def test_tpu_compile_holds_the_mosaic_kernels_and_cpu_the_interpreter():
     rows = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec("data"))
     spec = jax.ShapeDtypeStruct((8, 128, 2, 64), jnp.bfloat16, sharding=rows)
     segments = jax.ShapeDtypeStruct((8, 128), jnp.int32, sharding=rows)
-    step = jax.jit(jax.grad(_attention_grad, (0, 1, 2)))
+    step = jax.jit(jax.grad(functools.partial(_attention_loss, IMPLS[impl]), (0, 1, 2)))
     with flash.sharded_like(rows):  # as jit_train_step does: the kernels run per batch shard
         tpu = step.lower(spec, spec, spec, segments).compile().as_text()
     cpu = step.lower(*(jax.ShapeDtypeStruct(s.shape, s.dtype)
                        for s in (spec, spec, spec, segments))).compile().as_text()
-    # forward, dk/dv and dq kernels
-    assert tpu.count('custom_call_target="tpu_custom_call"') == 3
+    # flash: forward and backward kernels; flash_jax: forward, dk/dv and dq kernels
+    assert tpu.count('custom_call_target="tpu_custom_call"') == kernels
     assert "tpu_custom_call" not in cpu
 
 

@@ -146,7 +146,8 @@ class SelfAttention(nn.Module):
     @nn.compact
     def __call__(self, x: Array, mask: Array | None) -> Array:
         """x: [batch, seq, hidden]; mask: [batch, 1, seq, seq] bool, or for
-        attention_impl="flash" segment ids [batch, seq] int (flash_attention.segment_ids)
+        attention_impl "flash" / "flash_jax" segment ids [batch, seq] int
+        (flash_attention.segment_ids)
         → [batch, seq, hidden]."""
         cfg = self.config
 
@@ -165,12 +166,15 @@ class SelfAttention(nn.Module):
         query, key, value = project("query"), project("key"), project("value")
         dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
         impl = cfg.attention_impl
-        if impl == "flash" and dropout_active:  # dropout drawn inside the kernel
-            bits = jax.random.bits(self.make_rng("dropout"), (1,), jnp.uint32)
-            context = dropout_attention.dropout_attention(
-                query, key, value, mask, jax.lax.bitcast_convert_type(bits, jnp.int32),
-                cfg.attention_dropout_prob, cfg.causal)
-        elif impl == "flash":
+        if impl == "flash":  # dropout drawn inside the kernel
+            seed, rate = jnp.zeros((1,), jnp.int32), 0.0
+            if dropout_active:
+                bits = jax.random.bits(self.make_rng("dropout"), (1,), jnp.uint32)
+                seed = jax.lax.bitcast_convert_type(bits, jnp.int32)
+                rate = cfg.attention_dropout_prob
+            context = dropout_attention.dropout_attention(query, key, value, mask, seed, rate,
+                                                          cfg.causal)
+        elif impl == "flash_jax":  # BertConfig rules out attention dropout with it
             context = flash_lib.flash_attention(query, key, value, mask, cfg.causal)
         elif impl == "einsum" or (impl == "auto" and dropout_active):
             dropout = None
@@ -332,7 +336,7 @@ class BertModel(nn.Module):
                 position_ids = attn_lib.positions_from_packing(packing_ids)
             else:
                 position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
-        if cfg.attention_impl == "flash":  # the kernels mask by segment ids (and causal)
+        if cfg.attention_impl in ("flash", "flash_jax"):  # kernels mask by segment ids
             mask = flash_lib.segment_ids(input_mask, packing_ids, input_ids.shape)
         else:
             mask = attn_lib.attention_mask(
