@@ -461,9 +461,8 @@ def test_extrapolation_is_fixed_plus_per_layer_times_layers():
 @pytest.mark.slow
 @needs_libtpu
 def test_extrapolated_step_matches_the_full_unrolled_compile_on_v5p():
-    from bertjax.train import flops as flops_lib
-
     from bertjax.train import dry_run
+    from bertjax.train import flops as flops_lib
 
     job, full = _compile("v5p-8", 64, {}, "mini", exact=True)
     _, estimate = _compile("v5p-8", 64, {}, "mini", exact=False)

@@ -64,7 +64,7 @@ def test_invalid_model_values_name_the_field():
     with pytest.raises(ConfigError, match="model.num_heads"):
         BertConfig.from_preset("tiny", num_heads=3)
     with pytest.raises(ConfigError, match="model.attention_impl"):
-        BertConfig.from_preset("tiny", attention_impl="flash")
+        BertConfig.from_preset("tiny", attention_impl="splash")
     with pytest.raises(ConfigError, match="num_layerz"):
         BertConfig.from_dict({"num_layerz": 3})
 
@@ -83,7 +83,7 @@ def _one_line_error(proc):
         ("--config.model.num_layers=abc", "config.model.num_layers"),
         ("--config.optimizer.learning_rate=fast", "config.optimizer.learning_rate"),
         ("--config.trian.batch_size=8", "trian"),
-        ("--config.model.attention_impl=flash", "model.attention_impl"),
+        ("--config.model.attention_impl=splash", "model.attention_impl"),
         ("--config.mesh.tensor=3", "config.mesh"),
     ],
 )

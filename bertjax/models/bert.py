@@ -14,6 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention as attn_lib
+from bertjax.models import dropout_attention
+from bertjax.models import flash_attention as flash_lib
 from bertjax.models.config import BertConfig
 from bertjax.models.dense import Dense
 
@@ -143,7 +145,10 @@ class SelfAttention(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, mask: Array | None) -> Array:
-        """x: [batch, seq, hidden]; mask: [batch, 1, seq, seq] bool → [batch, seq, hidden]."""
+        """x: [batch, seq, hidden]; mask: [batch, 1, seq, seq] bool, or for
+        attention_impl "flash" / "flash_jax" segment ids [batch, seq] int
+        (flash_attention.segment_ids)
+        → [batch, seq, hidden]."""
         cfg = self.config
 
         def project(name):
@@ -161,7 +166,17 @@ class SelfAttention(nn.Module):
         query, key, value = project("query"), project("key"), project("value")
         dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
         impl = cfg.attention_impl
-        if impl == "einsum" or (impl == "auto" and dropout_active):
+        if impl == "flash":  # dropout drawn inside the kernel
+            seed, rate = jnp.zeros((1,), jnp.int32), 0.0
+            if dropout_active:
+                bits = jax.random.bits(self.make_rng("dropout"), (1,), jnp.uint32)
+                seed = jax.lax.bitcast_convert_type(bits, jnp.int32)
+                rate = cfg.attention_dropout_prob
+            context = dropout_attention.dropout_attention(query, key, value, mask, seed, rate,
+                                                          cfg.causal)
+        elif impl == "flash_jax":  # BertConfig rules out attention dropout with it
+            context = flash_lib.flash_attention(query, key, value, mask, cfg.causal)
+        elif impl == "einsum" or (impl == "auto" and dropout_active):
             dropout = None
             if dropout_active:
                 dropout = Dropout(cfg.attention_dropout_prob).keep_mask
@@ -321,9 +336,12 @@ class BertModel(nn.Module):
                 position_ids = attn_lib.positions_from_packing(packing_ids)
             else:
                 position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
-        mask = attn_lib.attention_mask(
-            input_mask, packing_ids, causal=cfg.causal, seq_len=input_ids.shape[1]
-        )
+        if cfg.attention_impl in ("flash", "flash_jax"):  # kernels mask by segment ids
+            mask = flash_lib.segment_ids(input_mask, packing_ids, input_ids.shape)
+        else:
+            mask = attn_lib.attention_mask(
+                input_mask, packing_ids, causal=cfg.causal, seq_len=input_ids.shape[1]
+            )
         embedded = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
         sequence_output, per_layer = self.encoder(
             embedded, mask, deterministic, return_all_layers

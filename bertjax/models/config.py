@@ -20,7 +20,7 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
-ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn")
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "flash", "flash_jax")
 REMAT_POLICIES = ("none", "full", "dots")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
@@ -48,7 +48,10 @@ class BertConfig:
     param_dtype: str = "float32"
     # "auto": jax.nn.dot_product_attention (fused kernels) unless attention dropout is active,
     # which the fused kernels cannot apply; "einsum": the plain reference path;
-    # "xla" / "cudnn": force that dot_product_attention implementation.
+    # "xla" / "cudnn": force that dot_product_attention implementation; "flash": this
+    # project's Pallas TPU kernel (interpreted off TPU), attention dropout drawn inside it
+    # (bertjax.models.dropout_attention); "flash_jax": JAX's Pallas flash-attention kernels,
+    # without attention dropout.
     attention_impl: str = "auto"
     causal: bool = False  # left-to-right attention (the LTR ablation)
     remat_policy: str = "none"  # rematerialise each layer: none | full | dots
@@ -84,6 +87,13 @@ class BertConfig:
                 raise ConfigError(
                     f"model.{field}={getattr(self, field)!r} is not one of {allowed}"
                 )
+
+        if self.attention_impl == "flash_jax" and self.attention_dropout_prob > 0:
+            raise ConfigError(
+                f"model.attention_dropout_prob={self.attention_dropout_prob} must be 0 with "
+                "model.attention_impl='flash_jax' (JAX's flash kernels apply no attention "
+                "dropout; 'flash' does)"
+            )
 
     @property
     def head_dim(self) -> int:

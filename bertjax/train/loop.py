@@ -35,6 +35,7 @@ this module never imports TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -82,10 +83,14 @@ class Stage:
 
 
 class Runner:
-    """Runs a jitted function over per-host batches and brings the outputs to every host."""
+    """Runs a jitted function over per-host batches and brings the outputs to every host.
 
-    def __init__(self, batch_sharding):
+    rules: the logical-axis rules, in force (with the batch sharding's mesh) while `fn` is
+    traced, as for the train step (sharding.in_force)."""
+
+    def __init__(self, batch_sharding, rules: sharding_lib.Rules | None = None):
         self.batch_sharding = batch_sharding
+        self.rules = rules
 
     def to_global(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         return {k: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(v))
@@ -98,7 +103,10 @@ class Runner:
         """(global batch on the host, fn(params, batch) on the host) for every batch."""
         for batch in batches:
             global_batch = self.to_global(batch)
-            yield self.to_host(global_batch), self.to_host(fn(params, global_batch))
+            with (sharding_lib.in_force(self.batch_sharding.mesh, self.rules)
+                  if self.rules is not None else contextlib.nullcontext()):
+                outputs = fn(params, global_batch)
+            yield self.to_host(global_batch), self.to_host(outputs)
 
 
 def best_entry(history: list[dict[str, float]], metric: str) -> dict[str, float]:
@@ -344,7 +352,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     tx, schedule = job.optimizer()
     abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules,
                                                         configs.rng_impl(config))
-    runner = Runner(sharding_lib.batch_sharding(mesh, rules))
+    runner = Runner(sharding_lib.batch_sharding(mesh, rules), rules)
     train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
                                              runner.batch_sharding, rules)
     ckpt = config.checkpoint

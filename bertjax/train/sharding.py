@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -12,6 +13,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bertjax.models import flash_attention
 from bertjax.models.config import ConfigError
 
 MESH_AXES = ("data", "fsdp", "tensor")
@@ -69,8 +71,9 @@ def batch_sharding(mesh: Mesh, rules: Rules) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*spec))
 
 
-def with_rules(fn: Callable, mesh: Mesh, rules: Rules) -> Callable:
-    """`fn` traced with the logical-axis `rules` and `mesh` in force (for `jax.jit`), so the
+@contextlib.contextmanager
+def in_force(mesh: Mesh, rules: Rules):
+    """The logical-axis `rules` and `mesh` in force while a jitted function is traced, so the
     model's `nn.with_logical_constraint` calls constrain its activations.
 
     Without both, flax makes those calls no-ops and XLA picks the activations' shardings from
@@ -78,11 +81,19 @@ def with_rules(fn: Callable, mesh: Mesh, rules: Rules) -> Callable:
     [batch, seq, hidden] activations over hidden, every matmul's contraction then ran
     split over fsdp, and its [batch, seq, ...] results were all-gathered and all-reduced over
     the whole global batch (more temporaries per device than data parallelism).
+    Flash attention's Mosaic kernels cannot be partitioned by XLA: they run per batch shard
+    (flash_attention.sharded_like).
     """
     rules = as_rules(rules)
+    with (jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules),
+          flash_attention.sharded_like(batch_sharding(mesh, rules))):
+        yield
 
+
+def with_rules(fn: Callable, mesh: Mesh, rules: Rules) -> Callable:
+    """`fn` traced with `in_force(mesh, rules)` (for `jax.jit`)."""
     def constrained(*args, **kwargs):
-        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh), nn.logical_axis_rules(rules):
+        with in_force(mesh, rules):
             return fn(*args, **kwargs)
 
     # Keep the function's name: profiles and HLO dumps name the jitted program by it.
