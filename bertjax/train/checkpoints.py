@@ -58,6 +58,7 @@ from bertjax.train import multihost
 from bertjax.train import step as step_lib
 
 T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 1200  # config.checkpoint.timeout_s: orbax's own default
 TMP_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX  # of a step directory being written
 UNREADABLE_DIR = "unreadable_checkpoints"
 
@@ -210,12 +211,19 @@ def checkpoints_dir(workdir: str) -> epath.Path:
     return epath.Path(root) / "checkpoints"
 
 
-def _errno(error: BaseException) -> int:
-    """The OS error number behind `error` (tensorstore states it in its message); 0: none."""
-    if isinstance(error, OSError) and error.errno:
-        return error.errno
-    found = re.search(r"\[os_error_code='(\d+)'\]", str(error))
-    return int(found[1]) if found else 0
+def _os_error(error: BaseException) -> tuple[int, BaseException]:
+    """(errno, the error stating it) of the OS error behind `error` (tensorstore states it in
+    its message), searched along the chain of errors it was raised during (on a multi-process
+    run orbax's closing barrier times out, raised over the write's error); (0, error): none."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen.errno, seen
+        found = re.search(r"\[os_error_code='(\d+)'\]", str(seen))
+        if found:
+            return int(found[1]), seen
+        seen = seen.__cause__ or seen.__context__
+    return 0, error
 
 
 @dataclasses.dataclass
@@ -241,9 +249,12 @@ class _Pending:
 
 class Checkpointer:
     def __init__(self, workdir: str, max_to_keep: int = 3, async_save: bool = True,
-                 best_metric: str | None = None, agree_timeout_s: float = 300.0):
+                 best_metric: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 distributed_timeout_s: float = 300.0):
         self.directory = checkpoints_dir(workdir)
-        self.agree_timeout_s = agree_timeout_s  # how long processes wait for each other's outcome
+        # A process whose writes failed never reaches orbax's barrier after them: the others
+        # wait there for `timeout_s`, then all share their outcome (`_agreed`).
+        self.agree_timeout_s = timeout_s + distributed_timeout_s
         self._round = 0  # outcomes shared so far (each under its own tag)
         ignore_late_callbacks()
         policies = [checkpoint_managers.LatestN(max_to_keep)]
@@ -251,13 +262,13 @@ class Checkpointer:
             policies.append(checkpoint_managers.BestN(
                 get_metric_fn=lambda m: m[best_metric], n=1,
                 keep_checkpoints_without_metrics=False))
-        self.manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                # A failed attempt's (or a killed run's) temporary directory goes at start.
-                enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True,
-                preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies)),
-        )
+        self._options = functools.partial(
+            ocp.CheckpointManagerOptions,
+            # A failed attempt's (or a killed run's) temporary directory goes at start.
+            enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True,
+            async_options=ocp.AsyncOptions(timeout_secs=int(timeout_s)),
+            preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies))
+        self.manager = ocp.CheckpointManager(self.directory, options=self._options())
         self._log_filter = _DropReraised()
         logging.getLogger("absl").addFilter(self._log_filter)
         self._pending: _Pending | None = None
@@ -321,30 +332,45 @@ class Checkpointer:
 
     def _attempt(self, step: int, state: Any, meta: dict[str, Any], iterator: Any,
                  metrics: dict[str, float] | None) -> Callable[[], Any]:
-        return functools.partial(self.manager.save, step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta),
-            data=DataIteratorSave(iterator)), metrics=metrics, force=True)
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  meta=ocp.args.JsonSave(meta), data=DataIteratorSave(iterator))
+        # self.manager when called: a failed attempt renews it (`_renew_manager`)
+        return lambda: self.manager.save(step, args=args, metrics=metrics, force=True)
 
     def _agreed(self, attempt: Callable[[], Any], can_redo: bool = True) -> None:
         """attempt() on every process, then every process's outcome shared: if any failed, each
-        raises the same OSError (the first failing process's errno and reason; errno 0, never
-        transient, where a process cannot make the save again: `can_redo` False)."""
+        raises the same OSError: the first OS error's errno and reason (others' timeouts at
+        orbax's barrier follow from it), else the first failure's, errno 0 (never transient);
+        errno 0 too where a process cannot make the save again (`can_redo` False)."""
         status = "ok"
         try:
             attempt()
         except Exception as e:  # OSError, or orbax / tensorstore wrapping one
             if multihost.lost_process(e) is not None:
                 raise  # no outcome to share with a process that is gone
-            status = f"{_errno(e)} {short_reason(e)}"
+            code, cause = _os_error(e)
+            status = f"{code} {short_reason(cause)}"
         shared = multihost.statuses(f"checkpoint/{self._round}", f"{int(can_redo)} {status}",
                                     self.agree_timeout_s)
         multihost.forget_status(f"checkpoint/{self._round - 1}")  # read by all by now
         self._round += 1
         outcomes = [s.split(" ", 1) for s in shared]  # [can_redo, "ok" | "errno reason"]
-        failed = [outcome.split(" ", 1) for _, outcome in outcomes if outcome != "ok"]
+        failed = sorted((outcome.split(" ", 1) for _, outcome in outcomes if outcome != "ok"),
+                        key=lambda failure: failure[0] == "0")  # OS errors first
         if failed:
+            if len(shared) > 1:
+                self._renew_manager()
             redo = all(flag == "1" for flag, _ in outcomes)
             raise OSError(int(failed[0][0]) if redo else 0, failed[0][1])
+
+    def _renew_manager(self) -> None:
+        """A new manager, with barriers of its own: after a failed save the old one's are out
+        of step (the failing process skipped some, the others timed out at them), and every
+        later save through it would time out. Every process renews at the same point."""
+        prefix = f"bertjax_{self._round}"
+        self.manager = ocp.CheckpointManager(self.directory, options=self._options(
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=prefix)))
 
     def _retry(self, step: int, attempt: Callable[[], Any], error: OSError | None) -> None:
         """Saves `step` synchronously, tried again after each of multihost.RETRY_DELAYS_S while

@@ -56,7 +56,7 @@ from bertjax.train import metrics as metrics_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
 from bertjax.train import workdir as workdir_lib
-from bertjax.train.checkpoints import Checkpointer
+from bertjax.train.checkpoints import DEFAULT_TIMEOUT_S, Checkpointer
 
 DEFAULT_INPUT_TIMEOUT_S = 600.0
 SIGTERM_GRACE_S = 5.0  # after SIGTERM, how long a pending batch may still take
@@ -352,7 +352,8 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     ckpt = config.checkpoint
     run = _Run(job, config, workdir_path, log, runner, train_steps, abstract, state_sharding,
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
-                            job.best_metric, _distributed_timeout_s(config)),
+                            job.best_metric, ckpt.get("timeout_s", DEFAULT_TIMEOUT_S),
+                            _distributed_timeout_s(config)),
                metrics_lib.MetricsWriter(workdir))
     try:
         # Nothing in the workdir changes until the resume is known to work.
