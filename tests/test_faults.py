@@ -1,8 +1,9 @@
 """Faults during a run: a corrupt latest checkpoint falls back to the previous one (and the run
 ends as one resumed from there), a failed resume changes no file of the workdir, a stalled input
 stops on SIGTERM or after config.train.input_timeout_s, a failed save is one line with the last
-good checkpoint intact, transient write errors are retried (also through a file system layer
-that fails write calls below Python and tensorstore, tests/fault_fs.c), a checkpoint from before
+good checkpoint intact, transient write errors (metrics, input positions, checkpoint arrays)
+are retried (also through a file system layer that fails write calls below Python and
+tensorstore, tests/fault_fs.c), a checkpoint from before
 config.rng_impl resumes exactly or is refused, and empty, truncated, corrupted or foreign
 TFRecords are named.
 

@@ -12,7 +12,9 @@ Each test prints the bound it measured (pytest -s):
   complete checkpoint with the same losses, bit for bit, as a run never interrupted (up to
   rounding on another count);
 - a stalled input: every process names the stalled one within config.train.input_timeout_s;
-- SIGTERM to one process: every process saves the same step and exits 0.
+- SIGTERM to one process: every process saves the same step and exits 0;
+- a checkpoint save failing on one process (EIO through tests/fault_fs.c): all processes try
+  it again together, or all stop with the same one line.
 """
 
 from __future__ import annotations

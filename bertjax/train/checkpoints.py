@@ -366,7 +366,8 @@ class Checkpointer:
     def _renew_manager(self) -> None:
         """A new manager, with barriers of its own: after a failed save the old one's are out
         of step (the failing process skipped some, the others timed out at them), and every
-        later save through it would time out. Every process renews at the same point."""
+        later save through it would time out. Every process renews at the same point. The old
+        one is dropped unclosed: closing it would wait at its barriers once more."""
         prefix = f"bertjax_{self._round}"
         self.manager = ocp.CheckpointManager(self.directory, options=self._options(
             multiprocessing_options=ocp.options.MultiprocessingOptions(
