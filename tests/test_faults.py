@@ -618,18 +618,6 @@ finally:
 """
 
 
-@pytest.fixture(scope="module")
-def fault_fs(tmp_path_factory):
-    """tests/fault_fs.c built as a shared library (skips without a C compiler)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler for the fault-injecting file system layer")
-    library = tmp_path_factory.mktemp("fault_fs") / "fault_fs.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library),
-                    os.path.join(ROOT, "tests", "fault_fs.c"), "-ldl", "-lpthread"], check=True)
-    return library
-
-
 def run_with_faults(fault_fs, workdir, steps, rules, arm_at=0):
     env = dict(os.environ, LD_PRELOAD=str(fault_fs), FAULT_FS=rules if arm_at == 0 else "")
     return subprocess.run([sys.executable, "-c", FAULT_FS_COMMAND, str(workdir), str(steps),
@@ -664,8 +652,8 @@ def test_remote_write_errors_below_python_are_retried_or_one_line(fault_fs, four
     assert "Traceback" not in proc.stderr
     assert f"saving checkpoint step 4 to {workdir / 'checkpoints' / '4'} failed (" in proc.stderr
     assert "training went on, so step 6, saved now, stands in for it" in proc.stderr
-    retries = re.findall(r"saving checkpoint step 6 to .* failed \(.*\); trying again in ([\d.]+) s",
-                         proc.stderr)
+    retries = re.findall(
+        r"saving checkpoint step 6 to .* failed \(.*\); trying again in ([\d.]+) s", proc.stderr)
     assert retries == ["0.05", "0.1", "0.2"], proc.stderr[-3000:]
     assert re.match(rf"error: saving checkpoint step 6 to {workdir / 'checkpoints' / '6'} failed "
                     r"\(.*Input/output error.*\); step 2 is intact; ", errors[0]), errors[0]

@@ -31,7 +31,6 @@ import time
 import numpy as np
 import pytest
 from multihost import Process, coordinator_flags, devices_env, free_port, read_metrics
-from test_faults import fault_fs  # noqa: F401 - the fixture
 
 STEPS = 12
 TIMEOUT_S = 60  # config.distributed.timeout_s of these runs
