@@ -45,9 +45,11 @@ def optimizer(learning_rate: float, name: str, schedule: str) -> ml_collections.
 
 def checkpoint(every_steps: int, max_to_keep: int = 3) -> ml_collections.ConfigDict:
     """Checkpoints under workdir/checkpoints: every `every_steps` steps and at the end; the
-    last `max_to_keep` are kept (plus the best by dev metric when a job evaluates one)."""
+    last `max_to_keep` are kept (plus the best by dev metric when a job evaluates one).
+    timeout_s: the longest an asynchronous save may take (orbax's barrier after the writes);
+    where one process's writes fail, the others learn it after this long."""
     return ml_collections.ConfigDict(dict(every_steps=every_steps, max_to_keep=max_to_keep,
-                                          async_save=True))
+                                          async_save=True, timeout_s=1200))
 
 
 def distributed() -> ml_collections.ConfigDict:

@@ -1,6 +1,7 @@
 """Test setup: CPU only, quiet logs. Multi-device tests start their own subprocess."""
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -71,3 +72,15 @@ def run_python(args, env=None, timeout=600):
 @pytest.fixture
 def project_root():
     return ROOT
+
+
+@pytest.fixture(scope="session")
+def fault_fs(tmp_path_factory):
+    """tests/fault_fs.c built as a shared library (skips without a C compiler)."""
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler for the fault-injecting file system layer")
+    library = tmp_path_factory.mktemp("fault_fs") / "fault_fs.so"
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library),
+                    os.path.join(ROOT, "tests", "fault_fs.c"), "-ldl", "-lpthread"], check=True)
+    return library

@@ -1,8 +1,9 @@
 """Faults during a run: a corrupt latest checkpoint falls back to the previous one (and the run
 ends as one resumed from there), a failed resume changes no file of the workdir, a stalled input
 stops on SIGTERM or after config.train.input_timeout_s, a failed save is one line with the last
-good checkpoint intact, transient write errors are retried (also through a file system layer
-that fails write calls below Python and tensorstore, tests/fault_fs.c), a checkpoint from before
+good checkpoint intact, transient write errors (metrics, input positions, checkpoint arrays)
+are retried (also through a file system layer that fails write calls below Python and
+tensorstore, tests/fault_fs.c), a checkpoint from before
 config.rng_impl resumes exactly or is refused, and empty, truncated, corrupted or foreign
 TFRecords are named.
 
@@ -617,18 +618,6 @@ finally:
 """
 
 
-@pytest.fixture(scope="module")
-def fault_fs(tmp_path_factory):
-    """tests/fault_fs.c built as a shared library (skips without a C compiler)."""
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.skip("no C compiler for the fault-injecting file system layer")
-    library = tmp_path_factory.mktemp("fault_fs") / "fault_fs.so"
-    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(library),
-                    os.path.join(ROOT, "tests", "fault_fs.c"), "-ldl", "-lpthread"], check=True)
-    return library
-
-
 def run_with_faults(fault_fs, workdir, steps, rules, arm_at=0):
     env = dict(os.environ, LD_PRELOAD=str(fault_fs), FAULT_FS=rules if arm_at == 0 else "")
     return subprocess.run([sys.executable, "-c", FAULT_FS_COMMAND, str(workdir), str(steps),
@@ -641,9 +630,9 @@ def test_remote_write_errors_below_python_are_retried_or_one_line(fault_fs, four
     """Through a file system layer that fails writes with errno (not Python exceptions made up
     by the test): transient errors of the metrics appends (EIO twice) and of an input position
     written into a checkpoint (ETIMEDOUT) are retried, and the run ends as an undisturbed one.
-    The arrays of a checkpoint are written by tensorstore, whose own writes bertjax does not
-    retry (on GCS tensorstore retries its requests itself): from the save of step 4 on, every
-    array write fails: one line, step 2 stays the latest, and a rerun resumes from it."""
+    From the save of step 4 on, every checkpoint array write (tensorstore's) fails: step 4's
+    asynchronous save fails, step 6 stands in for it, is tried again after each of the 3 delays,
+    then the run stops with one line; step 2 stays the latest, and a rerun resumes from it."""
     workdir = tmp_path / "transient"
     proc = run_with_faults(fault_fs, workdir, 4, "metrics.jsonl:5:0:2;position.json:110:1:1")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -656,15 +645,60 @@ def test_remote_write_errors_below_python_are_retried_or_one_line(fault_fs, four
     assert steps_on_disk(workdir) == ["2", "4"]
 
     workdir = tmp_path / "permanent"
+    start = time.monotonic()
     proc = run_with_faults(fault_fs, workdir, 6, "ocdbt.process_0/d/:5:0:-1", arm_at=4)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
-    assert re.match(rf"error: saving checkpoint step 4 to {workdir / 'checkpoints' / '4'} failed "
+    assert f"saving checkpoint step 4 to {workdir / 'checkpoints' / '4'} failed (" in proc.stderr
+    assert "training went on, so step 6, saved now, stands in for it" in proc.stderr
+    retries = re.findall(
+        r"saving checkpoint step 6 to .* failed \(.*\); trying again in ([\d.]+) s", proc.stderr)
+    assert retries == ["0.05", "0.1", "0.2"], proc.stderr[-3000:]
+    assert re.match(rf"error: saving checkpoint step 6 to {workdir / 'checkpoints' / '6'} failed "
                     r"\(.*Input/output error.*\); step 2 is intact; ", errors[0]), errors[0]
+    print(f"permanent EIO: {len(retries)} retries, one line after {time.monotonic() - start:.1f} s "
+          "(the command's whole run)")
     assert [name for name in steps_on_disk(workdir) if name.isdigit()] == ["2"]
     summary, lines = run(workdir, 4)
     assert f"Resumed from {workdir / 'checkpoints' / '2'} at step 2" in lines
+    assert steps_on_disk(workdir) == ["2", "4"]  # the failed attempts' directories are gone
     # (the failed run went on to step 6 before its asynchronous save reported the error)
     assert {step: loss for step, loss in losses(workdir).items() if step <= 4} == losses(
         four_steps)
+
+
+def assert_restores_as(workdir, reference, steps):
+    """Each of `steps` in `workdir` restores (params, input position) as `reference`'s."""
+    for step in steps:
+        for name, value in checkpoints.read_params(str(workdir), step).items():
+            np.testing.assert_array_equal(value, checkpoints.read_params(str(reference),
+                                                                         step)[name])
+        assert json.loads((workdir / "checkpoints" / str(step) / "data" / "position.json")
+                          .read_text()) == {"index": step}
+
+
+@pytest.mark.parametrize("arm_at,steps,saved", [(4, 4, ["2", "4"]), (2, 6, ["4", "6"])])
+def test_transient_checkpoint_array_write_errors_are_retried(fault_fs, four_steps, tmp_path,
+                                                             arm_at, steps, saved):
+    """The first two array writes (tensorstore's) of the save of step `arm_at` fail with EIO.
+    At the last step the state is at hand: the same step is saved again. Mid-run (step 2)
+    training went on from its arrays: step 4's save stands in for it. Either way the run ends
+    with the losses of an undisturbed run, and every checkpoint restores as its."""
+    workdir = tmp_path / "run"
+    start = time.monotonic()
+    proc = run_with_faults(fault_fs, workdir, steps, "ocdbt.process_0/d/:5:0:2", arm_at=arm_at)
+    took = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "injected 2 write errors" in proc.stdout
+    retries = re.findall(r"saving checkpoint step \d+ to .* failed \(.*Input/output error.*\); "
+                         r"(trying again|training went on)", proc.stderr)
+    assert retries, proc.stderr[-3000:]
+    print(f"EIO x2 at the save of step {arm_at} of {steps}: {len(retries)} retried attempt(s), "
+          f"run {took:.1f} s")
+    assert steps_on_disk(workdir) == saved  # no temporary directory left
+    undisturbed = losses(four_steps)
+    assert {step: loss for step, loss in losses(workdir).items() if step <= 4} == undisturbed
+    assert_restores_as(workdir, four_steps, [int(step) for step in saved if int(step) <= 4])
+    if steps > 4:  # beyond the reference: it restores
+        assert checkpoints.read_params(str(workdir), steps)["w"].shape == (4, 2)

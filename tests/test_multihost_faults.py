@@ -12,7 +12,9 @@ Each test prints the bound it measured (pytest -s):
   complete checkpoint with the same losses, bit for bit, as a run never interrupted (up to
   rounding on another count);
 - a stalled input: every process names the stalled one within config.train.input_timeout_s;
-- SIGTERM to one process: every process saves the same step and exits 0.
+- SIGTERM to one process: every process saves the same step and exits 0;
+- a checkpoint save failing on one process (EIO through tests/fault_fs.c): all processes try
+  it again together, or all stop with the same one line.
 """
 
 from __future__ import annotations
@@ -336,6 +338,93 @@ def test_a_process_killed_while_the_others_wait_at_a_barrier_is_named_within_the
     line = assert_one_line_naming(processes[0], processes[1], 1, 2)
     assert ": it sent no heartbeat for " in line
     assert seconds < WATCHDOG_BOUND_S
+
+
+# ------------------------------------------------------------ a flaky remote file system
+
+# The regression job of tests/test_faults.py on 2 processes, its parameters sharded over them
+# (fsdp) so that each writes its own part of every checkpoint.
+FLAKY_SAVES_COMMAND = """
+import sys
+sys.path.insert(0, "tests")
+import test_faults as t
+from bertjax import cli
+from bertjax.train import multihost
+
+multihost.RETRY_DELAYS_S = (0.5, 1.0)
+
+
+def main(argv):
+    workdir, steps, checkpoint_timeout = argv[1], int(argv[2]), int(argv[3])
+    config = t.make_config()
+    config.mesh = dict(data=1, fsdp=-1, tensor=1)
+    config.checkpoint.timeout_s = checkpoint_timeout
+    config.distributed = dict(timeout_s=int(argv[4]))
+    cli.initialize_distributed(config)
+    summary, lines = t.run(workdir, steps, config)
+    print("\\n".join(lines), flush=True)
+
+
+cli.define_distributed_flags()
+cli.run(main)
+"""
+CHECKPOINT_TIMEOUT_S = 5  # config.checkpoint.timeout_s: process 0 waits this long for process 1
+
+
+def process_1_writes(step: int) -> str:
+    """fault_fs's pattern for process 1's array writes into checkpoint `step`."""
+    return f"/{step}.orbax-checkpoint-tmp/state.orbax-checkpoint-tmp/ocdbt.process_1/d/"
+
+
+@pytest.mark.slow
+def test_a_save_failing_on_one_process_is_retried_or_stopped_by_all(fault_fs, tmp_path):
+    """Process 1's array writes fail (EIO, tests/fault_fs.c), process 0's do not; process 0
+    learns it after config.checkpoint.timeout_s at orbax's barrier. Both retry together: step 2
+    fails once (step 4 stands in for it, training went on), step 6, the last, fails once and is
+    saved again; every step that remains restores. Where every write of process 1 fails, both
+    stop with the same one line, no step saved."""
+    def flaky_run(workdir, steps, rules):
+        env = dict(devices_env(1), LD_PRELOAD=str(fault_fs), FAULT_FS=rules)
+        port, start_s = free_port(), time.monotonic()
+        processes = [Process(f"process {i}", ["-c", FLAKY_SAVES_COMMAND, str(workdir),
+                                              str(steps), str(CHECKPOINT_TIMEOUT_S),
+                                              str(TIMEOUT_S)] + coordinator_flags(port, i, 2),
+                             env) for i in range(2)]
+        wait(processes, 300)
+        return processes, time.monotonic() - start_s
+
+    from bertjax.train import checkpoints
+
+    workdir = tmp_path / "transient"
+    processes, took = flaky_run(workdir, 6, f"{process_1_writes(2)}:5:0:1;"
+                                            f"{process_1_writes(6)}:5:0:1")
+    warned = [[line for _, line in p.lines if "saving checkpoint step" in line]
+              for p in processes]
+    print(f"EIO on process 1 at steps 2 and 6: {len(warned[0])} retries agreed, run {took:.1f} s "
+          f"(checkpoint.timeout_s {CHECKPOINT_TIMEOUT_S})", flush=True)
+    for p in processes:
+        assert p.proc.returncode == 0 and "Traceback" not in p.output(), p.output()
+    for lines in warned:
+        assert len(lines) == 2, lines
+        assert "step 2" in lines[0] and "step 4, saved now, stands in for it" in lines[0]
+        assert "step 6" in lines[1] and "trying again in 0.5 s" in lines[1]
+    assert committed_steps(workdir) == [4, 6] and sorted(
+        p.name for p in (workdir / "checkpoints").iterdir()) == ["4", "6"]
+    only_committed_checkpoints(workdir)
+    for step in (4, 6):
+        assert checkpoints.read_params(str(workdir), step)["w"].shape == (4, 2)
+
+    workdir = tmp_path / "permanent"
+    processes, took = flaky_run(workdir, 2, f"{process_1_writes(2)}:5:0:-1")
+    lines = [errors(p) for p in processes]
+    print(f"EIO on every write of process 1: exits {[p.proc.returncode for p in processes]} "
+          f"after {took:.1f} s: {lines[0]}", flush=True)
+    for p in processes:
+        assert p.proc.returncode == 1 and "Traceback" not in p.output(), p.output()
+    assert lines[0] == lines[1] and len(lines[0]) == 1, lines
+    assert re.match(rf"error: saving checkpoint step 2 to {workdir / 'checkpoints' / '2'} failed "
+                    r"\(Input/output error, errno 5: .*\); no earlier checkpoint; ", lines[0][0])
+    assert committed_steps(workdir) == []
 
 
 # ----------------------------------------------------------------------- preemption of one

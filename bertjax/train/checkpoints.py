@@ -13,7 +13,15 @@ mid-save leaves the previous checkpoint intact. Kept: the last `max_to_keep` ste
 step with the best `best_metric` (evaluated steps carry their metrics).
 
 Faults: a save that fails (a full disk, a write error; with async saves found at the next save
-or `wait`) raises one CheckpointError naming the path, the earlier steps untouched. On resume,
+or `wait`) raises one CheckpointError naming the path, the earlier steps untouched. A transient
+failure (multihost.TRANSIENT_ERRNOS: EIO, a timeout, a reset connection) is first tried again,
+synchronously, after each of multihost.RETRY_DELAYS_S (`multihost.with_retries`): the same step
+where its state is still at hand (a save that failed at once, the save `wait` finishes at the end
+of a run or at a preemption); else (training went on) the next save stands in for it, made at
+once. A save is collective: after each attempt every process shares its outcome
+(`multihost.statuses`), so all try again together or all stop with the same line. A failed
+attempt never becomes a step: orbax writes into a temporary directory (removed when the step is
+saved again) and renames it only once every write is done. On resume,
 `restore_newest` skips a step that fails to restore (a truncated or missing file), says so and
 moves it to `workdir/unreadable_checkpoints/<step>` (kept for inspection, never deleted) so the
 run can save that step again. A checkpoint from before config.rng_impl (a raw dropout key)
@@ -35,6 +43,8 @@ import os
 import re
 import signal
 import sys
+import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -48,6 +58,8 @@ from bertjax.train import multihost
 from bertjax.train import step as step_lib
 
 T = TypeVar("T")
+DEFAULT_TIMEOUT_S = 1200  # config.checkpoint.timeout_s: orbax's own default
+TMP_SUFFIX = ocp.path.atomicity_types.TMP_DIR_SUFFIX  # of a step directory being written
 UNREADABLE_DIR = "unreadable_checkpoints"
 
 
@@ -119,6 +131,8 @@ def ignore_late_callbacks() -> None:
 
     hook.drops_late_reads = True
     sys.unraisablehook = hook
+    # A failed save's writes that never started: collected at exit, each with a warning.
+    warnings.filterwarnings("ignore", r"coroutine 'async_serialize_from_host\.", RuntimeWarning)
 
 
 def read_checkpoint(path: epath.Path, read: Callable[[], T], what: str = "",
@@ -197,25 +211,67 @@ def checkpoints_dir(workdir: str) -> epath.Path:
     return epath.Path(root) / "checkpoints"
 
 
+def _os_error(error: BaseException) -> tuple[int, BaseException]:
+    """(errno, the error stating it) of the OS error behind `error` (tensorstore states it in
+    its message), searched along the chain of errors it was raised during (on a multi-process
+    run orbax's closing barrier times out, raised over the write's error); (0, error): none."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno:
+            return seen.errno, seen
+        found = re.search(r"\[os_error_code='(\d+)'\]", str(seen))
+        if found:
+            return int(found[1]), seen
+        seen = seen.__cause__ or seen.__context__
+    return 0, error
+
+
+@dataclasses.dataclass
+class _Pending:
+    """An async save not yet known to be done, with what it takes to make it again; the state
+    by weak reference (keeping it would hold a second copy of it in device memory)."""
+
+    step: int
+    state: weakref.ref | None
+    meta: dict[str, Any]
+    iterator: Any
+    metrics: dict[str, float] | None
+
+    def live_state(self) -> Any | None:
+        """The saved state while someone else still holds it and a donating step has not
+        taken its buffers; else None."""
+        state = self.state() if self.state is not None else None
+        leaves = jax.tree.leaves(state)
+        if state is None or any(isinstance(a, jax.Array) and a.is_deleted() for a in leaves):
+            return None
+        return state
+
+
 class Checkpointer:
     def __init__(self, workdir: str, max_to_keep: int = 3, async_save: bool = True,
-                 best_metric: str | None = None):
+                 best_metric: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 distributed_timeout_s: float = 300.0):
         self.directory = checkpoints_dir(workdir)
+        # A process whose writes failed never reaches orbax's barrier after them: the others
+        # wait there for `timeout_s`, then all share their outcome (`_agreed`).
+        self.agree_timeout_s = timeout_s + distributed_timeout_s
+        self._round = 0  # outcomes shared so far (each under its own tag)
         ignore_late_callbacks()
         policies = [checkpoint_managers.LatestN(max_to_keep)]
         if best_metric:
             policies.append(checkpoint_managers.BestN(
                 get_metric_fn=lambda m: m[best_metric], n=1,
                 keep_checkpoints_without_metrics=False))
-        self.manager = ocp.CheckpointManager(
-            self.directory,
-            options=ocp.CheckpointManagerOptions(
-                enable_async_checkpointing=async_save, create=True,
-                preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies)),
-        )
+        self._options = functools.partial(
+            ocp.CheckpointManagerOptions,
+            # A failed attempt's (or a killed run's) temporary directory goes at start.
+            enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True,
+            async_options=ocp.AsyncOptions(timeout_secs=int(timeout_s)),
+            preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies))
+        self.manager = ocp.CheckpointManager(self.directory, options=self._options())
         self._log_filter = _DropReraised()
         logging.getLogger("absl").addFilter(self._log_filter)
-        self._pending: int | None = None  # step of an async save not yet known to be done
+        self._pending: _Pending | None = None
         self._failed = False
         self._abandoned = False
         self._sigterm = False
@@ -250,20 +306,106 @@ class Checkpointer:
     def save(self, step: int, state: Any, meta: dict[str, Any], iterator: Any,
              metrics: dict[str, float] | None = None) -> None:
         """Starts saving `step` (async: finished in the background). An earlier async save's
-        error surfaces here or at `wait`, as a CheckpointError."""
-        self.wait()
+        lasting error surfaces here or at `wait`, as a CheckpointError; where it failed
+        transiently, this save is made at once and stands in for it."""
+        earlier = self._outcome()
+        attempt = self._attempt(step, state, meta, iterator, metrics)
+        if earlier is not None:
+            pending, error = earlier
+            logging.getLogger(__name__).warning(
+                "saving checkpoint step %d to %s failed (%s); training went on, so step %d, "
+                "saved now, stands in for it", pending.step, self._path(pending.step),
+                error.strerror, step)
+            self._retry(step, attempt, None)
+            multihost.write_from_main(functools.partial(self._remove_attempts, pending.step))
+            return
         try:
-            self.manager.save(
-                step,
-                args=ocp.args.Composite(
-                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta),
-                    data=DataIteratorSave(iterator)),
-                metrics=metrics,
-                force=True,
-            )
+            self._agreed(attempt)
+        except OSError as e:
+            self._retry(step, attempt, e)
+            return
+        try:
+            ref = weakref.ref(state)
+        except TypeError:  # not weakly referable: `wait` cannot make this save again
+            ref = None
+        self._pending = _Pending(step, ref, meta, iterator, metrics)
+
+    def _attempt(self, step: int, state: Any, meta: dict[str, Any], iterator: Any,
+                 metrics: dict[str, float] | None) -> Callable[[], Any]:
+        args = ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                  meta=ocp.args.JsonSave(meta), data=DataIteratorSave(iterator))
+        # self.manager when called: a failed attempt renews it (`_renew_manager`)
+        return lambda: self.manager.save(step, args=args, metrics=metrics, force=True)
+
+    def _agreed(self, attempt: Callable[[], Any], can_redo: bool = True) -> None:
+        """attempt() on every process, then every process's outcome shared: if any failed, each
+        raises the same OSError: the first OS error's errno and reason (others' timeouts at
+        orbax's barrier follow from it), else the first failure's, errno 0 (never transient);
+        errno 0 too where a process cannot make the save again (`can_redo` False)."""
+        status = "ok"
+        try:
+            attempt()
         except Exception as e:  # OSError, or orbax / tensorstore wrapping one
+            if multihost.lost_process(e) is not None:
+                raise  # no outcome to share with a process that is gone
+            code, cause = _os_error(e)
+            status = f"{code} {short_reason(cause)}"
+        shared = multihost.statuses(f"checkpoint/{self._round}", f"{int(can_redo)} {status}",
+                                    self.agree_timeout_s)
+        multihost.forget_status(f"checkpoint/{self._round - 1}")  # read by all by now
+        self._round += 1
+        outcomes = [s.split(" ", 1) for s in shared]  # [can_redo, "ok" | "errno reason"]
+        failed = sorted((outcome.split(" ", 1) for _, outcome in outcomes if outcome != "ok"),
+                        key=lambda failure: failure[0] == "0")  # OS errors first
+        if failed:
+            if len(shared) > 1:
+                self._renew_manager()
+            redo = all(flag == "1" for flag, _ in outcomes)
+            raise OSError(int(failed[0][0]) if redo else 0, failed[0][1])
+
+    def _renew_manager(self) -> None:
+        """A new manager, with barriers of its own: after a failed save the old one's are out
+        of step (the failing process skipped some, the others timed out at them), and every
+        later save through it would time out. Every process renews at the same point. The old
+        one is dropped unclosed: closing it would wait at its barriers once more."""
+        prefix = f"bertjax_{self._round}"
+        self.manager = ocp.CheckpointManager(self.directory, options=self._options(
+            multiprocessing_options=ocp.options.MultiprocessingOptions(
+                barrier_sync_key_prefix=prefix)))
+
+    def _retry(self, step: int, attempt: Callable[[], Any], error: OSError | None) -> None:
+        """Saves `step` synchronously, tried again after each of multihost.RETRY_DELAYS_S while
+        it fails transiently; `error`: its first attempt's, None to start with an attempt."""
+        errors = [error] if error is not None else []
+
+        def again():
+            if errors:
+                raise errors.pop()
+            self._agreed(lambda: (attempt(), self.manager.wait_until_finished()))
+
+        try:
+            multihost.with_retries(again, f"saving checkpoint step {step} to {self._path(step)}")
+        except OSError as e:
             raise self._save_error(step, e) from None
-        self._pending = step
+
+    def _outcome(self, can_redo: bool = True) -> tuple[_Pending, OSError] | None:
+        """Waits for the pending async save; (it, its error) where it failed transiently, None
+        where it is done (or none is pending). A lasting error raises a CheckpointError."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return None
+        try:
+            self._agreed(self.manager.wait_until_finished, can_redo)
+        except OSError as e:
+            if e.errno not in multihost.TRANSIENT_ERRNOS:
+                raise self._save_error(pending.step, e) from None
+            return pending, e
+        return None
+
+    def _remove_attempts(self, step: int) -> None:
+        """Removes the temporary directories of `step`'s failed attempts."""
+        for path in self.directory.glob(f"{step}{TMP_SUFFIX}*"):
+            path.rmtree()
 
     def _path(self, step: int) -> epath.Path:
         return self.directory / str(step)
@@ -332,12 +474,16 @@ class Checkpointer:
         return list(self.manager.all_steps())
 
     def wait(self) -> None:
-        """Waits for the async save; its failure raises a CheckpointError."""
-        pending, self._pending = self._pending, None
-        try:
-            self.manager.wait_until_finished()
-        except Exception as e:
-            raise self._save_error(pending, e) from None
+        """Waits for the async save; a transient failure is tried again (the caller has stopped
+        training: its state and input are where the save left them), a lasting one raises a
+        CheckpointError."""
+        pending = self._pending
+        state = pending.live_state() if pending is not None else None
+        failed = self._outcome(can_redo=state is not None)
+        if failed is not None:
+            pending, error = failed
+            self._retry(pending.step, self._attempt(pending.step, state, pending.meta,
+                                                    pending.iterator, pending.metrics), error)
 
     def abandon(self) -> None:
         """Makes `close` leave a pending save unfinished (another process of the job is gone,

@@ -57,7 +57,7 @@ from bertjax.train import metrics as metrics_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
 from bertjax.train import workdir as workdir_lib
-from bertjax.train.checkpoints import Checkpointer
+from bertjax.train.checkpoints import DEFAULT_TIMEOUT_S, Checkpointer
 
 DEFAULT_INPUT_TIMEOUT_S = 600.0
 SIGTERM_GRACE_S = 5.0  # after SIGTERM, how long a pending batch may still take
@@ -268,7 +268,7 @@ class _Run:
             return [0] if stalled else []
         # A stalled process joins after its own timeout; one that died ends the job sooner
         # (the coordination service's heartbeat timeout, config.distributed.timeout_s).
-        wait = timeout + float(self.config.get("distributed", {}).get("timeout_s", 300))
+        wait = timeout + _distributed_timeout_s(self.config)
         tag = f"input/{stage.name}/{step + 1}"
         shared = multihost.statuses(tag, "stalled" if stalled else "ok", wait)
         multihost.forget_status(f"input/{stage.name}/{step}")  # read by all by now
@@ -336,6 +336,11 @@ class _Run:
         return summary
 
 
+def _distributed_timeout_s(config) -> float:
+    """config.distributed.timeout_s: how long a process waits for the others' outcome."""
+    return float(config.get("distributed", {}).get("timeout_s", 300))
+
+
 def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     """Runs (or resumes) `job` in `workdir`.
 
@@ -358,7 +363,8 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     ckpt = config.checkpoint
     run = _Run(job, config, workdir_path, log, runner, train_steps, abstract, state_sharding,
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
-                            job.best_metric),
+                            job.best_metric, ckpt.get("timeout_s", DEFAULT_TIMEOUT_S),
+                            _distributed_timeout_s(config)),
                metrics_lib.MetricsWriter(workdir),
                profiling.StepProfiler(profiling.steps_of(config), workdir, log))
     try:
