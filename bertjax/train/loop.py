@@ -95,10 +95,18 @@ class Runner:
 
     def run(self, fn, params, batches: Iterable[dict[str, np.ndarray]]
             ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
-        """(global batch on the host, fn(params, batch) on the host) for every batch."""
+        """(global batch on the host, fn(params, batch) on the host) for every batch. The next
+        batch is built and dispatched before a batch's outputs are fetched: the host's work
+        (and the transfer) overlaps the device's."""
+        pending = None
         for batch in batches:
             global_batch = self.to_global(batch)
-            yield self.to_host(global_batch), self.to_host(fn(params, global_batch))
+            outputs = fn(params, global_batch)  # asynchronous dispatch
+            if pending is not None:
+                yield self.to_host(pending[0]), self.to_host(pending[1])
+            pending = global_batch, outputs
+        if pending is not None:
+            yield self.to_host(pending[0]), self.to_host(pending[1])
 
 
 def best_entry(history: list[dict[str, float]], metric: str) -> dict[str, float]:
