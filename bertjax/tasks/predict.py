@@ -524,9 +524,11 @@ def _write_chunk(directory: str, number: int, suffix: str, write) -> str:
     return chunk
 
 
-def _csv_chunks(path: str, rows: int, id_field: str, directory: str) -> Iterator[tuple[str, int]]:
-    """CSV / TSV chunks, the header repeated; a row without an id gets its 0-based row number
-    in the whole file (what the one-shot reader gives it)."""
+def _csv_chunks(path: str, rows: int, id_field: str, directory: str, fill_empty: bool = True
+                ) -> Iterator[tuple[str, int]]:
+    """CSV / TSV chunks, the header repeated; a row without an id (the column absent, or with
+    `fill_empty` its cell empty) gets its 0-based row number in the whole file (what the
+    one-shot reader gives it)."""
     import csv
 
     delimiter = "\t" if path.lower().endswith(".tsv") else ","
@@ -553,7 +555,7 @@ def _csv_chunks(path: str, rows: int, id_field: str, directory: str) -> Iterator
             index = start + len(buffer)
             if add_id:
                 row = row + [""] * max(len(header) - len(row), 0) + [str(index)]
-            elif column < len(row) and row[column] == "":
+            elif fill_empty and column < len(row) and row[column] == "":
                 row = row[:column] + [str(index)] + row[column + 1:]
             buffer.append(row)
             if len(buffer) == rows:
@@ -728,7 +730,9 @@ def input_chunks(task: Task, path: str, rows: int, fields: dict[str, Any], direc
         return _conll_chunks(path, rows, directory)
     if lower.endswith(".json") and hasattr(task, "doc_stride"):  # SQuAD layout
         return _squad_json_chunks(path, rows, directory)
-    if lower.endswith((".csv", ".tsv")) and getattr(task, "family", "") != "swag":
+    if lower.endswith(".csv") and getattr(task, "family", "") == "swag":  # SWAG's ids
+        return _csv_chunks(path, rows, "fold-ind", directory, fill_empty=False)
+    if lower.endswith((".csv", ".tsv")):
         return _csv_chunks(path, rows, fields.get("id") or "id", directory)
     if lower.endswith(".jsonl"):
         return _jsonl_chunks(path, rows, fields.get("id") or "id", directory)
