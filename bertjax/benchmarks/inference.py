@@ -44,6 +44,8 @@ _BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per batch (bertjax: at the 
                              "length; more when shorter).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed passes over the rows.")
 _ROWS = flags.DEFINE_integer("max_rows", 1000, "At most this many rows per set.")
+_SETS = flags.DEFINE_multi_enum("sets", ["rt", "squad"], ["rt", "squad"],
+                                "Row sets: Rotten Tomatoes dev, SQuAD-like windows.")
 RT_DEV = "data/rotten_tomatoes/dev.jsonl"
 DEMO_VOCAB = "data/demo/vocab"
 
@@ -173,10 +175,11 @@ def main(argv):
     print(f"inference benchmark on {device.platform} ({device.device_kind}, "
           f"{jax.device_count()} device(s)), preset {_PRESET.value}, float32, batch "
           f"{_BATCH.value}, median of {_REPEATS.value}")
-    rows = []
-    for name, lengths, max_len in (("Rotten Tomatoes dev, max 128", rt_lengths(_ROWS.value), 128),
-                                   ("SQuAD-like windows, max 384",
-                                    squad_lengths(_ROWS.value), 384)):
+    print(f"  {'rows':<30} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
+    sets = {"rt": ("Rotten Tomatoes dev, max 128", rt_lengths, 128),
+            "squad": ("SQuAD-like windows, max 384", squad_lengths, 384)}
+    for name, lengths_of, max_len in (sets[k] for k in _SETS.value):
+        lengths = lengths_of(_ROWS.value)
         cfg = BertConfig.from_preset(_PRESET.value, dtype="float32",
                                      max_position_embeddings=max(512, max_len))
         ids = np.zeros((1, 8), np.int32)
@@ -197,14 +200,12 @@ def main(argv):
                        default=None)
         for variant, (_, tokens) in variants.items():
             if variant not in seconds:
-                rows.append(f"  {name:<30} {variant:<26} (no torch)")
+                print(f"  {name:<30} {variant:<26} (no torch)")
                 continue
             waste = 1 - tokens["real"] / max(tokens["computed"], 1)
             ratio = f"{baseline / seconds[variant]:.2f}x" if baseline else "-"
-            rows.append(f"  {name:<30} {variant:<26} {len(lengths) / seconds[variant]:>8.1f} "
-                        f"{100 * waste:>7.1f}% {ratio:>16}")
-    print(f"  {'rows':<30} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
-    print("\n".join(rows))
+            print(f"  {name:<30} {variant:<26} {len(lengths) / seconds[variant]:>8.1f} "
+                  f"{100 * waste:>7.1f}% {ratio:>16}", flush=True)
 
 if __name__ == "__main__":
     cli.run(main)
