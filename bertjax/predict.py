@@ -18,8 +18,9 @@ JSON record a line in input order (classification: {id, label, probabilities}; r
 nbest[, null_odds, threshold]}; tagging: {id, tokens, tags}), or for tagging a `.conll` file
 (`word tag`, `word gold tag` when the input has tags). An input with gold labels also prints
 the task's metrics. --chunk_rows=N streams the input N rows at a time (a corpus larger than
-memory; the same output, no metrics). On a pod slice (--distributed) every process computes
-its share of each batch and process 0 writes.
+memory: CSV / TSV / JSONL rows, SQuAD .json read incrementally, CoNLL / JSONL tagging files cut
+where a document starts; bitwise the same output, no metrics). On a pod slice (--distributed)
+every process computes its share of each batch and process 0 writes.
 """
 
 from __future__ import annotations
@@ -43,18 +44,21 @@ def define_flags() -> None:
                         "(python -m bertjax.convert to_hf --input=WORKDIR --output=DIR).")
     flags.DEFINE_string("input", None, "Rows to predict: .csv | .tsv | .jsonl | .json | .conll.")
     flags.DEFINE_string("output", None, "Predictions: .jsonl (or .conll for tagging).")
-    flags.DEFINE_integer("batch_size", None, "Rows per global batch (default: the run's "
-                         "config.eval.batch_size, which reproduces its predictions bitwise).")
+    flags.DEFINE_integer("batch_size", None, "Rows per global batch at max_seq_length, 2, 4, "
+                         "... times as many when shorter (default: the run's "
+                         "config.eval.batch_size, which reproduces its predictions bitwise; on "
+                         "CPU 8 or 16 wastes least).")
     flags.DEFINE_string("dtype", None, "Compute dtype (default: the run's).")
     flags.DEFINE_integer("chunk_rows", 0, "Stream the input this many rows at a time "
-                         "(memory independent of its size; no metrics); 0: the whole file.")
+                         "(memory independent of its size; the same output, no metrics): "
+                         ".csv, .tsv, .jsonl, SQuAD .json, CoNLL; 0: the whole file.")
     for name in FIELD_FLAGS:
         flags.DEFINE_string(name, None, f"Input field {name} (default: the run's config.data).")
     flags.DEFINE_enum("format", None, ["auto", "conll", "jsonl"], "Tagging input format.")
     flags.DEFINE_integer("token_column", None, "Tagging CoNLL input: the word column.")
     flags.DEFINE_integer("tag_column", None, "Tagging CoNLL input: the gold tag column.")
     flags.DEFINE_bool("dry_run", False, "With --workdir: compile the predict step for each "
-                      "length bucket and print per-device memory, FLOPs (and with --topology "
+                      "batch shape and print per-device memory, FLOPs (and with --topology "
                       "step time and sequences/s per chip); read no checkpoint, no input.")
     flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
                         "with the TPU compiler, on any machine (e.g. v5e-8, v5p-32).")

@@ -9,6 +9,13 @@ compiled shapes small. A bucket's leftover examples join the next bucket's batch
 the last batch of an epoch is short; it is filled with weight-0 rows (static shapes: every
 host runs the same shapes at every step).
 
+Unshuffled batches (evaluation, prediction: a forward pass only, compiled once per shape) use
+a finer grid of lengths (`prediction_buckets`: steps of 8 below 64) and more rows when short
+(`prediction_rows`: about the tokens of a full-length batch), and a row's batch shape depends
+on its own length only: a bucket's leftover rows make a last batch of their own, filled with
+weight-0 rows. XLA's CPU kernels are not bitwise independent of the shape, so this is what
+makes a row's prediction the same whatever rows it is read with (a file streamed in chunks).
+
 Batches (`[batch]` = this host's share of the global batch):
   input_ids, segment_ids, input_mask: [batch, seq] int32 ([batch, choices, seq] multiple choice)
   labels: [batch] int32 (class id) or float32 (regression); 0 for test examples
@@ -190,6 +197,43 @@ def plan_batches(features: Features, batch_size: int, buckets: Sequence[int], *,
     return plan
 
 
+def prediction_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
+    """The run's bucket lengths with each interval cut in steps of a quarter of its lower end
+    (at least 8): (16, 32, 64, 128) → (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128); the
+    padding of a row is then under a quarter of its length (or 8 tokens), at a bounded number
+    of compiled shapes (≤ 4 per power of two)."""
+    out = [buckets[0]]
+    for low, high in zip(buckets, buckets[1:]):
+        step = max(8, low // 4)
+        out += list(range(low + step, high, step)) + [high]
+    return tuple(out)
+
+
+def prediction_rows(batch_size: int, length: int, longest: int) -> int:
+    """Rows of an unshuffled batch of `length` tokens: `batch_size` times the largest power of
+    two ≤ longest / length, so a short batch holds about the tokens of a full-length one (fewer
+    dispatches; memory no larger) and still divides over the devices `batch_size` does."""
+    scale = 1
+    while length * scale * 2 <= longest:
+        scale *= 2
+    return batch_size * scale
+
+
+def prediction_plan(lengths: np.ndarray, batch_size: int, buckets: Sequence[int]
+                    ) -> list[tuple[int, int, np.ndarray]]:
+    """[(length, rows, example indices [<= rows])]: the unshuffled batches, bucket by bucket
+    (`prediction_buckets`), examples in order within a bucket. The shape (rows, length) of an
+    example's batch depends on its own length only."""
+    grid = prediction_buckets(buckets)
+    assignment = assign_buckets(lengths, grid)
+    plan = []
+    for b, length in enumerate(grid):
+        members = np.flatnonzero(assignment == b)
+        rows = prediction_rows(batch_size, length, grid[-1])
+        plan += [(length, rows, members[i:i + rows]) for i in range(0, len(members), rows)]
+    return plan
+
+
 def make_batch(features: Features, length: int, indices: np.ndarray, batch_size: int,
                process_index: int = 0, process_count: int = 1) -> dict[str, np.ndarray]:
     """Pads `indices` to [batch_size] rows of `length` tokens; returns this host's rows."""
@@ -216,8 +260,13 @@ def make_batch(features: Features, length: int, indices: np.ndarray, batch_size:
 def batches(features: Features, batch_size: int, buckets: Sequence[int], *, shuffle: bool,
             seed: int = 0, process_index: int = 0,
             process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
-    """One epoch of this host's batches (every host builds the same global plan)."""
-    for length, indices in plan_batches(features, batch_size, buckets, shuffle=shuffle,
+    """One epoch of this host's batches (every host builds the same global plan); unshuffled:
+    the prediction plan (`prediction_plan`, batches of `prediction_rows`)."""
+    if not shuffle:
+        for length, rows, indices in prediction_plan(features.lengths, batch_size, buckets):
+            yield make_batch(features, length, indices, rows, process_index, process_count)
+        return
+    for length, indices in plan_batches(features, batch_size, buckets, shuffle=True,
                                         seed=seed):
         yield make_batch(features, length, indices, batch_size, process_index, process_count)
 

@@ -297,13 +297,13 @@ def test_out_of_memory_figures_are_read_from_the_compiler_message():
     from bertjax.train import dry_run
 
     gib = 1024.0**3
-    assert dry_run._oom_sizes(
+    assert dry_run.oom_sizes(
         "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
         "temporaries (1.53T) exceeds available HBM (15.75G).") == (1.53 * 1024 * gib,
                                                                    15.75 * gib)
-    assert dry_run._oom_sizes("Used 20.5G of 15.75G hbm. Exceeded hbm capacity by 4.75G.") == (
+    assert dry_run.oom_sizes("Used 20.5G of 15.75G hbm. Exceeded hbm capacity by 4.75G.") == (
         20.5 * gib, 15.75 * gib)
-    assert dry_run._oom_sizes("RESOURCE_EXHAUSTED: no sizes") == (None, None)
+    assert dry_run.oom_sizes("RESOURCE_EXHAUSTED: no sizes") == (None, None)
 
 
 # --- The HLO breakdown (bertjax/train/hlo_costs.py) -----------------------------------------

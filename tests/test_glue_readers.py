@@ -258,6 +258,29 @@ def test_length_bucketing_wastes_little_and_covers_every_example():
     assert bucketed < 0.5 * fixed, (bucketed, fixed)
 
 
+def test_prediction_plan_shapes_depend_on_a_row_only():
+    rng = np.random.default_rng(0)
+    lengths = np.clip(rng.lognormal(3.0, 0.8, 700).astype(int), 2, 128)
+    buckets = finetune_data.prediction_buckets((16, 32, 64, 128))
+    assert buckets == (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128)
+    assert finetune_data.prediction_buckets((384,)) == (384,)
+
+    def shapes(part, offset=0):  # example → (rows, length) of its batch
+        plan = finetune_data.prediction_plan(lengths[part], 8, (16, 32, 64, 128))
+        return {offset + i: (rows, length) for length, rows, indices in plan for i in indices}
+
+    whole = shapes(slice(None))
+    assert sorted(whole) == list(range(700))  # every example exactly once
+    for i, (rows, length) in whole.items():
+        # The smallest length of the grid that holds it; rows x length about 8 x 128 tokens.
+        assert length == min(b for b in buckets if b >= lengths[i])
+        assert rows % 8 == 0 and 8 * 128 // 2 < rows * length <= 8 * 128
+    # Any split of the rows (a file streamed in chunks) puts every row in the same shape.
+    for first in (0, 7, 350):
+        part = shapes(slice(first, first + 93), first)
+        assert all(whole[i] == shape for i, shape in part.items())
+
+
 def test_multiple_choice_features_and_host_slices():
     examples = [finetune_data.ChoiceExample(str(i), "a b c", ("x", "y y", "z z z", "w"), i % 4)
                 for i in range(8)]

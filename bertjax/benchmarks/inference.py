@@ -1,6 +1,6 @@
 r"""Inference speed: a sequence classifier's predictions on a realistic length mix.
 
-  python -m bertjax.benchmarks.inference [--preset=mini] [--batch_size=64] [--repeats=3]
+  python -m bertjax.benchmarks.inference [--preset=mini] [--batch_size=8] [--repeats=3]
 
 Rows: the Rotten Tomatoes dev sentences (data/rotten_tomatoes/dev.jsonl from `make
 rotten_tomatoes`; tokenized with the `make demo` vocabulary when it exists, otherwise their
@@ -9,12 +9,14 @@ lengths are estimated from the words) at max_seq_length 128, and SQuAD-like wind
 the same CPU, the same rows in the same order:
 
   bertjax, length buckets   the prediction engine (bertjax/tasks/predict.py): the run's task
-                            batches (buckets 16, 32, ... max_seq_length, fixed shapes per
-                            bucket) through the jitted classifier, over the mesh
+                            batches (the prediction plan of data_pipeline/finetune_data.py:
+                            lengths 16, 24, ..., 64, 80, ..., max_seq_length, `batch_size`
+                            rows at max_seq_length and 2, 4, ... times as many when shorter)
+                            through the jitted classifier, over the mesh
   bertjax, padded to max    the same with one bucket, max_seq_length (every row padded)
-  transformers              BertForSequenceClassification (PyTorch, eval, no_grad), batches of
-                            the same rows in input order padded to their longest row, as its
-                            padding collator does; skipped without torch
+  transformers, batch N     BertForSequenceClassification (PyTorch, eval, no_grad), batches of
+                            N rows in input order padded to their longest row, as its padding
+                            collator does, at N = batch_size and 64; skipped without torch
 
 Sequences/s are the median of `repeats` passes over all rows after a warm-up pass (the jitted
 shapes compiled); the padding waste is the share of token positions computed that are padding.
@@ -38,9 +40,12 @@ from bertjax import cli
 from bertjax.models import BertConfig
 
 _PRESET = flags.DEFINE_string("preset", "mini", "Model preset.")
-_BATCH = flags.DEFINE_integer("batch_size", 64, "Rows per batch.")
+_BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per batch (bertjax: at the longest "
+                             "length; more when shorter).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Timed passes over the rows.")
 _ROWS = flags.DEFINE_integer("max_rows", 1000, "At most this many rows per set.")
+_SETS = flags.DEFINE_multi_enum("sets", ["rt", "squad"], ["rt", "squad"],
+                                "Row sets: Rotten Tomatoes dev, SQuAD-like windows.")
 RT_DEV = "data/rotten_tomatoes/dev.jsonl"
 DEMO_VOCAB = "data/demo/vocab"
 
@@ -91,7 +96,7 @@ def engine_pass(cfg: BertConfig, params, max_len: int, batch_size: int, bucketed
     from bertjax.tasks.predict import place_params
     from bertjax.train import sharding as sharding_lib
     from bertjax.train.loop import Runner
-    from data_pipeline.finetune_data import bucket_lengths
+    from data_pipeline.finetune_data import bucket_lengths, prediction_buckets
 
     config = ml_collections.ConfigDict({
         "min_bucket_length": 16 if bucketed else max_len, "train": {"batch_size": batch_size},
@@ -101,11 +106,13 @@ def engine_pass(cfg: BertConfig, params, max_len: int, batch_size: int, bucketed
     task.buckets = bucket_lengths(max_len, 16 if bucketed else max_len)
     mesh = sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
     rules = (("batch", ("data", "fsdp")),)
-    runner = Runner(sharding_lib.batch_sharding(mesh, rules))
+    runner = Runner(sharding_lib.batch_sharding(mesh, rules), rules)
     model = task.model(cfg)
     placed = place_params(model, task.init_inputs(), params, mesh, rules)
     predict = jax.jit(functools.partial(_predict, task=task, model=model))
     tokens = {}
+    if bucketed:
+        print(f"  (buckets {prediction_buckets(task.buckets)})")
 
     def run(features):
         tokens.clear()
@@ -168,10 +175,11 @@ def main(argv):
     print(f"inference benchmark on {device.platform} ({device.device_kind}, "
           f"{jax.device_count()} device(s)), preset {_PRESET.value}, float32, batch "
           f"{_BATCH.value}, median of {_REPEATS.value}")
-    print(f"  {'rows':<34} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
-    for name, lengths, max_len in (("Rotten Tomatoes dev, max 128", rt_lengths(_ROWS.value), 128),
-                                   ("SQuAD-like windows, max 384",
-                                    squad_lengths(_ROWS.value), 384)):
+    print(f"  {'rows':<30} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
+    sets = {"rt": ("Rotten Tomatoes dev, max 128", rt_lengths, 128),
+            "squad": ("SQuAD-like windows, max 384", squad_lengths, 384)}
+    for name, lengths_of, max_len in (sets[k] for k in _SETS.value):
+        lengths = lengths_of(_ROWS.value)
         cfg = BertConfig.from_preset(_PRESET.value, dtype="float32",
                                      max_position_embeddings=max(512, max_len))
         ids = np.zeros((1, 8), np.int32)
@@ -182,20 +190,22 @@ def main(argv):
         variants = {"bertjax, length buckets": engine_pass(cfg, params, max_len, _BATCH.value,
                                                            True),
                     "bertjax, padded to max": engine_pass(cfg, params, max_len, _BATCH.value,
-                                                          False),
-                    "transformers (PyTorch)": torch_pass(cfg, _BATCH.value)}
+                                                          False)}
+        for batch in sorted({_BATCH.value, 64}):
+            variants[f"transformers, batch {batch}"] = torch_pass(cfg, batch)
         seconds = {k: median_seconds(run, features, _REPEATS.value)
                    for k, (run, _) in variants.items() if run is not None}
-        baseline = seconds.get("transformers (PyTorch)")
+        # The ratio is to transformers' faster batch size.
+        baseline = min((v for k, v in seconds.items() if k.startswith("transformers")),
+                       default=None)
         for variant, (_, tokens) in variants.items():
             if variant not in seconds:
-                print(f"  {name:<34} {variant:<26} (no torch)")
+                print(f"  {name:<30} {variant:<26} (no torch)")
                 continue
             waste = 1 - tokens["real"] / max(tokens["computed"], 1)
             ratio = f"{baseline / seconds[variant]:.2f}x" if baseline else "-"
-            print(f"  {name:<34} {variant:<26} {len(lengths) / seconds[variant]:>8.1f} "
-                  f"{100 * waste:>7.1f}% {ratio:>16}")
-
+            print(f"  {name:<30} {variant:<26} {len(lengths) / seconds[variant]:>8.1f} "
+                  f"{100 * waste:>7.1f}% {ratio:>16}", flush=True)
 
 if __name__ == "__main__":
     cli.run(main)

@@ -98,9 +98,9 @@ class Task:
         raise NotImplementedError
 
     def num_batches(self, features, batch_size: int) -> int:
-        """Batches in one epoch of `batches`; a task whose batches are costly to build (the
-        feature-based tagger reads its cache) counts them from its plan instead."""
-        return sum(1 for _ in self.batches(features, batch_size, shuffle=False))
+        """Batches in one training epoch of `batches`; a task whose batches are costly to build
+        (the feature-based tagger reads its cache) counts them from its plan instead."""
+        return sum(1 for _ in self.batches(features, batch_size, shuffle=True))
 
     def batch_spec(self, batch_size: int, max_seq_length: int
                    ) -> dict[str, jax.ShapeDtypeStruct]:
@@ -322,19 +322,25 @@ def predict_rows(task: Task, predict_fn, params, features, batch_size: int, runn
     len(features) arrays otherwise (batches of different lengths give rows of different
     shapes, e.g. start logits [seq]). tokens: if given, counts "real" (input_mask) and
     "computed" token positions of the global batches (padding waste)."""
+    scalars: dict[str, np.ndarray] = {}  # per-row scalars, filled a batch at a time
     rows: dict[str, list] = {}
     batches = task.batches(features, batch_size, shuffle=False)
     for batch, predicted in runner.run(predict_fn, params, batches):
         if tokens is not None:
             tokens["real"] += int(np.sum(batch["input_mask"]))
             tokens["computed"] += int(np.size(batch["input_mask"]))
-        for row, index in enumerate(batch["example_index"]):
-            if index < 0:  # filler row
+        index = np.asarray(batch["example_index"])
+        real = index >= 0  # not a filler row
+        for name, values in predicted.items():
+            values = np.asarray(values)
+            if values.ndim == 1:
+                scalars.setdefault(name, np.zeros(len(features), values.dtype))[
+                    index[real]] = values[real]
                 continue
-            for name, values in predicted.items():
-                rows.setdefault(name, [None] * len(features))[index] = values[row]
-    return {name: np.stack(values) if np.ndim(values[0]) == 0 else values
-            for name, values in rows.items()}
+            out = rows.setdefault(name, [None] * len(features))
+            for row in np.flatnonzero(real):
+                out[index[row]] = values[row]
+    return {**scalars, **rows}
 
 
 def _loss(params, batch, rng, denominators=None, *, task: Task, model):

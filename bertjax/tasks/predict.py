@@ -275,7 +275,7 @@ class Engine:
         mesh = sharding_lib.make_mesh(config.mesh)
         configs.check_batch_size(self.batch_size, mesh, field="--batch_size")
         rules = config.logical_axis_rules
-        self.runner = Runner(sharding_lib.batch_sharding(mesh, rules))
+        self.runner = Runner(sharding_lib.batch_sharding(mesh, rules), rules)
         self.model = model = task.model(trained.model_config)
         self.params = place_params(model, task.init_inputs(), trained.params, mesh, rules)
         self._predict = jax.jit(functools.partial(_predict, task=task, model=model))
@@ -395,7 +395,7 @@ class Predictor:
 
 @dataclasses.dataclass
 class InferenceCost:
-    """The jitted predict step of one bucket length, compiled for the mesh's devices; bytes,
+    """The jitted predict step of one batch shape, compiled for the mesh's devices; bytes,
     FLOPs and time per device (chip)."""
 
     seq_len: int
@@ -413,23 +413,29 @@ class InferenceCost:
         return self.batch_size / self.step_seconds / chips if self.step_seconds else None
 
 
-def _bucket_lengths(task: Task, max_seq_length: int) -> tuple[int, ...]:
-    """The lengths the task's batches take (SQuAD windows are one length)."""
-    from data_pipeline.finetune_data import bucket_lengths
+def batch_shapes(task: Task, max_seq_length: int, batch_size: int
+                 ) -> list[tuple[int, int]]:
+    """[(global rows, length)]: the batch shapes of the task's unshuffled (prediction) batches
+    (data_pipeline.finetune_data's prediction plan; SQuAD windows are one length)."""
+    from data_pipeline import finetune_data
 
     minimum = getattr(task, "min_bucket_length", None)
     if minimum is None:
-        return (max_seq_length,)
-    return bucket_lengths(max_seq_length, min(minimum, max_seq_length))
+        return [(batch_size, max_seq_length)]
+    grid = finetune_data.prediction_buckets(finetune_data.bucket_lengths(
+        max_seq_length, min(minimum, max_seq_length)))
+    return [(finetune_data.prediction_rows(batch_size, n, max_seq_length), n) for n in grid]
 
 
 def inference_costs(workdir: str, topology: str | None = None, batch_size: int | None = None,
                     dtype: str | None = None) -> tuple[list[InferenceCost], int, str]:
-    """([cost per bucket length], chips, a header line) of a finished run's predict step:
+    """([cost per batch shape], chips, a header line) of a finished run's predict step:
     compiled by the TPU compiler for `topology`'s slice (any machine; dtype bfloat16 unless
-    given), or for this machine's devices. Abstract shapes only: no checkpoint is read."""
+    given), or for this machine's devices, the layers unrolled and measured as the training
+    dry run does (bertjax.train.dry_run.calibrated). Abstract shapes only: no checkpoint is
+    read."""
     from bertjax.tasks import get_task
-    from bertjax.train import flops as flops_lib
+    from bertjax.train import dry_run
     from bertjax.train import topology as topology_lib
 
     record, _ = read_finished_run(workdir)
@@ -447,67 +453,59 @@ def inference_costs(workdir: str, topology: str | None = None, batch_size: int |
     batch_size = int(batch_size or config.eval.batch_size)
     configs.check_batch_size(batch_size, mesh, field="--batch_size")
     rules = sharding_lib.as_rules(config.logical_axis_rules)
-    model = task.model(model_config)
-    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"]
-    shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
-    abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                            nn.unbox(boxed), shardings)
     batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
-    max_seq_length = int(config.max_seq_length)
     chips = len(devices)
-    costs = []
-    # A TPU executable compiled without a TPU client cannot be read back from JAX's
-    # persistent compilation cache: keep it out (as bertjax.train.dry_run does).
-    caching = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    try:
-        for length in _bucket_lengths(task, max_seq_length):
-            spec = task.batch_spec(batch_size, length)
-            step = jax.jit(functools.partial(_predict, task=task, model=model),
-                           in_shardings=(shardings, jax.tree.map(lambda _: batch_sharding,
-                                                                 spec)))
-            compiled = step.lower(abstract, spec).compile()
-            memory = compiled.memory_analysis()
-            cost = compiled.cost_analysis()
-            cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
-            total = float(memory.argument_size_in_bytes + memory.output_size_in_bytes
-                          - memory.alias_size_in_bytes + memory.temp_size_in_bytes)
-            flops = float(cost.get("flops", 0.0)) or None
-            seconds = float(cost.get("optimal_seconds", 0.0)) if slice_ else 0.0
-            if slice_ and not seconds > 0 and flops:  # no cost-model time: the roofline
-                seconds = max(flops / slice_.peak_flops, float(cost.get("bytes accessed", 0.0))
-                              / (slice_.chip.hbm_gbps * 1e9))
-            if flops and model_config.scan_layers:
-                # XLA's cost analysis counts a scanned loop's body once: the other layers.
-                one = dataclasses.replace(model_config, num_layers=1)
-                extra = ((model_config.num_layers - 1) * batch_size / chips
-                         * flops_lib.forward_flops_per_sequence(one, length, 0))
-                seconds *= (flops + extra) / flops
-                flops += extra
-            costs.append(InferenceCost(length, batch_size, total,
-                                       slice_.hbm_bytes if slice_ else None, flops,
-                                       seconds or None))
-    finally:
-        jax.config.update("jax_enable_compilation_cache", caching)
+
+    def compile_layers(layers: int, rows: int, length: int):
+        model = task.model(dataclasses.replace(model_config, num_layers=layers,
+                                               scan_layers=False))
+        boxed = jax.eval_shape(
+            lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"]
+        shardings = nn.logical_to_mesh_sharding(nn.get_partition_spec(boxed), mesh, rules)
+        abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                                nn.unbox(boxed), shardings)
+        spec = task.batch_spec(rows, length)
+        step = jax.jit(functools.partial(_predict, task=task, model=model),
+                       in_shardings=(shardings, jax.tree.map(lambda _: batch_sharding, spec)))
+        return dry_run.compile_and_measure(step, (abstract, spec), slice_)
+
+    costs, method = [], ""
+    for rows, length in batch_shapes(task, int(config.max_seq_length), batch_size):
+        m, method = dry_run.calibrated(functools.partial(compile_layers, rows=rows,
+                                                         length=length),
+                                       model_config.num_layers)
+        if isinstance(m, str):  # out of memory: a row that does not fit
+            needed = dry_run.oom_sizes(m)[0]
+            costs.append(InferenceCost(length, rows, needed or float("inf"),
+                                       slice_.hbm_bytes if slice_ else 0.0, None, None))
+            continue
+        seconds = m.seconds
+        if slice_ and not seconds:  # no cost-model time: the roofline
+            seconds = max(m.flops / slice_.peak_flops,
+                          (m.hlo_bytes or m.bytes_accessed) / (slice_.chip.hbm_gbps * 1e9))
+        costs.append(InferenceCost(length, rows, m.argument_bytes + m.output_bytes
+                                   + m.temp_bytes, slice_.hbm_bytes if slice_ else None,
+                                   m.flops or None, seconds if slice_ else None))
     where = (f"{slice_.accelerator_type} ({slice_.topology_name}, TPU compiler): {chips} chips "
              f"of {slice_.chip.hbm_gib:g} GiB HBM" if slice_ else
              f"this machine: {chips} {devices[0].platform} device(s)")
-    header = (f"Predict step of {workdir} ({type(model).__name__}, {model_config.dtype}) on "
-              f"{where}; mesh {dict(mesh.shape)}; global batch {batch_size}")
+    header = (f"Predict step of {workdir} ({type(task.model(model_config)).__name__}, "
+              f"{model_config.dtype}) on {where}; mesh {dict(mesh.shape)}; global batch "
+              f"{batch_size} rows at full length, more when shorter; {method}")
     return costs, chips, header
 
 
 def inference_table(costs: list[InferenceCost], chips: int) -> list[str]:
-    """One line per bucket length: memory, FLOPs, step time and sequences/s per chip."""
+    """One line per batch shape: memory, FLOPs, step time and sequences/s per chip."""
     gib = 1024.0**3
-    lines = [f"{'length':>6} {'memory/chip':>12} {'fits':>4} {'GFLOP/chip':>11} "
+    lines = [f"{'length':>6} {'rows':>5} {'memory/chip':>12} {'fits':>4} {'GFLOP/chip':>11} "
              f"{'step ms':>8} {'seq/s/chip':>11}"]
     for c in costs:
         rate = c.sequences_per_second_per_chip(chips)
         fits = "yes" if c.fits else "NO"
         memory = (f"{c.total_bytes / gib:.2f} GiB" if c.total_bytes >= gib / 10 else
                   f"{c.total_bytes / 1024**2:.1f} MiB")
-        lines.append(f"{c.seq_len:>6} {memory:>12} {fits:>4} "
+        lines.append(f"{c.seq_len:>6} {c.batch_size:>5} {memory:>12} {fits:>4} "
                      f"{(c.flops or 0) / 1e9:>11.2f} "
                      f"{'n/a' if c.step_seconds is None else f'{c.step_seconds * 1e3:.3f}':>8} "
                      f"{'n/a' if rate is None else f'{rate:,.0f}':>11}")
@@ -526,9 +524,11 @@ def _write_chunk(directory: str, number: int, suffix: str, write) -> str:
     return chunk
 
 
-def _csv_chunks(path: str, rows: int, id_field: str, directory: str) -> Iterator[tuple[str, int]]:
-    """CSV / TSV chunks, the header repeated; a row without an id gets its 0-based row number
-    in the whole file (what the one-shot reader gives it)."""
+def _csv_chunks(path: str, rows: int, id_field: str, directory: str, fill_empty: bool = True
+                ) -> Iterator[tuple[str, int]]:
+    """CSV / TSV chunks, the header repeated; a row without an id (the column absent, or with
+    `fill_empty` its cell empty) gets its 0-based row number in the whole file (what the
+    one-shot reader gives it)."""
     import csv
 
     delimiter = "\t" if path.lower().endswith(".tsv") else ","
@@ -555,7 +555,7 @@ def _csv_chunks(path: str, rows: int, id_field: str, directory: str) -> Iterator
             index = start + len(buffer)
             if add_id:
                 row = row + [""] * max(len(header) - len(row), 0) + [str(index)]
-            elif column < len(row) and row[column] == "":
+            elif fill_empty and column < len(row) and row[column] == "":
                 row = row[:column] + [str(index)] + row[column + 1:]
             buffer.append(row)
             if len(buffer) == rows:
@@ -609,23 +609,135 @@ def _conll_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, i
         yield flush(), start
 
 
+def _tagging_jsonl_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, int]]:
+    """JSONL tagging chunks of at least `rows` sentences, cut only where a document starts (a
+    line without a "document" field, or with another value than the line before)."""
+    start, buffer, number, previous = 0, [], 0, None
+
+    def flush():
+        return _write_chunk(directory, number, ".jsonl",
+                            lambda out: out.writelines(dump(r) + "\n" for r in buffer))
+
+    for _, record in paths.jsonl_records(path, DataError):
+        document = record["document"] if "document" in record else object()  # alone
+        if len(buffer) >= rows and document != previous:
+            yield flush(), start
+            start, buffer, number = start + len(buffer), [], number + 1
+        previous = document
+        buffer.append(record)
+    if buffer or start == 0:
+        yield flush(), start
+
+
+def json_array_items(path: str, key: str, block: int = 1 << 20) -> Iterator[Any]:
+    """The items of the array `key` of the JSON object in `path`, one at a time, reading
+    `block` characters at a time (a file larger than memory, e.g. SQuAD's {"data": [...]});
+    the object's other values are read and dropped."""
+    decoder = json.JSONDecoder()
+    state = {"buffer": "", "pos": 0, "eof": False, "block": block}
+    handle = paths.open(path, encoding="utf-8")
+
+    def more() -> bool:
+        text = handle.read(state["block"])
+        state["eof"] = not text
+        state["buffer"] = state["buffer"][state["pos"]:] + text
+        state["pos"] = 0
+        return bool(text)
+
+    def peek() -> str:
+        while True:
+            buffer, pos = state["buffer"], state["pos"]
+            while pos < len(buffer) and buffer[pos] in " \t\r\n":
+                pos += 1
+            state["pos"] = pos
+            if pos < len(buffer):
+                return buffer[pos]
+            if not more():
+                raise DataError(f"{path}: the JSON ends early")
+
+    def take(expected: str) -> None:
+        if peek() not in expected:
+            raise DataError(f"{path}: not a JSON object with a {key!r} list (expected "
+                            f"{' or '.join(expected)} at {state['buffer'][state['pos']:][:20]!r})")
+        state["pos"] += 1
+
+    def value():
+        while True:
+            peek()
+            try:
+                item, end = decoder.raw_decode(state["buffer"], state["pos"])
+                if end < len(state["buffer"]) or state["eof"]:  # a number may continue
+                    state["pos"] = end
+                    return item
+            except json.JSONDecodeError as e:
+                if state["eof"]:
+                    raise DataError(f"{path}: not valid JSON ({e.msg})") from None
+            state["block"] *= 2  # an item longer than the buffer: read more at a time
+            more()
+
+    with handle:
+        take("{")
+        while peek() != "}":
+            name = value()
+            take(":")
+            if name != key:
+                value()
+            else:
+                take("[")
+                while peek() != "]":
+                    yield value()
+                    if peek() != "]":
+                        take(",")
+                take("]")
+            if peek() != "}":
+                take(",")
+        take("}")
+
+
+def _squad_json_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, int]]:
+    """SQuAD-layout .json chunks of whole paragraphs holding at least `rows` questions (an
+    article's paragraphs may fall in two chunks: each question is predicted by itself)."""
+    start, buffer, questions, number = 0, [], 0, 0
+
+    def flush():
+        return _write_chunk(directory, number, ".json",
+                            lambda out: out.write(dump({"data": buffer})))
+
+    for article in json_array_items(path, "data"):
+        if not isinstance(article, dict):
+            raise DataError(f"{path}: data[] holds {type(article).__name__}, not articles")
+        for paragraph in article.get("paragraphs") or ():
+            buffer.append({"title": article.get("title", ""), "paragraphs": [paragraph]})
+            questions += len(paragraph.get("qas") or ()) if isinstance(paragraph, dict) else 0
+            if questions >= rows:
+                yield flush(), start
+                start, buffer, questions, number = start + questions, [], 0, number + 1
+    if buffer or start == 0:
+        yield flush(), start
+
+
 def input_chunks(task: Task, path: str, rows: int, fields: dict[str, Any], directory: str
                  ) -> Iterator[tuple[str, int]]:
     """(chunk file of about `rows` rows, its first row's 0-based number in `path`), in order;
-    each chunk is written to `directory` and can be read by `task.read_inputs`."""
+    each chunk is written to `directory` and can be read by `task.read_inputs`. Chunks end
+    where the one-shot reading would give each row the same input (a tagging document's
+    context, a SQuAD paragraph)."""
     lower = path.lower()
     if hasattr(task, "conll_text"):  # tagging
         fmt = fields.get("format") or "auto"
-        if fmt == "conll" or (fmt == "auto" and not lower.endswith((".jsonl", ".json"))):
-            return _conll_chunks(path, rows, directory)
-        raise DataError(f"--input={path}: a JSONL tagging file is one document; stream a "
-                        "CoNLL file (its -DOCSTART- lines separate documents)")
-    if lower.endswith((".csv", ".tsv")) and getattr(task, "family", "") != "swag":
+        if fmt == "jsonl" or (fmt == "auto" and lower.endswith((".jsonl", ".json"))):
+            return _tagging_jsonl_chunks(path, rows, directory)
+        return _conll_chunks(path, rows, directory)
+    if lower.endswith(".json") and hasattr(task, "doc_stride"):  # SQuAD layout
+        return _squad_json_chunks(path, rows, directory)
+    if lower.endswith(".csv") and getattr(task, "family", "") == "swag":  # SWAG's ids
+        return _csv_chunks(path, rows, "fold-ind", directory, fill_empty=False)
+    if lower.endswith((".csv", ".tsv")):
         return _csv_chunks(path, rows, fields.get("id") or "id", directory)
     if lower.endswith(".jsonl"):
         return _jsonl_chunks(path, rows, fields.get("id") or "id", directory)
-    raise DataError(f"--input={path}: streaming (--chunk_rows) reads .csv, .tsv, .jsonl (or "
-                    "CoNLL for tagging), one row at a time; a .json file is one object")
+    raise DataError(f"--input={path}: streaming (--chunk_rows) reads .csv, .tsv, .jsonl, "
+                    "SQuAD-layout .json, CoNLL or JSONL tagging files")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,7 +765,8 @@ class FillMask:
         self.max_seq_length = min(max_seq_length, model_config.max_position_embeddings)
         mesh = sharding_lib.make_mesh(DATA_PARALLEL_MESH)
         configs.check_batch_size(batch_size, mesh, field="--batch_size")
-        self.runner = Runner(sharding_lib.batch_sharding(mesh, DATA_PARALLEL_RULES))
+        self.runner = Runner(sharding_lib.batch_sharding(mesh, DATA_PARALLEL_RULES),
+                             DATA_PARALLEL_RULES)
         model = BertForPreTraining(model_config)
         ids = jnp.zeros((1, 2), jnp.int32)
         self.params = place_params(model, (ids, ids, ids, jnp.zeros((1, 1), jnp.int32)),

@@ -209,18 +209,21 @@ class Measure:
         return sum(g.bytes for g in self.groups["category"].values())
 
 
-def measure(compiled, slice_: topology_lib.Slice) -> Measure:
-    """A compiled step's memory, FLOPs, bytes, cost-model time and its ops' costs."""
+def measure(compiled, slice_: topology_lib.Slice | None) -> Measure:
+    """A compiled step's memory, FLOPs, bytes, cost-model time and (on a slice) its ops'
+    costs."""
     from bertjax.train import hlo_costs
 
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
     seconds = float(cost.get("optimal_seconds", -1.0))
-    ops = hlo_costs.op_costs(compiled.as_text())
-    rates = (slice_.peak_flops, slice_.chip.hbm_gbps * 1e9)
-    groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates),
-              "op": hlo_costs.group(ops, hlo_costs.short_label, *rates)}
+    groups = None
+    if slice_ is not None:
+        ops = hlo_costs.op_costs(compiled.as_text())
+        rates = (slice_.peak_flops, slice_.chip.hbm_gbps * 1e9)
+        groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates),
+                  "op": hlo_costs.group(ops, hlo_costs.short_label, *rates)}
     return Measure(float(memory.argument_size_in_bytes),
                    float(memory.output_size_in_bytes - memory.alias_size_in_bytes),
                    float(memory.temp_size_in_bytes), float(cost.get("flops", 0.0)),
@@ -313,7 +316,7 @@ class StageCost:
 _SIZE = re.compile(r"(\d+(?:\.\d+)?)([KMGT])\b")
 
 
-def _oom_sizes(message: str) -> tuple[float | None, float | None]:
+def oom_sizes(message: str) -> tuple[float | None, float | None]:
     """(needed, available) bytes from the TPU compiler's out-of-memory message, e.g. "... HLO
     temporaries (262.25G) exceeds available HBM (15.75G)"."""
     sizes = [float(v) * 1024.0 ** ("KMGT".index(u) + 1) for v, u in _SIZE.findall(message)]
@@ -370,23 +373,51 @@ class _Step:
         """The stage's step compiled for the slice → its Measure, or the compiler's
         out-of-memory message (any other compile error is raised)."""
         stage = next(s for s in self.job.stages if s.name == stage_name)
-        # A TPU executable compiled without a TPU client cannot be read back from JAX's
-        # persistent compilation cache (a warning per entry): keep it out of the cache. (JAX
-        # decides once per process, at its first compile: this holds where the TPU compile
-        # comes first, as in the commands.)
-        caching = jax.config.jax_enable_compilation_cache
-        jax.config.update("jax_enable_compilation_cache", False)
-        try:
-            compiled = self.train_steps[stage_name].lower(self.abstract_state,
-                                                          stage.batch_spec).compile()
-        except jax.errors.JaxRuntimeError as e:
-            message = " ".join(str(e).split())
-            if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
-                raise
-            return message
-        finally:
-            jax.config.update("jax_enable_compilation_cache", caching)
-        return scaled(measure(compiled, slice_), self.job.grad_accum_steps)
+        measured = compile_and_measure(self.train_steps[stage_name], (self.abstract_state,
+                                                                      stage.batch_spec), slice_)
+        return measured if isinstance(measured, str) else scaled(measured,
+                                                                  self.job.grad_accum_steps)
+
+
+def compile_and_measure(step, args: tuple, slice_: topology_lib.Slice | None
+                        ) -> Measure | str:
+    """A jitted `step` compiled for abstract `args` → its Measure, or the compiler's
+    out-of-memory message (any other compile error is raised)."""
+    # A TPU executable compiled without a TPU client cannot be read back from JAX's
+    # persistent compilation cache (a warning per entry): keep it out of the cache. (JAX
+    # decides once per process, at its first compile: this holds where the TPU compile comes
+    # first, as in the commands.)
+    caching = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        compiled = step.lower(*args).compile()
+    except jax.errors.JaxRuntimeError as e:
+        message = " ".join(str(e).split())
+        if "RESOURCE_EXHAUSTED" not in message and "out of memory" not in message.lower():
+            raise
+        return message
+    finally:
+        jax.config.update("jax_enable_compilation_cache", caching)
+    return measure(compiled, slice_)
+
+
+def calibrated(compile_layers: Callable[[int], Measure | str], layers: int
+               ) -> tuple[Measure | str, str]:
+    """(Measure of a step of `layers` unrolled encoder layers, how it was obtained):
+    `compile_layers(n)` compiles the step with n layers; above FIT_LAYERS + 1 layers, those of
+    FIT_LAYERS and FIT_LAYERS + 1 are compiled and every figure extrapolated (`extrapolate`).
+    A compile out of memory gives its message."""
+    if layers <= FIT_LAYERS + 1:
+        return compile_layers(layers), f"measured: the full step compiled ({layers} layers)"
+    one = compile_layers(FIT_LAYERS)
+    if isinstance(one, str):
+        return one, "out of memory"
+    two = compile_layers(FIT_LAYERS + 1)
+    if isinstance(two, str):
+        return two, "out of memory"
+    return extrapolate(one, two, layers, FIT_LAYERS), (
+        f"extrapolated to {layers} layers from compiles of {FIT_LAYERS} and {FIT_LAYERS + 1} "
+        "unrolled layers (fixed + per-layer x layers)")
 
 
 def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_lib.Slice
@@ -398,7 +429,7 @@ def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_li
                   model_flops=stage.flops_per_example * full.job.batch_size)
     if isinstance(measured, str):
         args = full.state_bytes + full.batch_bytes(stage)
-        needed, available = _oom_sizes(measured)
+        needed, available = oom_sizes(measured)
         temp = needed or float("nan")
         return StageCost(**common, argument_bytes=args, temp_bytes=temp, total_bytes=args + temp,
                          hbm_bytes=available or slice_.hbm_bytes, fits=False, xla_flops=None,
@@ -451,7 +482,7 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
     first = FIT_LAYERS
     exact = exact or layers <= first + 1
     if exact:
-        variants = [full]
+        variants = []
         method = f"measured: the full step compiled, layers unrolled ({layers})"
     else:
         variants = [_Step.build(make_job(layer_config(config, n)), config, devices)
@@ -463,15 +494,11 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
         stages = sorted(stages, key=lambda s: -s.tokens_per_example)
     costs = []
     for stage in stages:
-        measured = []
-        for variant in variants:  # an out-of-memory compile ends the stage's compiles
-            measured.append(variant.compile(stage.name, slice_))
-            if isinstance(measured[-1], str):
-                break
-        if isinstance(measured[-1], str) or exact:
-            result = measured[-1]
-        else:
-            result = extrapolate(*measured, layers, first)
+        if exact:
+            result = full.compile(stage.name, slice_)
+        else:  # an out-of-memory compile ends the stage's compiles
+            result, _ = calibrated(lambda n, s=stage: variants[n - first].compile(s.name, slice_),
+                                   layers)
         costs.append(_stage_cost(stage, full, result, slice_))
         if until_misfit and not costs[-1].fits:
             break

@@ -100,13 +100,20 @@ class Runner:
 
     def run(self, fn, params, batches: Iterable[dict[str, np.ndarray]]
             ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
-        """(global batch on the host, fn(params, batch) on the host) for every batch."""
+        """(global batch on the host, fn(params, batch) on the host) for every batch. The next
+        batch is built and dispatched before a batch's outputs are fetched: the host's work
+        (and the transfer) overlaps the device's."""
+        pending = None
         for batch in batches:
             global_batch = self.to_global(batch)
             with (sharding_lib.in_force(self.batch_sharding.mesh, self.rules)
                   if self.rules is not None else contextlib.nullcontext()):
-                outputs = fn(params, global_batch)
-            yield self.to_host(global_batch), self.to_host(outputs)
+                outputs = fn(params, global_batch)  # asynchronous dispatch
+            if pending is not None:
+                yield self.to_host(pending[0]), self.to_host(pending[1])
+            pending = global_batch, outputs
+        if pending is not None:
+            yield self.to_host(pending[0]), self.to_host(pending[1])
 
 
 def best_entry(history: list[dict[str, float]], metric: str) -> dict[str, float]:

@@ -184,7 +184,13 @@ def make_batch(features: TokenFeatures, length: int, indices: np.ndarray, batch_
 def batches(features: TokenFeatures, batch_size: int, buckets: Sequence[int], *, shuffle: bool,
             seed: int = 0, process_index: int = 0,
             process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
-    """One epoch of this host's batches, rows grouped by length (finetune_data's plan)."""
+    """One epoch of this host's batches, rows grouped by length (finetune_data's plans:
+    unshuffled, the prediction plan)."""
+    if not shuffle:
+        for length, rows, indices in finetune_data.prediction_plan(features.lengths, batch_size,
+                                                                   buckets):
+            yield make_batch(features, length, indices, rows, process_index, process_count)
+        return
     for length, indices in finetune_data.plan_batches(features, batch_size, buckets,
-                                                      shuffle=shuffle, seed=seed):
+                                                      shuffle=True, seed=seed):
         yield make_batch(features, length, indices, batch_size, process_index, process_count)
