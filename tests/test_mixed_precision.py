@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.models.bert import Dropout, dropout_keep_mask
+from bertjax.models.bert import Dropout, dropout_keep_mask, interleaved_halves, split_halves
 from bertjax.models.dense import dense
 
 # (x shape, kernel shape, contracted axes): nn.Dense, a QKV projection, the attention output.
@@ -120,10 +120,18 @@ def test_dropout_keeps_the_right_fraction_and_preserves_the_mean(rate):
     assert len(values) == 2 and values[0] == 0.0
     np.testing.assert_allclose(values[1], 1 / keep_prob, rtol=1e-6)
     assert abs(float(jnp.mean(y)) - 1.0) < 0.01  # inverted dropout: E[y] = x
-    # Neighbouring elements come from the two halves of one 32-bit draw: still independent.
+    # Elements from the two halves of one 32-bit draw are still independent, in both layouts
+    # (neighbours on CPU; i and i + n/2 of the last axis where the step is compiled for TPU).
     pairs = np.asarray(keep).reshape(-1, 2)
     both = float(np.mean(pairs[:, 0] & pairs[:, 1]))
     assert abs(both - keep_prob**2) < 0.003
+    words = jax.random.bits(jax.random.key(5), (64, 128, 64), jnp.uint32)
+    split = np.asarray(split_halves(words))
+    interleaved = np.asarray(interleaved_halves(words))
+    assert np.array_equal(np.sort(split, axis=-1), np.sort(interleaved, axis=-1))
+    kept = split >= round(rate * 65536)
+    both = float(np.mean(kept[..., :64] & kept[..., 64:]))
+    assert abs(float(np.mean(kept)) - keep_prob) < 0.003 and abs(both - keep_prob**2) < 0.003
 
 
 def test_dropout_is_identity_when_deterministic_and_differs_between_keys():

@@ -67,16 +67,31 @@ def dropout_keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[
     """(keep mask of `shape`, its keep probability) for dropout at `rate`.
 
     Each 32-bit threefry output yields two 16-bit uniforms, which halves the PRNG work of
-    `nn.Dropout` (the main cost of dropout on CPU). The drop rate is rounded to a multiple of
-    2^-16 (0.1 → 0.100006). The draws are split along the last axis, so the mask shards like
+    `nn.Dropout` (the main cost of dropout on CPU); how the halves are laid out depends on the
+    platform the step is compiled for (`interleaved_halves` on CPU, `split_halves` elsewhere).
+    The drop rate is rounded to a multiple of 2^-16 (0.1 → 0.100006). The draws are split along the last axis, so the mask shards like
     the activations it masks; an odd last axis takes 32-bit draws and the exact rate.
     """
     if shape[-1] % 2:
         return jax.random.bernoulli(rng, 1.0 - rate, shape), 1.0 - rate
     threshold = round(rate * 65536)
     words = jax.random.bits(rng, shape[:-1] + (shape[-1] // 2,), jnp.uint32)
-    halves = jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(shape)
+    halves = jax.lax.platform_dependent(words, cpu=interleaved_halves, default=split_halves)
     return halves >= threshold, 1.0 - threshold / 65536
+
+
+def interleaved_halves(words: Array) -> Array:
+    """uint32 [..., n] → uint16 [..., 2n], each word's halves side by side: a free bitcast on
+    CPU (on TPU a relayout written to HBM)."""
+    return jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*words.shape[:-1], -1)
+
+
+def split_halves(words: Array) -> Array:
+    """uint32 [..., n] → uint16 [..., 2n], low halves then high halves: elementwise and a
+    concatenation, which the TPU compiler fuses into the masking ops (measured in
+    docs/tpu_aot.md, "Levers"; on CPU the copy makes it slower than the bitcast)."""
+    return jnp.concatenate([(words & 0xFFFF).astype(jnp.uint16),
+                            (words >> 16).astype(jnp.uint16)], axis=-1)
 
 
 class Dropout(nn.Module):
