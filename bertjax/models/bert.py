@@ -70,7 +70,8 @@ def dropout_keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[
     `nn.Dropout` (the main cost of dropout on CPU); how the halves are laid out depends on the
     platform the step is compiled for (`interleaved_halves` on CPU, `split_halves` elsewhere).
     The drop rate is rounded to a multiple of 2^-16 (0.1 → 0.100006). The draws are split
-    along the last axis, so the mask shards like the activations it masks; an odd last axis takes 32-bit draws and the exact rate.
+    along the last axis, so the mask shards like the activations it masks; an odd last axis
+    takes 32-bit draws and the exact rate.
     """
     if shape[-1] % 2:
         return jax.random.bernoulli(rng, 1.0 - rate, shape), 1.0 - rate
