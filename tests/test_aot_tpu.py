@@ -395,6 +395,30 @@ def test_op_costs_count_hbm_bytes_matmul_flops_and_loop_trips():
     assert costs["y"].category == "optimizer update"
 
 
+def test_a_slice_moves_the_bytes_it_returns_not_its_whole_source():
+    from bertjax.train import hlo_costs
+
+    # The TPU compiler's asynchronous slice (v6e): 4 MiB of a 31 MB HBM buffer into VMEM (the
+    # backslash continues the HLO line).
+    text = """HloModule step
+
+ENTRY %main (p: s8[31260672]) -> s8[4194304] {
+  %p = s8[31260672]{0:T(1024)(128)(4,1)} parameter(0)
+  %slice-start = ((s8[31260672]{0:T(1024)(128)(4,1)}), s8[4194304]{0:T(1024)(128)(4,1)S(1)}, \
+s32[]{:S(2)}) slice-start(%p), slice={[0:4194304]}
+  %slice-done = s8[4194304]{0:T(1024)(128)(4,1)S(1)} slice-done(%slice-start)
+  %q = f32[64,64]{1,0} parameter(1)
+  %s = f32[8,4]{1,0} slice(%q), slice={[0:8], [0:4]}
+  ROOT %r = s8[4194304]{0:T(1024)(128)(4,1)} copy(%slice-done)
+}
+"""
+    costs = {c.name: c.bytes for c in hlo_costs.op_costs(text)}
+    assert "slice-done" not in costs  # its start moved the data
+    assert costs["slice-start"] == 4194304  # read from HBM; the VMEM destination is on chip
+    assert costs["s"] == 2 * 8 * 4 * 4  # an HBM-to-HBM slice reads and writes its result
+    assert costs["r"] == 4194304  # the copy out of VMEM writes HBM
+
+
 @pytest.mark.parametrize("name,expected", [
     ("jvp(BertForPreTraining)/bert/encoder/layer_N/attention/Dropout_0/jit(_where)/select_n",
      "dropout + RNG"),

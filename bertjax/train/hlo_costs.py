@@ -31,7 +31,10 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 NO_TRAFFIC = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "copy-done",
               "partition-id", "replica-id", "after-all", "opt-barrier", "while", "call",
               "conditional", "all-reduce-done", "all-gather-done", "collective-permute-done",
-              "async-done"}
+              "async-done", "slice-done"}
+# Ops that read only the part of their first operand they return (the TPU compiler's
+# asynchronous `slice-start` result is (operands, slice, context)).
+SLICES = {"slice", "dynamic-slice", "slice-start"}
 BYTES_PER_ELEMENT = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
                      "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
                      "c128": 16, "s4": 0.5, "u4": 0.5, "token": 0}
@@ -134,6 +137,17 @@ def hbm_bytes(shape: str, first_only: bool = False) -> float:
     found = arrays(shape)[:1] if first_only else arrays(shape)
     return float(sum(math.prod(dims) * BYTES_PER_ELEMENT.get(dtype, 4)
                      for dtype, dims, layout in found if _in_hbm(layout)))
+
+
+def slice_bytes(instruction: Instruction, shapes: dict[str, str]) -> float:
+    """HBM bytes of a slice: the slice read from its source and written to its destination,
+    each where it is in HBM (a `slice-start` fetching into VMEM reads HBM only)."""
+    found = arrays(instruction.shape)
+    dtype, dims, layout = found[1] if instruction.opcode == "slice-start" else found[0]
+    size = math.prod(dims) * BYTES_PER_ELEMENT.get(dtype, 4)
+    source = arrays(shapes.get(instruction.operands[0], "")) if instruction.operands else []
+    reads = bool(source) and _in_hbm(source[0][2] or "")
+    return float(size * (reads + _in_hbm(layout or "")))
 
 
 def _attribute(attributes: str, key: str) -> str | None:
@@ -296,9 +310,12 @@ def op_costs(text: str) -> list[OpCost]:
                 continue
             if instruction.opcode in NO_TRAFFIC:
                 continue
-            prefetch = instruction.opcode == "copy-start"  # result: (destination, source, ...)
-            moved = hbm_bytes(instruction.shape, first_only=prefetch) + sum(
-                hbm_bytes(shapes.get(o, "")) for o in instruction.operands)
+            if instruction.opcode in SLICES:
+                moved = slice_bytes(instruction, shapes)
+            else:
+                prefetch = instruction.opcode == "copy-start"  # (destination, source, ...)
+                moved = hbm_bytes(instruction.shape, first_only=prefetch) + sum(
+                    hbm_bytes(shapes.get(o, "")) for o in instruction.operands)
             label = op_name(instruction) or prefetched.get(instruction.name, "")
             costs.append(OpCost(instruction.name, instruction.opcode, label,
                                 category(instruction.opcode, label, instruction.shape),
