@@ -56,7 +56,7 @@ def _summed_step(original, scale_metrics: bool):
     """Planted slip: the micro-batch gradients (and, with scale_metrics, losses) summed
     instead of averaged."""
     def train_step(state, batch, *, loss_fn, tx, schedule, grad_accum_steps=1,
-                   denominators=None):
+                   denominators=None, grad_reduce_dtype="float32"):
         k = grad_accum_steps
 
         def scaled(params, b, rng, denominators=None):
@@ -66,7 +66,8 @@ def _summed_step(original, scale_metrics: bool):
             return loss * k, metrics
 
         state, metrics = original(state, batch, loss_fn=scaled, tx=tx, schedule=schedule,
-                                  grad_accum_steps=k, denominators=denominators)
+                                  grad_accum_steps=k, denominators=denominators,
+                                  grad_reduce_dtype=grad_reduce_dtype)
         return state, metrics
 
     return train_step

@@ -255,7 +255,6 @@ class Checkpointer:
         # A process whose writes failed never reaches orbax's barrier after them: the others
         # wait there for `timeout_s`, then all share their outcome (`_agreed`).
         self.agree_timeout_s = timeout_s + distributed_timeout_s
-        self._round = 0  # outcomes shared so far (each under its own tag)
         ignore_late_callbacks()
         policies = [checkpoint_managers.LatestN(max_to_keep)]
         if best_metric:
@@ -350,10 +349,8 @@ class Checkpointer:
                 raise  # no outcome to share with a process that is gone
             code, cause = _os_error(e)
             status = f"{code} {short_reason(cause)}"
-        shared = multihost.statuses(f"checkpoint/{self._round}", f"{int(can_redo)} {status}",
+        shared = multihost.statuses("checkpoint", f"{int(can_redo)} {status}",
                                     self.agree_timeout_s)
-        multihost.forget_status(f"checkpoint/{self._round - 1}")  # read by all by now
-        self._round += 1
         outcomes = [s.split(" ", 1) for s in shared]  # [can_redo, "ok" | "errno reason"]
         failed = sorted((outcome.split(" ", 1) for _, outcome in outcomes if outcome != "ok"),
                         key=lambda failure: failure[0] == "0")  # OS errors first
@@ -368,7 +365,7 @@ class Checkpointer:
         of step (the failing process skipped some, the others timed out at them), and every
         later save through it would time out. Every process renews at the same point. The old
         one is dropped unclosed: closing it would wait at its barriers once more."""
-        prefix = f"bertjax_{self._round}"
+        prefix = multihost.unique("orbax").replace("/", "_")
         self.manager = ocp.CheckpointManager(self.directory, options=self._options(
             multiprocessing_options=ocp.options.MultiprocessingOptions(
                 barrier_sync_key_prefix=prefix)))

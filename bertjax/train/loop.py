@@ -278,7 +278,6 @@ class _Run:
         wait = timeout + _distributed_timeout_s(self.config)
         tag = f"input/{stage.name}/{step + 1}"
         shared = multihost.statuses(tag, "stalled" if stalled else "ok", wait)
-        multihost.forget_status(f"input/{stage.name}/{step}")  # read by all by now
         return [i for i, status in enumerate(shared) if status == "stalled"]
 
     def after_step(self, stage: Stage, step: int, state, metrics, inputs, throughput) -> bool:

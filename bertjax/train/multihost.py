@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import errno
+import itertools
 import logging
 import os
 import re
@@ -255,28 +256,37 @@ def watchdog() -> Watchdog | None:
     return _watchdog
 
 
+_calls = itertools.count()  # coordination-service names used by this process, in order
+_last_status_key: str | None = None
+
+
+def unique(tag: str) -> str:
+    """`tag` made unique within this process's life: every process takes the same names in
+    the same order, so they agree, and a later job in the same process (a grid's next cell)
+    never meets an earlier one's keys or barriers."""
+    return f"bertjax/{next(_calls)}/{tag}"
+
+
 def statuses(tag: str, status: str, timeout_s: float) -> list[str]:
-    """Every process's `status` (index: process), each process giving its own under the same
-    `tag`, used once. Through the coordination service (a key per process, then a barrier),
-    not a device collective, so a process may join up to `timeout_s` later (e.g. after its
-    input's own timeout) and the others wait without running anything."""
+    """Every process's `status` (index: process), each process giving its own under `tag`.
+    Through the coordination service (a key per process, then a barrier), not a device
+    collective, so a process may join up to `timeout_s` later (e.g. after its input's own
+    timeout) and the others wait without running anything. The previous call's key is
+    removed once every process is past this call's barrier (so has read it)."""
+    global _last_status_key
     if jax.process_count() == 1:
         return [status]
     from jax._src import distributed
 
     client, me = distributed.global_state.client, jax.process_index()
-    client.key_value_set(f"bertjax/{tag}/{me}", status)
-    client.wait_at_barrier(f"bertjax/{tag}", int(timeout_s * 1000))
-    shared = dict(client.key_value_dir_get(f"bertjax/{tag}/"))
-    return [shared[f"bertjax/{tag}/{i}"] for i in range(jax.process_count())]
-
-
-def forget_status(tag: str) -> None:
-    """Removes this process's `statuses` key of `tag` (once every process has read it)."""
-    if jax.process_count() > 1:
-        from jax._src import distributed
-
-        distributed.global_state.client.key_value_delete(f"bertjax/{tag}/{jax.process_index()}")
+    key = unique(tag)
+    client.key_value_set(f"{key}/{me}", status)
+    client.wait_at_barrier(key, int(timeout_s * 1000))
+    shared = dict(client.key_value_dir_get(f"{key}/"))
+    if _last_status_key is not None:
+        client.key_value_delete(f"{_last_status_key}/{me}")
+    _last_status_key = key
+    return [shared[f"{key}/{i}"] for i in range(jax.process_count())]
 
 
 def is_main() -> bool:
