@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import gc
 import logging
 import os
 import re
@@ -101,25 +100,26 @@ class _DropReraised(logging.Filter):
         return not ("orbax" in record.pathname and record.levelno >= logging.ERROR)
 
 
-class _QuietAsyncio:
-    """Silences asyncio's "Task exception was never retrieved" dumps while orbax reads a
-    broken checkpoint (the error itself is reported once, by the caller)."""
+class _DropTaskErrors(logging.Filter):
+    """Drops asyncio's reports of exceptions in orbax's tasks and futures (bertjax runs no
+    asyncio code of its own): a failed save or restore raises its first error to its caller,
+    which reports it in one line; the others are logged, with a traceback, whenever their
+    abandoned tasks are garbage-collected, often only at the interpreter's exit, after the
+    command's error line."""
 
-    def __enter__(self):
-        self._logger = logging.getLogger("asyncio")
-        self._level = self._logger.level
-        self._logger.setLevel(logging.CRITICAL)
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.exc_info is None
 
-    def __exit__(self, *exc):
-        gc.collect()  # the failed tasks are collected (and would log) here, quietly
-        self._logger.setLevel(self._level)
+
+_DROP_TASK_ERRORS = _DropTaskErrors()
 
 
 def ignore_late_callbacks() -> None:
     """When an orbax save or restore fails, tensorstore's other reads and writes of it still
     complete, into the event loop that orbax closes on the failure; Python reports each as an
     unraisable "Event loop is closed" RuntimeError (a traceback apiece, before and after the
-    command's error line). Those, and only those, are dropped from the first orbax use on."""
+    command's error line). Those, and asyncio's reports of the failed tasks
+    (`_DropTaskErrors`), are dropped from the first orbax use on."""
     previous = sys.unraisablehook
     if getattr(previous, "drops_late_reads", False):
         return
@@ -133,6 +133,7 @@ def ignore_late_callbacks() -> None:
     sys.unraisablehook = hook
     # A failed save's writes that never started: collected at exit, each with a warning.
     warnings.filterwarnings("ignore", r"coroutine 'async_serialize_from_host\.", RuntimeWarning)
+    logging.getLogger("asyncio").addFilter(_DROP_TASK_ERRORS)
 
 
 def read_checkpoint(path: epath.Path, read: Callable[[], T], what: str = "",
@@ -144,8 +145,7 @@ def read_checkpoint(path: epath.Path, read: Callable[[], T], what: str = "",
     may be, what to do) completes the line."""
     ignore_late_callbacks()
     try:
-        with _QuietAsyncio():
-            return read()
+        return read()
     except Exception as e:  # orbax / tensorstore raise ValueError, OSError, KeyError...
         raise UnreadableCheckpoint(path, what + short_reason(e), hint) from None
 
