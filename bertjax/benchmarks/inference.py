@@ -1,22 +1,26 @@
-r"""Inference speed: a sequence classifier's predictions on a realistic length mix.
+r"""Inference speed: a sequence classifier's and a SQuAD span head's predictions on a realistic
+length mix.
 
   python -m bertjax.benchmarks.inference [--preset=mini] [--batch_size=8] [--repeats=3]
 
 Rows: the Rotten Tomatoes dev sentences (data/rotten_tomatoes/dev.jsonl from `make
 rotten_tomatoes`; tokenized with the `make demo` vocabulary when it exists, otherwise their
-lengths are estimated from the words) at max_seq_length 128, and SQuAD-like windows at 384
-(question + context lengths drawn like SQuAD's: most windows are full). Variants, float32 on
-the same CPU, the same rows in the same order:
+lengths are estimated from the words) through the classifier at max_seq_length 128, and
+SQuAD-like windows (question + context lengths drawn like SQuAD's: most windows far shorter
+than 384) through the SQuAD task's span head at 384. Variants, float32 on the same CPU, the
+same rows in the same order:
 
-  bertjax, length buckets   the prediction engine (bertjax/tasks/predict.py): the run's task
-                            batches (the prediction plan of data_pipeline/finetune_data.py:
-                            lengths 16, 24, ..., 64, 80, ..., max_seq_length, `batch_size`
-                            rows at max_seq_length and 2, 4, ... times as many when shorter)
-                            through the jitted classifier, over the mesh
+  bertjax, length buckets   the prediction engine (bertjax/tasks/predict.py): the task's
+                            unshuffled batches (the prediction plan of
+                            data_pipeline/finetune_data.py: lengths 16, 24, ..., 64, 80, ...,
+                            max_seq_length, `batch_size` rows at max_seq_length and 2, 4, ...
+                            times as many when shorter; SQuAD windows too) through the jitted
+                            head, over the mesh
   bertjax, padded to max    the same with one bucket, max_seq_length (every row padded)
-  transformers, batch N     BertForSequenceClassification (PyTorch, eval, no_grad), batches of
-                            N rows in input order padded to their longest row, as its padding
-                            collator does, at N = batch_size and 64; skipped without torch
+  transformers, batch N     BertForSequenceClassification / BertForQuestionAnswering (PyTorch,
+                            eval, no_grad), batches of N rows in input order padded to their
+                            longest row, as its padding collator does, at N = batch_size and
+                            64; skipped without torch
 
 Sequences/s are the median of `repeats` passes over all rows after a warm-up pass (the jitted
 shapes compiled); the padding waste is the share of token positions computed that are padding.
@@ -76,34 +80,56 @@ def squad_lengths(max_rows: int) -> np.ndarray:
     return np.minimum(contexts + questions + 3, 384)
 
 
-def features_of(lengths: np.ndarray, vocab_size: int):
-    from data_pipeline.finetune_data import Features
-
+def token_rows(lengths: np.ndarray, vocab_size: int) -> list[np.ndarray]:
+    """Random token ids, one [length] int32 row per length."""
     rng = np.random.default_rng(2)
-    sequences = []
-    for n in lengths:
-        row = np.ones((1, 3, n), np.int32)
-        row[0, 0] = rng.integers(5, vocab_size, n)
-        row[0, 1] = 0
-        sequences.append(row)
-    return Features(sequences, np.zeros(len(lengths), np.int32), False)
+    return [rng.integers(5, vocab_size, n).astype(np.int32) for n in lengths]
 
 
-def engine_pass(cfg: BertConfig, params, max_len: int, batch_size: int, bucketed: bool):
-    """(a callable predicting every row once, the padding counts of its last pass)."""
-    from bertjax.tasks.base import _predict, predict_rows
+def classifier_set(rows: list[np.ndarray], max_len: int, bucketed: bool):
+    """(the files classifier, its Features of `rows`)."""
     from bertjax.tasks.classification.task import SequenceTask
+    from data_pipeline.finetune_data import Features, bucket_lengths
+
+    task = SequenceTask(ml_collections.ConfigDict({
+        "min_bucket_length": 16 if bucketed else max_len, "train": {"batch_size": 8},
+        "task": {"family": "files", "name": "classification"}}))
+    task.restore({"kind": "classification", "labels": ["0", "1"], "metric_names": ["accuracy"]})
+    task.buckets = bucket_lengths(max_len, task.min_bucket_length)
+    sequences = [np.stack([r, np.zeros_like(r), np.ones_like(r)])[None] for r in rows]
+    return task, Features(sequences, np.zeros(len(rows), np.int32), False)
+
+
+def squad_set(rows: list[np.ndarray], max_len: int, bucketed: bool):
+    """(the SQuAD task, SquadFeatures of windows holding `rows`): its span head and its
+    windows' batches (max_len wide, their own lengths bucketed); no answers to post-process."""
+    from bertjax.tasks.squad.features import SquadFeatures
+    from bertjax.tasks.squad.task import SquadTask
+
+    task = SquadTask(ml_collections.ConfigDict({
+        "min_bucket_length": 16 if bucketed else max_len,
+        "task": {"version_2": False, "doc_stride": 128, "max_query_length": 64,
+                 "n_best_size": 20, "max_answer_length": 30}}))
+    n = len(rows)
+    ids = np.zeros((n, max_len), np.int32)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)] = r
+    mask = (ids > 0).astype(np.int32)
+    zeros = np.zeros(n, np.int32)
+    features = SquadFeatures([], ids, np.zeros_like(ids), mask, zeros, zeros,
+                             np.arange(n, dtype=np.int32), zeros, zeros, zeros,
+                             mask.astype(bool), [], zeros)
+    return task, features
+
+
+def engine_pass(task, features, cfg: BertConfig, params, batch_size: int):
+    """(a callable predicting every row once with the task's jitted head, over the mesh, the
+    padding counts of its last pass)."""
+    from bertjax.tasks.base import _predict, predict_rows
     from bertjax.tasks.predict import place_params
     from bertjax.train import sharding as sharding_lib
     from bertjax.train.loop import Runner
-    from data_pipeline.finetune_data import bucket_lengths, prediction_buckets
 
-    config = ml_collections.ConfigDict({
-        "min_bucket_length": 16 if bucketed else max_len, "train": {"batch_size": batch_size},
-        "task": {"family": "files", "name": "classification"}})
-    task = SequenceTask(config)
-    task.restore({"kind": "classification", "labels": ["0", "1"], "metric_names": ["accuracy"]})
-    task.buckets = bucket_lengths(max_len, 16 if bucketed else max_len)
     mesh = sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
     rules = (("batch", ("data", "fsdp")),)
     runner = Runner(sharding_lib.batch_sharding(mesh, rules), rules)
@@ -111,10 +137,8 @@ def engine_pass(cfg: BertConfig, params, max_len: int, batch_size: int, bucketed
     placed = place_params(model, task.init_inputs(), params, mesh, rules)
     predict = jax.jit(functools.partial(_predict, task=task, model=model))
     tokens = {}
-    if bucketed:
-        print(f"  (buckets {prediction_buckets(task.buckets)})")
 
-    def run(features):
+    def run():
         tokens.clear()
         tokens.update(real=0, computed=0)
         predict_rows(task, predict, placed, features, batch_size, runner, tokens)
@@ -122,34 +146,33 @@ def engine_pass(cfg: BertConfig, params, max_len: int, batch_size: int, bucketed
     return run, tokens
 
 
-def torch_pass(cfg: BertConfig, batch_size: int):
-    """A callable predicting every row with transformers' BertForSequenceClassification,
-    batches in input order padded to their longest row; None without torch."""
+def torch_pass(cfg: BertConfig, rows: list[np.ndarray], batch_size: int, head: str):
+    """A callable predicting every row with transformers' `head` class
+    (BertForSequenceClassification, BertForQuestionAnswering), batches in input order padded
+    to their longest row; None without torch."""
     try:
         import torch
-        from transformers import BertConfig as HFConfig
-        from transformers import BertForSequenceClassification
+        import transformers
     except ImportError:
         return None, {}
     torch.manual_seed(0)
-    hf = HFConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-                  num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
-                  intermediate_size=cfg.intermediate_size,
-                  max_position_embeddings=cfg.max_position_embeddings, num_labels=2)
-    model = BertForSequenceClassification(hf).eval()
+    hf = transformers.BertConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_layers, num_attention_heads=cfg.num_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings, num_labels=2)
+    model = getattr(transformers, head)(hf).eval()
     tokens = {}
 
-    def run(features):
+    def run():
         tokens.update(real=0, computed=0)
-        sequences = features.sequences
         with torch.no_grad():
-            for first in range(0, len(sequences), batch_size):
-                rows = sequences[first:first + batch_size]
-                longest = max(r.shape[-1] for r in rows)
-                ids = np.zeros((len(rows), longest), np.int64)
+            for first in range(0, len(rows), batch_size):
+                batch = rows[first:first + batch_size]
+                ids = np.zeros((len(batch), max(len(r) for r in batch)), np.int64)
                 mask = np.zeros_like(ids)
-                for i, r in enumerate(rows):
-                    ids[i, :r.shape[-1]], mask[i, :r.shape[-1]] = r[0, 0], 1
+                for i, r in enumerate(batch):
+                    ids[i, :len(r)], mask[i, :len(r)] = r, 1
                 tokens["real"] += int(mask.sum())
                 tokens["computed"] += mask.size
                 model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask))
@@ -157,43 +180,45 @@ def torch_pass(cfg: BertConfig, batch_size: int):
     return run, tokens
 
 
-def median_seconds(run, features, repeats: int) -> float:
-    run(features)  # compile every bucket's shape / warm up
+def median_seconds(run, repeats: int) -> float:
+    run()  # compile every bucket's shape / warm up
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        run(features)
+        run()
         times.append(time.perf_counter() - start)
     return float(np.median(times))
 
 
 def main(argv):
     del argv
-    from bertjax.models.classification import BertForSequenceClassification
+    from data_pipeline.finetune_data import bucket_lengths, prediction_buckets
 
     device = jax.devices()[0]
     print(f"inference benchmark on {device.platform} ({device.device_kind}, "
           f"{jax.device_count()} device(s)), preset {_PRESET.value}, float32, batch "
           f"{_BATCH.value}, median of {_REPEATS.value}")
     print(f"  {'rows':<30} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
-    sets = {"rt": ("Rotten Tomatoes dev, max 128", rt_lengths, 128),
-            "squad": ("SQuAD-like windows, max 384", squad_lengths, 384)}
-    for name, lengths_of, max_len in (sets[k] for k in _SETS.value):
-        lengths = lengths_of(_ROWS.value)
+    sets = {"rt": ("Rotten Tomatoes dev, max 128", rt_lengths, 128, classifier_set,
+                   "BertForSequenceClassification"),
+            "squad": ("SQuAD-like windows, max 384", squad_lengths, 384, squad_set,
+                      "BertForQuestionAnswering")}
+    for name, lengths_of, max_len, make_set, head in (sets[k] for k in _SETS.value):
         cfg = BertConfig.from_preset(_PRESET.value, dtype="float32",
                                      max_position_embeddings=max(512, max_len))
-        ids = np.zeros((1, 8), np.int32)
-        params = jax.jit(BertForSequenceClassification(cfg, 2).init)(
-            jax.random.key(0), ids, ids, ids)["params"]
-        params = jax.device_get(nn.unbox(params))
-        features = features_of(lengths, cfg.vocab_size)
-        variants = {"bertjax, length buckets": engine_pass(cfg, params, max_len, _BATCH.value,
-                                                           True),
-                    "bertjax, padded to max": engine_pass(cfg, params, max_len, _BATCH.value,
-                                                          False)}
+        rows = token_rows(lengths_of(_ROWS.value), cfg.vocab_size)
+        variants, params = {}, None
+        for variant, bucketed in (("bertjax, length buckets", True),
+                                  ("bertjax, padded to max", False)):
+            task, features = make_set(rows, max_len, bucketed)
+            if params is None:  # the same weights for both
+                params = jax.device_get(nn.unbox(jax.jit(task.model(cfg).init)(
+                    jax.random.key(0), *task.init_inputs())["params"]))
+            variants[variant] = engine_pass(task, features, cfg, params, _BATCH.value)
+        print(f"  (buckets {prediction_buckets(bucket_lengths(max_len, 16))})")
         for batch in sorted({_BATCH.value, 64}):
-            variants[f"transformers, batch {batch}"] = torch_pass(cfg, batch)
-        seconds = {k: median_seconds(run, features, _REPEATS.value)
+            variants[f"transformers, batch {batch}"] = torch_pass(cfg, rows, batch, head)
+        seconds = {k: median_seconds(run, _REPEATS.value)
                    for k, (run, _) in variants.items() if run is not None}
         # The ratio is to transformers' faster batch size.
         baseline = min((v for k, v in seconds.items() if k.startswith("transformers")),
@@ -204,8 +229,9 @@ def main(argv):
                 continue
             waste = 1 - tokens["real"] / max(tokens["computed"], 1)
             ratio = f"{baseline / seconds[variant]:.2f}x" if baseline else "-"
-            print(f"  {name:<30} {variant:<26} {len(lengths) / seconds[variant]:>8.1f} "
+            print(f"  {name:<30} {variant:<26} {len(rows) / seconds[variant]:>8.1f} "
                   f"{100 * waste:>7.1f}% {ratio:>16}", flush=True)
+
 
 if __name__ == "__main__":
     cli.run(main)

@@ -416,14 +416,11 @@ class InferenceCost:
 def batch_shapes(task: Task, max_seq_length: int, batch_size: int
                  ) -> list[tuple[int, int]]:
     """[(global rows, length)]: the batch shapes of the task's unshuffled (prediction) batches
-    (data_pipeline.finetune_data's prediction plan; SQuAD windows are one length)."""
+    (data_pipeline.finetune_data's prediction plan, SQuAD windows included)."""
     from data_pipeline import finetune_data
 
-    minimum = getattr(task, "min_bucket_length", None)
-    if minimum is None:
-        return [(batch_size, max_seq_length)]
     grid = finetune_data.prediction_buckets(finetune_data.bucket_lengths(
-        max_seq_length, min(minimum, max_seq_length)))
+        max_seq_length, min(task.min_bucket_length, max_seq_length)))
     return [(finetune_data.prediction_rows(batch_size, n, max_seq_length), n) for n in grid]
 
 

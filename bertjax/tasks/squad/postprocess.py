@@ -97,10 +97,11 @@ def _slicer(context: str, char_starts: np.ndarray, char_ends: np.ndarray):
     return lambda k: context[char_starts[k]:char_ends[k]]
 
 
-def postprocess(features, start_logits: np.ndarray, end_logits: np.ndarray, *,
-                n_best_size: int = 20, max_answer_length: int = 30, version_2: bool = False
-                ) -> dict[str, Answer]:
-    """Question id → Answer, from every window's logits ([len(features), seq] each)."""
+def postprocess(features, start_logits, end_logits, *, n_best_size: int = 20,
+                max_answer_length: int = 30, version_2: bool = False) -> dict[str, Answer]:
+    """Question id → Answer, from every window's logits: start_logits[w], end_logits[w]
+    [length] for window w, length ≥ its tokens (its prediction bucket's, or max_seq_length: a
+    [len(features), seq] array); positions outside its context are never an answer."""
     windows: dict[int, list[int]] = {}
     for w, e in enumerate(features.example_index):
         windows.setdefault(int(e), []).append(w)
@@ -114,7 +115,7 @@ def postprocess(features, start_logits: np.ndarray, end_logits: np.ndarray, *,
             offset, length = features.doc_offset[w], features.doc_length[w]
             valid_end = np.zeros(len(s), bool)
             valid_end[offset:offset + length] = True
-            valid_start = valid_end & features.max_context[w]
+            valid_start = valid_end & features.max_context[w, :len(s)]
             scores, i, j = window_spans(s, t, valid_start, valid_end, max_answer_length)
             all_scores.append(scores)
             all_win.append(np.full(len(i), w))

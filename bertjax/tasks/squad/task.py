@@ -1,7 +1,8 @@
 """SQuAD v1.1 / v2.0 extractive question answering, as a task family of the fine-tuning
 plug-in (tasks/base.py): examples from readers.py, windows from features.py, the span head
 (models/squad.py), n-best answers and prediction files from postprocess.py, the official
-metrics from metrics.py.
+metrics from metrics.py. Training batches are windows of max_seq_length; evaluation and
+prediction batches are length buckets (a short question + context is not padded to 384).
 
 Loss = the mean of the start and end cross-entropies over the whole window (float32);
 positions outside the context are excluded from the answer search only, as in the reference.
@@ -31,6 +32,7 @@ from bertjax.tasks.squad.postprocess import (
     postprocess,
     write_prediction_files,
 )
+from data_pipeline import finetune_data
 from data_pipeline.hosts import host_rows
 
 Array = jax.Array
@@ -67,6 +69,25 @@ def span_loss(start_logits: Array, end_logits: Array, start_positions: Array,
     return loss, {"loss": loss, "span_accuracy": jnp.sum(hit * weights) / total}
 
 
+def _batch(features, indices: np.ndarray, rows: int, length: int) -> dict[str, np.ndarray]:
+    """This host's share of a global batch of `rows` windows cut to their first `length`
+    tokens: the windows `indices` [<= rows], then weight-0 filler rows. Tokens [batch, length];
+    start_positions, end_positions, weights, example_index (-1: filler) [batch]."""
+    index = np.full(rows, -1, np.int64)
+    index[:len(indices)] = indices
+    index = index[host_rows(rows, jax.process_index(), jax.process_count())]
+    take, real = np.maximum(index, 0), index >= 0
+    return {
+        "input_ids": features.input_ids[take, :length] * real[:, None],
+        "segment_ids": features.segment_ids[take, :length] * real[:, None],
+        "input_mask": features.input_mask[take, :length] * real[:, None],
+        "start_positions": np.where(real, features.start_positions[take], 0),
+        "end_positions": np.where(real, features.end_positions[take], 0),
+        "weights": real.astype(np.float32),
+        "example_index": index.astype(np.int32),
+    }
+
+
 def _parse_source(spec: str, default_split: str) -> tuple[str, str]:
     """`tfds:squad/v2.0[validation]` → (`tfds:squad/v2.0`, `validation`); files unchanged."""
     if spec.startswith("tfds:") and spec.endswith("]") and "[" in spec:
@@ -86,6 +107,7 @@ class SquadTask(Task):
         self.n_best_size, self.max_answer_length = task.n_best_size, task.max_answer_length
         self.null_threshold = task.get("null_threshold")
         self.num_workers = task.get("num_workers", 1)
+        self.min_bucket_length = config.min_bucket_length  # prediction buckets' shortest
         self.bilstm_units = int(task.get("bilstm_units", 0))  # 0: the paper's head
         self.threshold = 0.0 if self.null_threshold is None else float(self.null_threshold)
         if self.version_2:
@@ -133,25 +155,22 @@ class SquadTask(Task):
         return self._encoded[key]
 
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
-        order = (np.random.default_rng(seed).permutation(len(features)) if shuffle
-                 else np.arange(len(features)))
-        mine = host_rows(batch_size, jax.process_index(), jax.process_count())
-        for first in range(0, len(order), batch_size):
-            rows = np.full(batch_size, -1, np.int64)
-            chunk = order[first:first + batch_size]
-            rows[:len(chunk)] = chunk  # the last batch is filled with weight-0 rows
-            rows = rows[mine]
-            take = np.maximum(rows, 0)
-            real = rows >= 0
-            yield {
-                "input_ids": features.input_ids[take] * real[:, None],
-                "segment_ids": features.segment_ids[take] * real[:, None],
-                "input_mask": features.input_mask[take] * real[:, None],
-                "start_positions": np.where(real, features.start_positions[take], 0),
-                "end_positions": np.where(real, features.end_positions[take], 0),
-                "weights": real.astype(np.float32),
-                "example_index": rows.astype(np.int32),
-            }
+        """One epoch of this host's batches. Training: `batch_size` windows of max_seq_length
+        in a shuffled order. Unshuffled (evaluation, prediction): finetune_data's prediction
+        plan over the windows' own lengths (the real tokens come first), so a window's batch
+        shape (rows, length) depends on its length only and short windows are not padded to
+        max_seq_length."""
+        width = features.input_ids.shape[1]
+        if shuffle:
+            order = np.random.default_rng(seed).permutation(len(features))
+            for first in range(0, len(order), batch_size):
+                yield _batch(features, order[first:first + batch_size], batch_size, width)
+            return
+        buckets = finetune_data.bucket_lengths(width, min(self.min_bucket_length, width))
+        lengths = features.input_mask.sum(axis=1)
+        for length, rows, indices in finetune_data.prediction_plan(lengths, batch_size,
+                                                                   buckets):
+            yield _batch(features, indices, rows, length)
 
     def batch_spec(self, batch_size: int, max_seq_length: int):
         i32 = jnp.int32
@@ -194,8 +213,8 @@ class SquadTask(Task):
                 "end_logits": end.astype(jnp.float32)}
 
     def _answers(self, predictions, features) -> dict[str, Answer]:
-        return postprocess(features, np.stack(predictions["start_logits"]),
-                           np.stack(predictions["end_logits"]), n_best_size=self.n_best_size,
+        return postprocess(features, predictions["start_logits"],
+                           predictions["end_logits"], n_best_size=self.n_best_size,
                            max_answer_length=self.max_answer_length, version_2=self.version_2)
 
     def _evaluate(self, answers: dict[str, Answer], examples) -> dict[str, float]:
