@@ -395,6 +395,47 @@ def test_op_costs_count_hbm_bytes_matmul_flops_and_loop_trips():
     assert costs["y"].category == "optimizer update"
 
 
+def test_op_costs_take_the_compilers_cycle_estimates_and_a_kernels_cost_estimate():
+    """The TPU compiler's `estimated_cycles` per op (times a loop's trips) and, for a Pallas
+    kernel (no estimate of the compiler's), the roofline of its cost_estimate in cycles; ops
+    with neither count no cycles. Grouped, cycles over the clock are the model's seconds."""
+    from bertjax.train import hlo_costs
+
+    text = """HloModule step
+
+%body (t: (s32[], f32[8,4])) -> (s32[], f32[8,4]) {
+  %t = (s32[], f32[8,4]{1,0}) parameter(0)
+  %x = f32[8,4]{1,0} get-tuple-element(%t), index=1
+  %y = f32[8,4]{1,0} fusion(%x), kind=kLoop, calls=%c, metadata={op_name="jit(train_step)/add"}, \
+backend_config={"window_config":{"estimated_cycles":"700","iteration_bounds":["1"]}}
+  %i = s32[] get-tuple-element(%t), index=0
+  ROOT %r = (s32[], f32[8,4]{1,0}) tuple(%i, %y)
+}
+
+ENTRY %main (a: bf16[64,128,768]) -> f32[8,4] {
+  %a = bf16[64,128,768]{2,1,0} parameter(0)
+  %k = bf16[64,128,768]{2,1,0} custom-call(%a), custom_call_target="tpu_custom_call", \
+backend_config={"custom_call_config":{"body":"x","cost_estimate":{"flops":"459000000000",\
+"transcendentals":"12","bytes_accessed":"2765000000","remote_bytes_transferred":"0"}}}
+  %n = f32[8,4]{1,0} add(%x0, %x0)
+  %w = (s32[], f32[8,4]{1,0}) while(%init), condition=%cond, body=%body, \
+backend_config={"known_trip_count":{"n":"3"}}
+  ROOT %out = f32[8,4]{1,0} get-tuple-element(%w), index=1
+}
+"""
+    clock, peak, bandwidth = 1.75e9, 459e12, 2765e9
+    costs = {c.name: c for c in hlo_costs.op_costs(text, clock, peak, bandwidth)}
+    assert costs["y"].cycles == 3 * 700
+    # 459 GFLOP at 459 TFLOP/s (1 ms) against 2.765 GB at 2,765 GB/s (1 ms): 1 ms of cycles
+    assert costs["k"].cycles == pytest.approx(1e-3 * clock)
+    assert costs["n"].cycles == 0
+    groups = hlo_costs.group(costs.values(), lambda c: c.name, peak, bandwidth, clock)
+    assert groups["k"].model_seconds == pytest.approx(1e-3)
+    assert groups["y"].model_seconds == pytest.approx(3 * 700 / clock)
+    lines = hlo_costs.table(groups, "op")
+    assert "model ms" in lines[0] and lines[1].split()[0] == "k"  # largest model time first
+
+
 def test_a_slice_moves_the_bytes_it_returns_not_its_whole_source():
     from bertjax.train import hlo_costs
 

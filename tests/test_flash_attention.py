@@ -40,9 +40,19 @@ CASES = {  # name: (padding, packing, causal, head_dim)
 }
 
 
+def _packed(x):
+    """[batch, seq, heads, head_dim] → [batch, seq, heads·head_dim]: `flash`'s layout."""
+    return x.reshape(*x.shape[:2], -1)
+
+
+def _heads(x, heads):
+    return x.reshape(*x.shape[:2], heads, -1)
+
+
 IMPLS = {  # attention_impl: the attention function (segments, causal) of bert.SelfAttention
-    "flash": lambda q, k, v, segments, causal: dropout.dropout_attention(
-        q, k, v, segments, jnp.zeros((1,), jnp.int32), 0.0, causal),
+    "flash": lambda q, k, v, segments, causal: _heads(dropout.dropout_attention(
+        *(_packed(x) for x in (q, k, v)), segments, jnp.zeros((1,), jnp.int32), 0.0,
+        q.shape[2], causal), q.shape[2]),
     "flash_jax": flash.flash_attention,
 }
 
@@ -128,6 +138,20 @@ def test_bert_model_flash_equals_einsum(impl, causal):
 def test_flash_jax_with_attention_dropout_is_a_config_error():
     with pytest.raises(ConfigError, match="model.attention_dropout_prob=0.1"):
         BertConfig(attention_impl="flash_jax", attention_dropout_prob=0.1)
+
+
+def test_flash_takes_heads_that_fill_128_lane_tiles():
+    """`flash` puts 128 // head_dim heads side by side in a tile: every preset's heads do
+    (BERT-base: 2 of 64 per tile), 3 heads of 64 do not (a config error, not a TPU compile
+    failure), one head of 64 is the whole row."""
+    from bertjax.models.config import PRESETS, heads_per_tile
+
+    for name in PRESETS:
+        cfg = BertConfig.from_preset(name, attention_impl="flash")
+        assert heads_per_tile(cfg.num_heads, cfg.head_dim) * cfg.head_dim % 128 == 0, name
+    with pytest.raises(ConfigError, match="head_dim 64, 3 heads"):
+        BertConfig(hidden_size=192, num_heads=3, attention_impl="flash")
+    BertConfig(hidden_size=64, num_heads=1, intermediate_size=256, attention_impl="flash")
 
 
 def test_bert_model_flash_applies_attention_dropout_in_training():
@@ -303,7 +327,8 @@ def test_dropout_scales_kept_probabilities_by_one_over_keep():
     q = jnp.zeros((batch, seq, heads, 64), jnp.float32)  # equal scores: uniform softmax
     v = jnp.ones_like(q)
     segments = jnp.zeros((batch, seq), jnp.int32)
-    out = dropout.dropout_attention(q, q, v, segments, jnp.array([3], jnp.int32), rate)
+    out = dropout.dropout_attention(_packed(q), _packed(q), _packed(v), segments,
+                                    jnp.array([3], jnp.int32), rate, heads)
     kept = dropout.keep_probability(rate)
     sd = math.sqrt((1 - kept) / (kept * seq)) / math.sqrt(batch * heads * seq)
     assert abs(float(out.mean()) - 1.0) < 5 * sd
@@ -321,12 +346,14 @@ def test_dropout_kernel_equals_einsum_with_the_same_mask(causal, rate):
     mask = attn_lib.attention_mask(input_mask, None, causal=causal, seq_len=seq)
     seed = jnp.array([12345], jnp.int32)
     keep = dropout.keep_mask(seed[0], (batch, heads, seq, seq), rate)
-    static = dropout.Static(causal, head_dim ** -0.5, rate, heads)
+    static = dropout.Static(causal, head_dim ** -0.5, rate, heads, head_dim)
     real = input_mask.astype(jnp.float32)
 
-    def kernel(q, k, v):
-        to = functools.partial(jnp.swapaxes, axis1=1, axis2=2)
-        return to(dropout._attend(seed, to(q), to(k), to(v), segments, static))
+    def kernel(q, k, v):  # the kernels' layout: each token's heads side by side
+        def packed(x):
+            return x.reshape(batch, seq, heads * head_dim)
+        out = dropout._attend(seed, packed(q), packed(k), packed(v), segments, static)
+        return out.reshape(batch, seq, heads, head_dim)
 
     def reference(q, k, v):
         return attn_lib.einsum_attention(
@@ -339,11 +366,12 @@ def test_dropout_kernel_equals_einsum_with_the_same_mask(causal, rate):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=name)
 
 
-def test_dropout_cost_estimates_match_the_kernels():
-    batch, heads, seq, head_dim = 2, 3, 128, 64
-    q = jnp.ones((batch, heads, seq, head_dim), jnp.bfloat16)
+@pytest.mark.parametrize("heads", [3, 4])  # head groups of one and of two heads
+def test_dropout_cost_estimates_match_the_kernels(heads):
+    batch, seq, head_dim = 2, 128, 64
+    q = jnp.ones((batch, seq, heads * head_dim), jnp.bfloat16)
     segments = jnp.zeros((batch, seq), jnp.int32)
-    static = dropout.Static(False, 0.125, 0.1, heads)
+    static = dropout.Static(False, 0.125, 0.1, heads, head_dim)
 
     def loss(q, k, v):
         out = dropout._attend(jnp.array([1], jnp.int32), q, k, v, segments, static)
@@ -352,8 +380,8 @@ def test_dropout_cost_estimates_match_the_kernels():
     calls = _pallas_calls(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, q, q).jaxpr)
     by_kernel = {eqn.params["jaxpr"].debug_info.func_name: eqn for eqn in calls}
     shape = flash.Shape(batch, heads, seq, head_dim, 2)
-    expected = {"_forward_kernel": (dropout.forward_cost(shape), 1),
-                "_backward_kernel": (dropout.backward_cost(shape), 2)}
+    expected = {"_forward_kernel": (dropout.forward_cost(shape, static.group), 1),
+                "_backward_kernel": (dropout.backward_cost(shape, static.group), 2)}
     assert set(by_kernel) == set(expected)
     scores = batch * heads * seq * seq
     for name, eqn in by_kernel.items():

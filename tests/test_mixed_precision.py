@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.models.bert import Dropout, dropout_keep_mask, interleaved_halves, split_halves
+from bertjax.models.bert import (
+    Dropout,
+    dropout_keep_mask,
+    hashed_words,
+    interleaved_halves,
+    split_halves,
+)
 from bertjax.models.dense import dense
 
 # (x shape, kernel shape, contracted axes): nn.Dense, a QKV projection, the attention output.
@@ -132,6 +138,33 @@ def test_dropout_keeps_the_right_fraction_and_preserves_the_mean(rate):
     kept = split >= round(rate * 65536)
     both = float(np.mean(kept[..., :64] & kept[..., 64:]))
     assert abs(float(np.mean(kept)) - keep_prob) < 0.003 and abs(both - keep_prob**2) < 0.003
+
+
+@pytest.mark.parametrize("rate", [0.1, 0.5])
+def test_hashed_dropout_draws_are_uniform_and_independent(rate):
+    """The TPU's draws (`hashed_words`, a counter hash): the keep rate, and keep decisions
+    independent between the two halves of a word, neighbouring positions, neighbouring rows,
+    and two keys; the 16-bit draws uniform (chi-squared over 256 bins) and every bit fair."""
+    shape = (64, 128, 64)
+    words = hashed_words(jax.random.key(3), shape)
+    assert words.dtype == jnp.uint32 and words.shape == shape
+    draws = np.asarray(split_halves(words))
+    threshold = round(rate * 65536)
+    keep, keep_prob = draws >= threshold, 1 - threshold / 65536
+    assert abs(float(np.mean(keep)) - keep_prob) < 0.003
+    other = np.asarray(split_halves(hashed_words(jax.random.key(4), shape))) >= threshold
+    for a, b in [(keep[..., :64], keep[..., 64:]), (keep[..., 1:], keep[..., :-1]),
+                 (keep[1:], keep[:-1]), (keep[:, 1:], keep[:, :-1]), (keep, other)]:
+        assert abs(float(np.mean(a & b)) - keep_prob**2) < 0.003
+    counts = np.bincount(draws.ravel() >> 8, minlength=256)
+    expected = draws.size / 256
+    chi2 = float(np.sum((counts - expected) ** 2 / expected))
+    assert chi2 < 255 + 5 * np.sqrt(2 * 255)  # five standard deviations
+    bits = np.unpackbits(np.asarray(words).view(np.uint8)).reshape(-1, 32).mean(axis=0)
+    assert np.all(np.abs(bits - 0.5) < 0.005)
+    # a vector (a rank-1 shape) gets draws too, and the same key gives the same draws
+    np.testing.assert_array_equal(hashed_words(jax.random.key(5), (10,)),
+                                  hashed_words(jax.random.key(5), (10,)))
 
 
 def test_dropout_is_identity_when_deterministic_and_differs_between_keys():

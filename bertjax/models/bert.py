@@ -66,19 +66,36 @@ def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None]
 def dropout_keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, float]:
     """(keep mask of `shape`, its keep probability) for dropout at `rate`.
 
-    Each 32-bit threefry output yields two 16-bit uniforms, which halves the PRNG work of
-    `nn.Dropout` (the main cost of dropout on CPU); how the halves are laid out depends on the
-    platform the step is compiled for (`interleaved_halves` on CPU, `split_halves` elsewhere).
+    Each 32-bit draw yields two 16-bit uniforms. On CPU the draws are threefry's, their halves
+    side by side (`interleaved_halves`); where the step is compiled for a TPU they are a counter
+    hash of each position (`hashed_words`), halves split (`split_halves`): threefry's twenty
+    rounds were the costliest elementwise work of a layer there (docs/tpu_aot.md, "Levers").
     The drop rate is rounded to a multiple of 2^-16 (0.1 → 0.100006). The draws are split
     along the last axis, so the mask shards like the activations it masks; an odd last axis
-    takes 32-bit draws and the exact rate.
+    takes 32-bit threefry draws and the exact rate.
     """
     if shape[-1] % 2:
         return jax.random.bernoulli(rng, 1.0 - rate, shape), 1.0 - rate
     threshold = round(rate * 65536)
-    words = jax.random.bits(rng, shape[:-1] + (shape[-1] // 2,), jnp.uint32)
-    halves = jax.lax.platform_dependent(words, cpu=interleaved_halves, default=split_halves)
+    words = shape[:-1] + (shape[-1] // 2,)
+    halves = jax.lax.platform_dependent(
+        rng, cpu=lambda key: interleaved_halves(jax.random.bits(key, words, jnp.uint32)),
+        default=lambda key: split_halves(hashed_words(key, words)))
     return halves >= threshold, 1.0 - threshold / 65536
+
+
+def hashed_words(rng: Array, shape: tuple[int, ...]) -> Array:
+    """uint32 draws of `shape`: `dropout_attention.position_hash` of each element's position
+    within its leading-axis row, keyed by the row and a 32-bit seed drawn from `rng` (a
+    few integer ops per word, computed inside the fusion that uses them)."""
+    seed = jax.lax.bitcast_convert_type(jax.random.bits(rng, (), jnp.uint32), jnp.int32)
+    grid = shape if len(shape) > 1 else (1, *shape)
+    row = jax.lax.broadcasted_iota(jnp.int32, grid, 0)
+    position = jnp.zeros(grid, jnp.int32)
+    for axis in range(1, len(grid)):
+        position = position * grid[axis] + jax.lax.broadcasted_iota(jnp.int32, grid, axis)
+    bits = dropout_attention.position_hash(seed, row, position)
+    return jax.lax.bitcast_convert_type(bits, jnp.uint32).reshape(shape)
 
 
 def interleaved_halves(words: Array) -> Array:
@@ -166,6 +183,8 @@ class SelfAttention(nn.Module):
         (flash_attention.segment_ids)
         → [batch, seq, hidden]."""
         cfg = self.config
+        impl = cfg.attention_impl
+        packed = impl == "flash"  # [batch, seq, heads·head_dim] throughout: the kernel's layout
 
         def project(name):
             y = Dense(
@@ -175,13 +194,14 @@ class SelfAttention(nn.Module):
                 stddev=cfg.initializer_range,
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
+                flat=packed,
                 name=name,
             )(x)
-            return nn.with_logical_constraint(y, ("batch", "length", "heads", "kv"))
+            axes = ("batch", "length", "heads") + (() if packed else ("kv",))
+            return nn.with_logical_constraint(y, axes)
 
         query, key, value = project("query"), project("key"), project("value")
         dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
-        impl = cfg.attention_impl
         if impl == "flash":  # dropout drawn inside the kernel
             seed, rate = jnp.zeros((1,), jnp.int32), 0.0
             if dropout_active:
@@ -189,7 +209,7 @@ class SelfAttention(nn.Module):
                 seed = jax.lax.bitcast_convert_type(bits, jnp.int32)
                 rate = cfg.attention_dropout_prob
             context = dropout_attention.dropout_attention(query, key, value, mask, seed, rate,
-                                                          cfg.causal)
+                                                          cfg.num_heads, cfg.causal)
         elif impl == "flash_jax":  # BertConfig rules out attention dropout with it
             context = flash_lib.flash_attention(query, key, value, mask, cfg.causal)
         elif impl == "einsum" or (impl == "auto" and dropout_active):
@@ -213,6 +233,8 @@ class SelfAttention(nn.Module):
             num_contract=2,
             dtype=cfg.dtype,
             param_dtype=cfg.param_dtype,
+            flat=packed,
+            in_features=(cfg.num_heads, cfg.head_dim),
             name="output",
         )(context)
         return nn.with_logical_constraint(out, ("batch", "length", "embed"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from typing import Any
 
@@ -20,6 +21,15 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
+TILE_LANES = 128  # a TPU vector register's lanes
+
+
+def heads_per_tile(num_heads: int, head_dim: int) -> int:
+    """Heads side by side in one tile of the flash kernel: as many as fill its 128 lanes (2
+    for head_dim 64) and divide the heads."""
+    return math.gcd(num_heads, max(1, TILE_LANES // head_dim))
+
+
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "flash", "flash_jax")
 REMAT_POLICIES = ("none", "full", "dots")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -94,6 +104,15 @@ class BertConfig:
                 "model.attention_impl='flash_jax' (JAX's flash kernels apply no attention "
                 "dropout; 'flash' does)"
             )
+
+        if self.attention_impl == "flash":
+            width = heads_per_tile(self.num_heads, self.head_dim) * self.head_dim
+            if width % TILE_LANES and width != self.hidden_size:
+                raise ConfigError(
+                    f"model.attention_impl='flash' needs heads that fill {TILE_LANES}-lane "
+                    f"tiles (head_dim {self.head_dim}, {self.num_heads} heads); use "
+                    "model.attention_impl='auto'"
+                )
 
     @property
     def head_dim(self) -> int:

@@ -72,7 +72,11 @@ class Dense(nn.Module):
     [*in, *features] and `bias` [*features], initialised as flax does, through the flat
     [prod(in), prod(features)] matrix) and maths, with `dense` as the computation.
 
-    kernel_axes / bias_axes: logical axis names of the parameters.
+    kernel_axes / bias_axes: logical axis names of the parameters. flat: x's last axis holds
+    the input axes flattened (`in_features`, or just that axis) and so does the result's
+    features: the same parameters, applied as the [prod(in), prod(features)] matrix, so that
+    [batch, seq, heads·head_dim] activations never take a [..., heads, head_dim] layout (on TPU
+    a relayout copy when head_dim is below 128 lanes).
     """
 
     features: int | tuple[int, ...]
@@ -82,11 +86,15 @@ class Dense(nn.Module):
     num_contract: int = 1
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
+    flat: bool = False
+    in_features: tuple[int, ...] | None = None
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
         features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
         in_shape = x.shape[x.ndim - self.num_contract:]
+        if self.flat:
+            in_shape = tuple(self.in_features or x.shape[-1:])
         truncated = nn.initializers.truncated_normal(stddev=self.stddev)
 
         def kernel_init(rng, shape, dtype):
@@ -99,4 +107,7 @@ class Dense(nn.Module):
                                                                self.bias_axes),
                           features, self.param_dtype)
         x, kernel, bias = (jnp.asarray(a, self.dtype) for a in (x, kernel, bias))
+        if self.flat:
+            kernel = kernel.reshape(math.prod(in_shape), math.prod(features))
+            return dense(x, kernel, bias.reshape(-1), 1)
         return dense(x, kernel, bias, self.num_contract)

@@ -1,12 +1,16 @@
 """Fused attention with attention dropout inside the kernel (Pallas TPU; interpreted off TPU).
 
 For `attention_impl="flash"` with `attention_dropout_prob > 0` in training. Sequences up to
-512 tokens fit one block, so each grid step (batch row, head) holds its whole score tile in
-VMEM: no online softmax, and the backward is one kernel that recomputes the probabilities
-once and writes dq, dk and dv. The tile is kept transposed, [keys, queries]: the softmax's
-reductions over keys then leave [1, queries] rows, so the per-query residuals (log-sum-exp,
-and di = Σ out·d_out for the backward) travel as float32 [batch, heads, 1, seq], not
-broadcast to 128 lanes as in JAX's flash kernels, and the backward needs one transpose.
+512 tokens fit one block, so each grid step (batch row, group of heads) holds its whole score
+tiles in VMEM: no online softmax, and the backward is one kernel that recomputes the
+probabilities once and writes dq, dk and dv. q, k, v and o are [batch, seq, heads·head_dim],
+each token's heads side by side, as the projections write them: a grid step takes a
+[seq, 128] tile holding 128 // head_dim heads, and no [..., heads, head_dim] layout with
+64-lane rows (half-empty vector registers, and a relayout copy at each end) is ever made. The
+score tile is kept transposed, [keys, queries]: the softmax's reductions over keys then leave
+[1, queries] rows, so the log-sum-exp travels as float32 [batch, heads, 1, seq], not
+broadcast to 128 lanes as in JAX's flash kernels, and the backward computes di = Σ out·d_out
+per query itself, as such a row.
 
 The keep mask is a stateless hash of (seed, batch row, head, query, key) computed in the
 kernel from iotas: the forward and the backward draw the same mask, nothing of it is stored,
@@ -26,6 +30,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from bertjax.models import flash_attention as flash
+from bertjax.models.config import heads_per_tile
 
 LANES = flash.LANES
 SUBLANES = flash.SUBLANES
@@ -45,6 +50,13 @@ def _mix(x):
     x = x ^ lax.shift_right_logical(x, jnp.int32(13))
     x = x * _u32(0xC2B2AE35)
     return x ^ lax.shift_right_logical(x, jnp.int32(16))
+
+
+def position_hash(seed, row, position):
+    """int32 hash bits of `position` keyed by (`row`, `seed`) (int32 arrays that broadcast):
+    two murmur3 finalisers, one of the salted row, one of the position mixed with it. The
+    hidden dropout's draws on TPU (bert.hashed_words)."""
+    return _mix(position ^ _mix(row * _u32(0x9E3779B9) + seed))
 
 
 def keep_bits(seed, row, head, num_heads: int, query, key, key_len: int):
@@ -86,12 +98,37 @@ class Static:
     scale: float
     rate: float
     num_heads: int
+    head_dim: int
+
+    @property
+    def group(self) -> int:
+        """Heads per grid step, side by side in a tile's lanes."""
+        return heads_per_tile(self.num_heads, self.head_dim)
+
+    @property
+    def width(self) -> int:
+        """Lanes of a grid step's q, k, v, o tiles: its heads side by side."""
+        return self.group * self.head_dim
 
 
-def _scores(static, q, k, key_ids, query_ids):
-    """Masked, scaled scores transposed, [k, q] float32: reductions over keys run along the
-    sublanes and leave [1, q] rows, which broadcast over a tile without relayout."""
-    s = lax.dot_general(k, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
+def _lanes_of(static, j: int, shape):
+    """Where head j of a grid step's group sits in its tile's lanes: bool of `shape`."""
+    lane = lax.broadcasted_iota(jnp.int32, shape, 1)
+    return (lane >= j * static.head_dim) & (lane < (j + 1) * static.head_dim)
+
+
+def _only(static, j: int, x):
+    """x [seq, width] with every lane outside head j zeroed: a matmul contracting or producing
+    the lanes then acts on head j alone (exactly: the others add zeros), so no head is sliced
+    out of a tile (the MXU is 128 lanes wide either way)."""
+    return jnp.where(_lanes_of(static, j, x.shape), x, jnp.zeros_like(x))
+
+
+def _scores(static, q, k_j, key_ids, query_ids):
+    """Masked, scaled scores of one head transposed, [k, q] float32 (k_j: the keys with the
+    other heads' lanes zeroed): reductions over keys run along the sublanes and leave [1, q]
+    rows, which broadcast over a tile without relayout."""
+    s = lax.dot_general(k_j, q, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
     s = s * static.scale
     key_ids = jnp.tile(key_ids, (1, q.shape[0] // LANES))  # [k, 128] column → [k, q]
     mask = key_ids == query_ids  # against the [1, q] row
@@ -101,15 +138,16 @@ def _scores(static, q, k, key_ids, query_ids):
     return jnp.where(mask, s, MASK_VALUE)
 
 
-def _keep(static, seed_ref, shape):
-    """The keep mask [k, q] of this grid step's (batch row, head), or None at rate 0 (no hash
-    computed)."""
+def _keep(static, seed_ref, j: int, shape):
+    """The keep mask [k, q] of head j of this grid step's (batch row, head group), or None at
+    rate 0 (no hash computed)."""
     if static.rate == 0:
         return None
     key = lax.broadcasted_iota(jnp.int32, shape, 0)
     query = lax.broadcasted_iota(jnp.int32, shape, 1)
-    bits = keep_bits(seed_ref[0], pl.program_id(0), pl.program_id(1), static.num_heads,
-                     query, key, shape[0])
+    head = pl.program_id(1) * static.group + j
+    bits = keep_bits(seed_ref[0], pl.program_id(0), head, static.num_heads, query, key,
+                     shape[0])
     return bits >= threshold(static.rate)
 
 
@@ -119,45 +157,57 @@ def _drop(keep, x):
 
 def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, o_ref, lse_ref,
                     *, static):
-    q, k, v = q_ref[0, 0], k_ref[0, 0], v_ref[0, 0]
-    s = _scores(static, q, k, key_ids_ref[0], query_ids_ref[0, :1])
-    m = jnp.max(s, axis=0, keepdims=True)  # [1, q]
-    p = jnp.exp(s - m)
-    total = jnp.sum(p, axis=0, keepdims=True)
-    scale = 1.0 / (total * keep_probability(static.rate))
-    p = _drop(_keep(static, seed_ref, s.shape), p * scale)  # dropped probabilities
-    o_ref[0, 0] = lax.dot(p.T.astype(v.dtype), v,
-                          preferred_element_type=jnp.float32).astype(o_ref.dtype)
-    lse_ref[0, 0] = m + jnp.log(total)
+    q, k, v = q_ref[0], k_ref[0], v_ref[0]  # [seq, width]: the group's heads side by side
+    out = jnp.zeros(q.shape, jnp.float32)
+    for j in range(static.group):
+        s = _scores(static, q, _only(static, j, k), key_ids_ref[0], query_ids_ref[0, :1])
+        m = jnp.max(s, axis=0, keepdims=True)  # [1, q]
+        p = jnp.exp(s - m)
+        total = jnp.sum(p, axis=0, keepdims=True)
+        scale = 1.0 / (total * keep_probability(static.rate))
+        p = _drop(_keep(static, seed_ref, j, s.shape), p * scale)  # dropped probabilities
+        out += lax.dot(p.T.astype(v.dtype), _only(static, j, v),
+                       preferred_element_type=jnp.float32)
+        lse_ref[0, j] = m + jnp.log(total)
+    o_ref[0] = out.astype(o_ref.dtype)
 
 
 def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, lse_ref,
-                     do_ref, di_ref, dq_ref, dk_ref, dv_ref, *, static):
-    q, k, v, do = q_ref[0, 0], k_ref[0, 0], v_ref[0, 0], do_ref[0, 0]
-    s = _scores(static, q, k, key_ids_ref[0], query_ids_ref[0, :1])
-    p = jnp.exp(s - lse_ref[0, 0])  # the softmax [k, q], before dropout
-    keep = _keep(static, seed_ref, s.shape)
+                     o_ref, do_ref, dq_ref, dk_ref, dv_ref, *, static):
+    q, k, v, do = q_ref[0], k_ref[0], v_ref[0], do_ref[0]
+    dq, dk, dv = (jnp.zeros(q.shape, jnp.float32) for _ in range(3))
     inverse = 1.0 / keep_probability(static.rate)
-    dropped = _drop(keep, p * inverse)
-    dv = lax.dot(dropped.astype(do.dtype), do, preferred_element_type=jnp.float32)
-    d_dropped = lax.dot_general(v, do, (((1,), (1,)), ((), ())),
-                                preferred_element_type=jnp.float32)
-    dp = _drop(keep, d_dropped * inverse)
-    ds = p * (dp - di_ref[0, 0]) * static.scale  # [k, q]
-    dk = lax.dot(ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
-    dq = lax.dot(ds.T.astype(k.dtype), k, preferred_element_type=jnp.float32)
-    dq_ref[0, 0] = dq.astype(dq_ref.dtype)
-    dk_ref[0, 0] = dk.astype(dk_ref.dtype)
-    dv_ref[0, 0] = dv.astype(dv_ref.dtype)
+    # o·do per lane, transposed [width, q]: a head's sum over its lanes is then a [1, q] row
+    # (di, the softmax backward's per-query term), like the log-sum-exp.
+    o_do = (o_ref[0].astype(jnp.float32) * do.astype(jnp.float32)).T
+    for j in range(static.group):
+        q_j, k_j, v_j, do_j = (_only(static, j, x) for x in (q, k, v, do))
+        s = _scores(static, q, k_j, key_ids_ref[0], query_ids_ref[0, :1])
+        p = jnp.exp(s - lse_ref[0, j])  # the softmax [k, q], before dropout
+        keep = _keep(static, seed_ref, j, s.shape)
+        dropped = _drop(keep, p * inverse)
+        dv += lax.dot(dropped.astype(do.dtype), do_j, preferred_element_type=jnp.float32)
+        d_dropped = lax.dot_general(v_j, do, (((1,), (1,)), ((), ())),
+                                    preferred_element_type=jnp.float32)
+        dp = _drop(keep, d_dropped * inverse)
+        lanes = lax.broadcasted_iota(jnp.int32, o_do.shape, 0) // static.head_dim
+        di = jnp.sum(jnp.where(lanes == j, o_do, 0.0), axis=0, keepdims=True)  # [1, q]
+        ds = p * (dp - di) * static.scale  # [k, q]
+        dk += lax.dot(ds.astype(q.dtype), q_j, preferred_element_type=jnp.float32)
+        dq += lax.dot(ds.T.astype(k.dtype), k_j, preferred_element_type=jnp.float32)
+    dq_ref[0] = dq.astype(dq_ref.dtype)
+    dk_ref[0] = dk.astype(dk_ref.dtype)
+    dv_ref[0] = dv.astype(dv_ref.dtype)
 
 
-def _row_spec(seq, width):
-    return pl.BlockSpec((1, 1, seq, width), lambda b, h, seed: (b, h, 0, 0))
+def _tile_spec(static, seq):
+    """A grid step's [seq, width] tile of a [batch, seq, heads·head_dim] array."""
+    return pl.BlockSpec((1, seq, static.width), lambda b, g, seed: (b, 0, g))
 
 
-def _vector_spec(seq):
-    """A [batch, heads, 1, seq] float32 per-query vector (log-sum-exp, di)."""
-    return pl.BlockSpec((1, 1, 1, seq), lambda b, h, seed: (b, h, 0, 0))
+def _vector_spec(static, seq):
+    """A [batch, heads, 1, seq] float32 per-query vector (log-sum-exp, di), the group's heads."""
+    return pl.BlockSpec((1, static.group, 1, seq), lambda b, g, seed: (b, g, 0, 0))
 
 
 def _segment_inputs(segments, seq):
@@ -167,35 +217,38 @@ def _segment_inputs(segments, seq):
     batch = segments.shape[0]
     key_ids = lax.broadcast_in_dim(segments, (batch, seq, LANES), (0, 1))
     query_ids = lax.broadcast_in_dim(segments, (batch, SUBLANES, seq), (0, 2))
-    specs = [pl.BlockSpec((1, seq, LANES), lambda b, h, seed: (b, 0, 0)),
-             pl.BlockSpec((1, SUBLANES, seq), lambda b, h, seed: (b, 0, 0))]
+    specs = [pl.BlockSpec((1, seq, LANES), lambda b, g, seed: (b, 0, 0)),
+             pl.BlockSpec((1, SUBLANES, seq), lambda b, g, seed: (b, 0, 0))]
     return [key_ids, query_ids], specs
 
 
-def _shape(q):
-    return flash.Shape(*q.shape, q.dtype.itemsize)
+def _shape(static, q):
+    batch, seq, _ = q.shape
+    return flash.Shape(batch, static.num_heads, seq, static.head_dim, q.dtype.itemsize)
 
 
-def forward_cost(shape: flash.Shape) -> pl.CostEstimate:
-    """One grid step per (batch row, head) reads its q, k, v and writes o and the log-sum-exp
-    (float32 per query), the segment ids once per batch row; q·kᵀ and p·v are 4·B·H·S²·D
-    FLOPs, one exp per score, and ELEMENTWISE FLOPs per score."""
+def forward_cost(shape: flash.Shape, group: int = 1) -> pl.CostEstimate:
+    """One grid step per (batch row, group of heads) reads its q, k, v and writes o and the
+    log-sum-exp (float32 per query), the segment ids once per batch row; q·kᵀ and p·v run on
+    the group's whole tile width, 4·B·H·S²·D·group FLOPs, one exp per score, and ELEMENTWISE
+    FLOPs per score."""
     s = shape
     scores = s.scores
     return pl.CostEstimate(
-        flops=4 * scores * s.head_dim + ELEMENTWISE * scores, transcendentals=scores,
+        flops=4 * scores * s.head_dim * group + ELEMENTWISE * scores, transcendentals=scores,
         bytes_accessed=4 * s.qkv_bytes + s.vector_bytes + s.segment_bytes())
 
 
-def backward_cost(shape: flash.Shape) -> pl.CostEstimate:
-    """Reads q, k, v, do, the log-sum-exp and di (float32 per query) and the segment ids,
-    writes dq, dk, dv; five [S, S]·[S, D] matmuls (k·qᵀ recomputed, dropped·do, v·doᵀ,
-    ds·q, dsᵀ·k): 10·B·H·S²·D FLOPs, one exp per score."""
+def backward_cost(shape: flash.Shape, group: int = 1) -> pl.CostEstimate:
+    """Reads q, k, v, o, do, the log-sum-exp (float32 per query) and the segment ids, writes
+    dq, dk, dv; five [S, S]·[S, D] matmuls per head (k·qᵀ recomputed, dropped·do, v·doᵀ,
+    ds·q, dsᵀ·k) on the group's tile width: 10·B·H·S²·D·group FLOPs, one exp per score."""
     s = shape
     scores = s.scores
     return pl.CostEstimate(
-        flops=10 * scores * s.head_dim + 2 * ELEMENTWISE * scores, transcendentals=scores,
-        bytes_accessed=7 * s.qkv_bytes + 2 * s.vector_bytes + s.segment_bytes())
+        flops=10 * scores * s.head_dim * group + 2 * ELEMENTWISE * scores,
+        transcendentals=scores,
+        bytes_accessed=8 * s.qkv_bytes + s.vector_bytes + s.segment_bytes())
 
 
 # FLOPs per score besides the matmuls (scale, max, subtract, sum, normalise-and-drop; the
@@ -204,37 +257,38 @@ ELEMENTWISE = 5
 
 
 def _forward_call(static, interpret, seed, q, k, v, segments):
-    batch, heads, seq, head_dim = q.shape
+    batch, seq, _ = q.shape
     seg_inputs, seg_specs = _segment_inputs(segments, seq)
+    tile = _tile_spec(static, seq)
     return pl.pallas_call(
         functools.partial(_forward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(batch, heads),
-            in_specs=[_row_spec(seq, head_dim)] * 3 + seg_specs,
-            out_specs=[_row_spec(seq, head_dim), _vector_spec(seq)]),
+            num_scalar_prefetch=1, grid=(batch, static.num_heads // static.group),
+            in_specs=[tile] * 3 + seg_specs,
+            out_specs=[tile, _vector_spec(static, seq)]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, heads, 1, seq), jnp.float32)],
+                   jax.ShapeDtypeStruct((batch, static.num_heads, 1, seq), jnp.float32)],
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        cost_estimate=forward_cost(_shape(q)),
+        cost_estimate=forward_cost(_shape(static, q), static.group),
         interpret=interpret,
     )(seed, q, k, v, *seg_inputs)
 
 
-def _backward_call(static, interpret, seed, q, k, v, segments, lse, d_out, di):
-    batch, heads, seq, head_dim = q.shape
+def _backward_call(static, interpret, seed, q, k, v, segments, lse, out, d_out):
+    batch, seq, _ = q.shape
     seg_inputs, seg_specs = _segment_inputs(segments, seq)
-    row = _row_spec(seq, head_dim)
+    tile, vector = _tile_spec(static, seq), _vector_spec(static, seq)
     return pl.pallas_call(
         functools.partial(_backward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(batch, heads),
-            in_specs=[row] * 3 + seg_specs + [_vector_spec(seq), row, _vector_spec(seq)],
-            out_specs=[row] * 3),
+            num_scalar_prefetch=1, grid=(batch, static.num_heads // static.group),
+            in_specs=[tile] * 3 + seg_specs + [vector, tile, tile],
+            out_specs=[tile] * 3),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3,
         compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        cost_estimate=backward_cost(_shape(q)),
+        cost_estimate=backward_cost(_shape(static, q), static.group),
         interpret=interpret,
-    )(seed, q, k, v, *seg_inputs, lse, d_out, di)
+    )(seed, q, k, v, *seg_inputs, lse, out, d_out)
 
 
 def _on_platform(call, static, *args):
@@ -245,6 +299,7 @@ def _on_platform(call, static, *args):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def _attend(seed, q, k, v, segments, static):
+    """q, k, v: [batch, seq, heads·head_dim], each token's heads side by side → the same."""
     return _attend_fwd(seed, q, k, v, segments, static)[0]
 
 
@@ -255,25 +310,25 @@ def _attend_fwd(seed, q, k, v, segments, static):
 
 def _attend_bwd(static, residuals, d_out):
     seed, q, k, v, segments, out, lse = residuals
-    # Σ_d out · d_out per query: [batch, heads, 1, seq], the layout of the log-sum-exp.
-    di = jnp.einsum("bhqd,bhqd->bhq", out.astype(jnp.float32), d_out.astype(jnp.float32))[
-        :, :, None, :]
-    dq, dk, dv = _on_platform(_backward_call, static, seed, q, k, v, segments, lse, d_out, di)
+    dq, dk, dv = _on_platform(_backward_call, static, seed, q, k, v, segments, lse, out, d_out)
     return None, dq, dk, dv, None
 
 
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
-def dropout_attention(query, key, value, segments, seed, rate: float, causal: bool = False):
+def dropout_attention(query, key, value, segments, seed, rate: float, num_heads: int,
+                      causal: bool = False):
     """Attention with dropout `rate` on the probabilities. query/key/value:
-    [batch, seq, heads, head_dim] → same shape; segments: [batch, seq] int; seed: int32 [1]
-    (the draws differ per seed, batch row, head, query and key).
+    [batch, seq, heads·head_dim] (each token's heads side by side) → the same shape;
+    segments: [batch, seq] int; seed: int32 [1] (the draws differ per seed, batch row, head,
+    query and key).
 
     Under `flash.sharded_like` each batch shard draws with its shard index folded into the
     seed, so no two rows of the global batch share a mask.
     """
-    static = Static(causal, float(query.shape[-1]) ** -0.5, rate, query.shape[2])
+    head_dim = query.shape[-1] // num_heads
+    static = Static(causal, float(head_dim) ** -0.5, rate, num_heads, head_dim)
 
     def attend(q, k, v, segments, shard, seed):
         seed = seed ^ _mix(shard.astype(jnp.int32) + 1)  # another mask on every batch shard

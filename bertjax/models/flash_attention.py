@@ -273,16 +273,24 @@ def flash_attention(
 
 
 def run_padded(attend, query, key, value, segments, *extra):
-    """attend(q, k, v, segments, shard, *extra) → out, on [batch, heads, padded, head_dim]
-    (the kernels' layout, the sequence padded to a multiple of BLOCK with PAD_SEGMENT tokens,
-    dropped again from the output), per batch shard under `sharded_like` (shard: the shard's
-    int32 index, 0 unsharded); query/key/value and the result [batch, seq, heads, head_dim]."""
-    _, seq, _, _ = query.shape
+    """attend(q, k, v, segments, shard, *extra) → out, on the kernels' layout with the
+    sequence padded to a multiple of BLOCK with PAD_SEGMENT tokens (dropped again from the
+    output), per batch shard under `sharded_like` (shard: the shard's int32 index, 0
+    unsharded). query/key/value and the result: [batch, seq, heads, head_dim], which the
+    kernels take as [batch, heads, padded, head_dim]; or [batch, seq, heads·head_dim], taken
+    as it is (padded)."""
+    seq = query.shape[1]
     padded = -(-seq // BLOCK) * BLOCK
+    packed = query.ndim == 3
 
-    def to_kernel(x):  # [batch, seq, heads, head_dim] → [batch, heads, padded, head_dim]
-        x = jnp.swapaxes(x, 1, 2)
+    def to_kernel(x):
+        if packed:
+            return jnp.pad(x, ((0, 0), (0, padded - seq), (0, 0)))
+        x = jnp.swapaxes(x, 1, 2)  # [batch, heads, seq, head_dim]
         return jnp.pad(x, ((0, 0), (0, 0), (0, padded - seq), (0, 0)))
+
+    def from_kernel(out):
+        return out[:, :seq] if packed else jnp.swapaxes(out[:, :, :seq], 1, 2)
 
     segments = jnp.pad(segments.astype(jnp.int32), ((0, 0), (0, padded - seq)),
                        constant_values=PAD_SEGMENT)
@@ -302,5 +310,4 @@ def run_padded(attend, query, key, value, segments, *extra):
         run = jax.shard_map(per_shard, mesh=sharding.mesh,
                             in_specs=(rows, rows, rows, tokens) + (PartitionSpec(),) * len(extra),
                             out_specs=rows, check_vma=False)
-    out = run(to_kernel(query), to_kernel(key), to_kernel(value), segments, *extra)
-    return jnp.swapaxes(out[:, :, :seq], 1, 2)
+    return from_kernel(run(to_kernel(query), to_kernel(key), to_kernel(value), segments, *extra))

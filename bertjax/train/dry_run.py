@@ -220,10 +220,12 @@ def measure(compiled, slice_: topology_lib.Slice | None) -> Measure:
     seconds = float(cost.get("optimal_seconds", -1.0))
     groups = None
     if slice_ is not None:
-        ops = hlo_costs.op_costs(compiled.as_text())
         rates = (slice_.peak_flops, slice_.chip.hbm_gbps * 1e9)
-        groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates),
-                  "op": hlo_costs.group(ops, hlo_costs.short_label, *rates)}
+        ops = hlo_costs.op_costs(compiled.as_text(), slice_.chip.clock_hz, *rates)
+        groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates,
+                                              slice_.chip.clock_hz),
+                  "op": hlo_costs.group(ops, hlo_costs.short_label, *rates,
+                                        slice_.chip.clock_hz)}
     return Measure(float(memory.argument_size_in_bytes),
                    float(memory.output_size_in_bytes - memory.alias_size_in_bytes),
                    float(memory.temp_size_in_bytes), float(cost.get("flops", 0.0)),
@@ -285,6 +287,14 @@ class StageCost:
     # v5p's cost-model time over its per-op roofline, for the same per-chip step compiled for
     # v5p (see `calibrate`); None where not measured.
     calibration: float | None = None
+
+    @property
+    def op_seconds(self) -> float | None:
+        """The TPU compiler's per-op estimates summed (hlo_costs: cycles over the clock): a
+        second model of the step, which sees vector-unit work and tile padding that the cost
+        model's bytes-driven time does not (docs/tpu_aot.md, "Two models of the step")."""
+        total = self.groups and sum(g.model_seconds for g in self.groups["category"].values())
+        return total or None
 
     @property
     def estimated_seconds(self) -> float | None:
@@ -529,13 +539,16 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
     """The per-chip table of `run_on_slice`, one line per stage. TFLOP/chip: XLA's count;
-    XLA GB: its bytes accessed; HLO GB: the HBM bytes of the optimized HLO's ops."""
+    XLA GB: its bytes accessed; HLO GB: the HBM bytes of the optimized HLO's ops; ops ms /
+    ops MFU: the step by the compiler's per-op estimates (`StageCost.op_seconds`)."""
     lines = [f"  {'stage':<8} {'seq':>5} {'batch':>6} {'args GiB':>9} {'temp GiB':>9} "
              f"{'total GiB':>10} {'HBM GiB':>8} {'fits':>4} {'TFLOP/chip':>10} "
              f"{'XLA GB':>7} {'HLO GB':>7} {'step ms':>8} {'seq/s':>9} {'MFU':>6} {'steps':>9} "
-             f"{'time':>9}"]
+             f"{'time':>9} {'ops ms':>7} {'ops MFU':>7}"]
     for c in costs:
         mfu = c.mfu(slice_)
+        op_mfu = c.op_seconds and c.model_flops / (c.op_seconds * slice_.num_chips
+                                                   * slice_.peak_flops)
         est = "~" if c.estimated_seconds else ""  # a calibrated roofline, not the cost model
         lines.append(
             f"  {c.name:<8} {c.seq_len:>5} {c.batch_size:>6} {c.argument_bytes / GIB:>9.2f} "
@@ -547,7 +560,9 @@ def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]
             f"{est + _fmt(c.time and c.time * 1e3, '.1f'):>8} "
             f"{est + _fmt(c.sequences_per_second, ',.0f'):>9} "
             f"{est + _fmt(mfu and 100 * mfu, '.1f') + ('%' if mfu else ''):>6} {c.steps:>9,} "
-            f"{est + _duration(c.seconds):>9}")
+            f"{est + _duration(c.seconds):>9} "
+            f"{_fmt(c.op_seconds and c.op_seconds * 1e3, '.1f'):>7} "
+            f"{_fmt(op_mfu and 100 * op_mfu, '.1f') + ('%' if op_mfu else ''):>7}")
     return lines
 
 
@@ -583,9 +598,14 @@ def breakdown_lines(cost: StageCost, top: int = 25) -> list[str]:
     groups = cost.groups or {}
     if not groups:
         return []
+    model = sum(g.model_seconds for g in groups["category"].values())
     lines = [f"Breakdown of {cost.name}, per chip (optimized HLO, op by op: HBM bytes of "
              "operands and results, matmul FLOPs; 'bound' = max(FLOPs / peak, bytes / HBM "
-             "bandwidth) per op, summed):"]
+             "bandwidth) per op, summed; 'model' = the TPU compiler's own estimate per op, "
+             "its cycles over the clock"
+             + (f", {model * 1e3:.1f} ms in all against the cost model's step of "
+                f"{cost.step_seconds * 1e3:.1f} ms" if model and cost.step_seconds else "")
+             + "):"]
     lines += hlo_costs.table(groups["category"], "category")
     lines += hlo_costs.table(groups["op"], f"top {top} ops (fwd/bwd: forward/backward pass)",
                              top=top)

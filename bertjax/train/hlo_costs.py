@@ -11,6 +11,11 @@ program (the entry computation and the bodies of its loops, times their trip cou
   matmul into a convolution, windowed, strided or dilated to express batched matmuls;
   elementwise work is not counted).
 - seconds: its roofline, max(FLOPs / peak, bytes / HBM bandwidth), a lower bound per op.
+- cycles: the TPU compiler's own cost-model estimate for the op (`estimated_cycles` in its
+  backend config; a Pallas kernel's `custom-call` carries none, so its `cost_estimate`'s
+  roofline stands in, in cycles). Summed and divided by the chip's clock, these are the cost
+  model's step time (v5p's `optimal_seconds` within a few per cent, docs/tpu_aot.md), and
+  libtpu annotates them on v4, v5e and v6e too, where it gives no `optimal_seconds`.
 
 Each op falls in a category by its opcode and the `op_name` its metadata carries (the Flax
 module path, e.g. `.../bert/encoder/layer_3/attention/query/dot_general`).
@@ -62,6 +67,7 @@ class OpCost:
     bytes: float
     flops: float
     count: float = 1.0  # executions per step (a loop body's trip count)
+    cycles: float = 0.0  # the TPU cost model's estimate, per step (see `estimated_cycles`)
 
 
 def _closing(text: str, start: int) -> int:
@@ -276,6 +282,22 @@ def category(opcode: str, name: str, shape: str = "") -> str:
     return "other"
 
 
+def estimated_cycles(instruction: Instruction, clock_hz: float, peak_flops: float,
+                     hbm_bytes_per_s: float) -> float:
+    """The TPU compiler's cycle estimate for one execution of an op (0 where it has none); for
+    a Pallas kernel, the roofline of the `cost_estimate` it was given, in cycles (XLA's cost
+    model sees a kernel only through that estimate)."""
+    match = re.search(r'"estimated_cycles":"(\d+)"', instruction.attributes)
+    if match:
+        return float(match.group(1))
+    kernel = re.search(r'"cost_estimate":\{"flops":"(\d+)","transcendentals":"\d+",'
+                       r'"bytes_accessed":"(\d+)"', instruction.attributes)
+    if not kernel or not clock_hz:
+        return 0.0
+    return clock_hz * max(float(kernel.group(1)) / peak_flops,
+                          float(kernel.group(2)) / hbm_bytes_per_s)
+
+
 def _trip_count(instruction: Instruction) -> float:
     match = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', instruction.attributes)
     return float(match.group(1)) if match else 1.0
@@ -294,9 +316,11 @@ def _prefetch_names(computations: dict[str, list[Instruction]]) -> dict[str, str
     return {start: reader.get(d, "") for start, d in done.items()}
 
 
-def op_costs(text: str) -> list[OpCost]:
+def op_costs(text: str, clock_hz: float = 0.0, peak_flops: float = 1.0,
+             hbm_bytes_per_s: float = 1.0) -> list[OpCost]:
     """The cost of every top-level op of a compiled program's HLO text (see the module doc);
-    ops in a loop body are counted its trip count times (once when it is unknown)."""
+    ops in a loop body are counted its trip count times (once when it is unknown). The chip's
+    clock and rates turn a Pallas kernel's cost estimate into cycles (`estimated_cycles`)."""
     computations, entry = parse_module(text)
     shapes = {i.name: i.shape for body in computations.values() for i in body}
     prefetched = _prefetch_names(computations)
@@ -320,7 +344,9 @@ def op_costs(text: str) -> list[OpCost]:
             costs.append(OpCost(instruction.name, instruction.opcode, label,
                                 category(instruction.opcode, label, instruction.shape),
                                 moved * count,
-                                matmul_flops(instruction, computations, shapes) * count, count))
+                                matmul_flops(instruction, computations, shapes) * count, count,
+                                estimated_cycles(instruction, clock_hz, peak_flops,
+                                                 hbm_bytes_per_s) * count))
 
     walk(entry, 1.0)
     return costs
@@ -335,18 +361,21 @@ class Group:
     bytes: float
     flops: float
     seconds: float  # sum of the ops' rooflines
+    model_seconds: float = 0.0  # sum of the cost model's estimates (cycles / clock)
 
 
-def group(costs: Iterable[OpCost], key, peak_flops: float, hbm_bytes_per_s: float
-          ) -> dict[str, Group]:
-    """Totals of `costs` by key(op) → {key: Group}; seconds are per-op rooflines summed."""
+def group(costs: Iterable[OpCost], key, peak_flops: float, hbm_bytes_per_s: float,
+          clock_hz: float = 0.0) -> dict[str, Group]:
+    """Totals of `costs` by key(op) → {key: Group}; seconds are per-op rooflines summed,
+    model_seconds the cost model's cycle estimates over the clock."""
     totals: dict[str, list[float]] = {}
     for c in costs:
-        t = totals.setdefault(key(c), [0.0, 0.0, 0.0, 0.0])
+        t = totals.setdefault(key(c), [0.0, 0.0, 0.0, 0.0, 0.0])
         t[0] += c.count
         t[1] += c.bytes
         t[2] += c.flops
         t[3] += max(c.flops / peak_flops, c.bytes / hbm_bytes_per_s)
+        t[4] += c.cycles / clock_hz if clock_hz else 0.0
     return {k: Group(k, *v) for k, v in totals.items()}
 
 
@@ -355,29 +384,37 @@ def extrapolate_groups(one: dict[str, Group], two: dict[str, Group], layers: int
     """Groups of an L-layer step from those of the 1- and 2-layer steps: each figure is
     fixed + L × per-layer, i.e. one + (L - 1) × (two - one) (from n and n + 1 layers, pass
     L - n + 1); a group absent from one side counts zero there."""
-    empty = Group("", 0.0, 0.0, 0.0, 0.0)
+    empty = Group("", 0.0, 0.0, 0.0, 0.0, 0.0)
+    fields = ("count", "bytes", "flops", "seconds", "model_seconds")
     out = {}
     for k in dict.fromkeys([*one, *two]):
         a, b = one.get(k, empty), two.get(k, empty)
-        values = [max(0.0, x + (layers - 1) * (y - x)) for x, y in
-                  ((a.count, b.count), (a.bytes, b.bytes), (a.flops, b.flops),
-                   (a.seconds, b.seconds))]
+        values = [max(0.0, getattr(a, f) + (layers - 1) * (getattr(b, f) - getattr(a, f)))
+                  for f in fields]
         out[k] = Group(k, *values)
     return out
 
 
 def table(groups: dict[str, Group], title: str, top: int | None = None) -> list[str]:
-    """Lines of a table of groups, largest roofline time first, with each one's share."""
-    rows = sorted(groups.values(), key=lambda g: -g.seconds)
+    """Lines of a table of groups, largest cost-model time first (roofline time where the
+    compiler gave no estimates), with each one's share of it."""
+    timed = any(g.model_seconds for g in groups.values())
+
+    def seconds(g: Group) -> float:
+        return g.model_seconds if timed else g.seconds
+
+    rows = sorted(groups.values(), key=lambda g: -seconds(g))
     total = Group("total", *(sum(getattr(g, f) for g in rows)
-                             for f in ("count", "bytes", "flops", "seconds")))
+                             for f in ("count", "bytes", "flops", "seconds", "model_seconds")))
     width = max([len(title), 5] + [len(g.key) for g in rows[:top]])
     width = min(width, 90)
     lines = [f"  {title:<{width}} {'ops':>6} {'GB':>8} {'TFLOP':>8} {'bound ms':>9} "
-             f"{'share':>6}"]
+             f"{'model ms':>9} {'share':>6}"]
     for g in [*rows[:top], total]:
-        share = g.seconds / total.seconds if total.seconds else 0.0
+        share = seconds(g) / seconds(total) if seconds(total) else 0.0
         key = g.key if len(g.key) <= width else "…" + g.key[-width + 1:]
+        model = f"{g.model_seconds * 1e3:>9.2f}" if timed else f"{'—':>9}"
         lines.append(f"  {key:<{width}} {g.count:>6.0f} {g.bytes / 1e9:>8.2f} "
-                     f"{g.flops / 1e12:>8.3f} {g.seconds * 1e3:>9.2f} {100 * share:>5.1f}%")
+                     f"{g.flops / 1e12:>8.3f} {g.seconds * 1e3:>9.2f} {model} "
+                     f"{100 * share:>5.1f}%")
     return lines

@@ -32,13 +32,20 @@ class Chip:
     dims: int  # 3-D torus (v4, v5p) or 2-D (v5e, v6e)
     max_chips: int  # largest single slice offered
     hbm_gbps: float  # HBM bandwidth per chip, GB/s
+    # TensorCore clock: the peak over the MXUs' multiply-adds per cycle (4 MXUs per core, of
+    # 128 x 128, or 256 x 256 on v6e). Turns the TPU compiler's cycle estimates into seconds.
+    clock_ghz: float
+
+    @property
+    def clock_hz(self) -> float:
+        return self.clock_ghz * 1e9
 
 
 CHIPS = {
-    "v4": Chip("v4", 32.0, 275.0, 2, 3, 4096, 1200.0),
-    "v5p": Chip("v5p", 95.0, 459.0, 2, 3, 4096, 2765.0),
-    "v5e": Chip("v5e", 16.0, 197.0, 1, 2, 256, 819.0),
-    "v6e": Chip("v6e", 32.0, 918.0, 1, 2, 256, 1640.0),
+    "v4": Chip("v4", 32.0, 275.0, 2, 3, 4096, 1200.0, 1.05),
+    "v5p": Chip("v5p", 95.0, 459.0, 2, 3, 4096, 2765.0, 1.75),
+    "v5e": Chip("v5e", 16.0, 197.0, 1, 2, 256, 819.0, 1.5),
+    "v6e": Chip("v6e", 32.0, 918.0, 1, 2, 256, 1640.0, 1.75),
 }
 # Cloud accelerator-type prefixes → chip family.
 _PREFIXES = {"v4": "v4", "v5p": "v5p", "v5e": "v5e", "v5litepod": "v5e", "v6e": "v6e"}
