@@ -138,7 +138,7 @@ def test_tiny_train_step_compiles_for_4_chips_and_memory_grows_with_the_batch():
     job, large = _compile("v5litepod-4", 32, {"data": 4}, **SMALL)
     for cost in (small, large):
         assert cost.fits and cost.total_bytes <= cost.hbm_bytes == 16 * 1024**3
-        assert cost.step_seconds > 0 and cost.xla_flops > 0
+        assert cost.time > 0 and cost.xla_seconds > 0 and cost.xla_flops > 0
     # The state is the same; each chip holds twice the rows of the batch and their activations.
     state = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
         jax.eval_shape(job.init_params, jax.random.key(0))))
@@ -207,7 +207,7 @@ def test_tiny_train_step_compiles_for_8_chips_and_fsdp_shrinks_the_state_per_chi
     import jax
 
     job, fsdp = _compile("v5p-16", 32, {"data": 1, "fsdp": 8}, **SMALL)
-    assert fsdp.fits and fsdp.step_seconds > 0
+    assert fsdp.fits and fsdp.time > 0
     state = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(
         jax.eval_shape(job.init_params, jax.random.key(0))))
     # Data parallel, every chip holds params + two Adam moments (3 x state, as the 4-chip test
@@ -228,7 +228,7 @@ def test_bert_large_phase2_batch_4096_on_v5e_4_does_not_fit_and_says_so():
     _, config = _pretraining_job("large", 4096, {}, "phase2")
     costs, _ = dry_run.compile_stages(_make_job, config, slice_, topology.devices(slice_))
     [cost] = costs
-    assert not cost.fits and cost.step_seconds is None
+    assert not cost.fits and cost.time is None
     assert "RESOURCE_EXHAUSTED" in cost.message
     # float32 params and two Adam moments of BERT-large's 335M parameters, replicated.
     assert cost.argument_bytes > 12 * 335e6
@@ -267,30 +267,39 @@ def test_sweep_ranks_by_sequences_over_the_whole_run_and_prints_its_flags():
     assert not misfit.fits and misfit.sequences_per_second is None
 
 
-def test_a_chip_without_cost_model_time_gets_the_calibrated_roofline_marked_as_such():
-    from bertjax.train import dry_run, topology
+def test_the_step_time_is_the_compilers_per_op_estimates_and_xla_time_is_printed_beside():
+    from bertjax.train import dry_run, hlo_costs, topology
 
     slice_ = topology.parse("v6e-8")
 
-    def stage(seconds, roofline, calibration=1.5):
+    def stage(xla_seconds, op_seconds):
+        groups = None if op_seconds is None else {"category": {
+            "FFN": hlo_costs.Group("FFN", 1, 1e9, 1e12, 1e-3, 0.75 * op_seconds),
+            "attention": hlo_costs.Group("attention", 1, 1e9, 1e12, 1e-3, 0.25 * op_seconds)}}
         return dry_run.StageCost("phase1", 128, 1000, 256, 1.0, 1.0, 2.0, 4.0, True, 1e15, 1e12,
-                                 seconds, compute_bound=1e-3, memory_bound=2e-3,
-                                 roofline=roofline, calibration=calibration)
+                                 xla_seconds, groups=groups, compute_bound=1e-3,
+                                 memory_bound=2e-3)
 
-    timed, untimed = stage(0.03, 0.01), stage(None, 0.01)
-    # The cost model's time wins where there is one; otherwise roofline × the v5p ratio.
-    assert timed.time == 0.03 and timed.estimated_seconds is None
-    assert untimed.time == pytest.approx(0.015)
-    assert untimed.mfu(slice_) == pytest.approx(
-        1e15 / (untimed.time * slice_.num_chips * slice_.peak_flops))
-    row = dry_run.stage_table([untimed], slice_)[1]
-    assert f"~{untimed.time * 1e3:.1f}" in row and "~" + f"{100 * untimed.mfu(slice_):.1f}%" in row
-    assert "~" not in dry_run.stage_table([timed], slice_)[1]
-    (note,) = dry_run.notes([untimed], slice_)
-    assert "no step time" in note and "10.0 ms summed) × 1.50" in note
-    # Without the per-op costs or a v5p calibration there is no time and no MFU.
-    for bare in (stage(None, None), stage(None, 0.01, calibration=None)):
-        assert bare.time is None and bare.mfu(slice_) is None
+    both, ops_only, xla_only = stage(0.03, 0.02), stage(None, 0.02), stage(0.03, None)
+    assert both.time == pytest.approx(0.02) and ops_only.time == pytest.approx(0.02)
+    assert xla_only.time == 0.03  # a compile whose ops carry no estimates
+    assert both.mfu(slice_) == pytest.approx(1e15 / (0.02 * slice_.num_chips
+                                                     * slice_.peak_flops))
+    assert both.mfu(slice_, xla=True) == pytest.approx(1e15 / (0.03 * slice_.num_chips
+                                                               * slice_.peak_flops))
+    assert ops_only.mfu(slice_, xla=True) is None
+    header, row = dry_run.stage_table([both], slice_)
+    assert header.split()[-2:] == ["XLA", "MFU"] and row.split()[-2:] == [
+        "30.0", f"{100 * both.mfu(slice_, xla=True):.1f}%"]
+    assert f" {100 * both.mfu(slice_):.1f}% " in row and " 20.0 " in row
+    (note,) = dry_run.notes([ops_only], slice_)
+    assert "no optimal_seconds for v6e" in note
+    assert not dry_run.notes([both], slice_)
+    # No estimate of either kind: no time, no MFU, and the two lower bounds said instead.
+    bare = stage(None, None)
+    assert bare.time is None and bare.mfu(slice_) is None
+    (note,) = dry_run.notes([bare], slice_)
+    assert "1.0 ms" in note and "2.0 ms" in note
 
 
 def test_out_of_memory_figures_are_read_from_the_compiler_message():
@@ -526,20 +535,16 @@ def test_extrapolation_is_fixed_plus_per_layer_times_layers():
 @pytest.mark.slow
 @needs_libtpu
 def test_extrapolated_step_matches_the_full_unrolled_compile_on_v5p():
-    from bertjax.train import dry_run
     from bertjax.train import flops as flops_lib
 
     job, full = _compile("v5p-8", 64, {}, "mini", exact=True)
     _, estimate = _compile("v5p-8", 64, {}, "mini", exact=False)
-    for field in ("xla_flops", "step_seconds", "bytes_accessed", "temp_bytes", "total_bytes"):
+    for field in ("xla_flops", "time", "xla_seconds", "bytes_accessed", "temp_bytes",
+                  "total_bytes"):
         assert getattr(estimate, field) == pytest.approx(getattr(full, field), rel=0.05), field
     assert estimate.argument_bytes == pytest.approx(full.argument_bytes, rel=1e-3)
-    # What chips without a cost-model time get: the 2-layer step's cost-model / roofline ratio
-    # times the full step's roofline. On v5p it can be checked against the full step's time
-    # (measured: 6% under it for BERT-mini; a deeper step's ratio grows a little with depth).
-    _, config = _pretraining_job("mini", 64, {}, "phase1")
-    ratio = dry_run.calibrate(_make_job, config, topology.parse("v5p-8"), ["phase1"])["phase1"]
-    assert full.roofline * ratio == pytest.approx(full.step_seconds, rel=0.1)
+    # The step time is the compiler's per-op estimates (every matmul fusion carries one).
+    assert full.time == full.op_seconds and full.op_seconds > full.compute_bound
     # The breakdown: its matmul FLOPs by category are the analytic ones (3 x forward: the
     # forward pass, and two matmuls per matmul in the backward pass), per chip.
     cfg, chips, stage = job.model_config, 4, job.stages[0]

@@ -64,30 +64,29 @@ def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None]
 
 
 def dropout_keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, float]:
-    """(keep mask of `shape`, its keep probability) for dropout at `rate`.
+    """(keep mask of `shape`, its keep probability) for dropout at `rate`, from 16-bit draws.
 
-    Each 32-bit draw yields two 16-bit uniforms. On CPU the draws are threefry's, their halves
-    side by side (`interleaved_halves`); where the step is compiled for a TPU they are a counter
-    hash of each position (`hashed_words`), halves split (`split_halves`): threefry's twenty
-    rounds were the costliest elementwise work of a layer there (docs/tpu_aot.md, "Levers").
-    The drop rate is rounded to a multiple of 2^-16 (0.1 → 0.100006). The draws are split
-    along the last axis, so the mask shards like the activations it masks; an odd last axis
-    takes 32-bit threefry draws and the exact rate.
+    On CPU each 32-bit threefry output yields two draws, its halves side by side
+    (`interleaved_halves`: half the PRNG work of `nn.Dropout`). Where the step is compiled for
+    a TPU each element's draw is the top half of a counter hash of its position
+    (`hashed_words`): elementwise from iotas, so it is computed inside the fusion that applies
+    the mask, where threefry's twenty rounds were the costliest vector work of a layer
+    (docs/tpu_aot.md, "Levers"). The drop rate is rounded to a multiple of 2^-16 (0.1 →
+    0.100006). An odd last axis takes 32-bit threefry draws and the exact rate.
     """
     if shape[-1] % 2:
         return jax.random.bernoulli(rng, 1.0 - rate, shape), 1.0 - rate
     threshold = round(rate * 65536)
     words = shape[:-1] + (shape[-1] // 2,)
-    halves = jax.lax.platform_dependent(
+    draws = jax.lax.platform_dependent(
         rng, cpu=lambda key: interleaved_halves(jax.random.bits(key, words, jnp.uint32)),
-        default=lambda key: split_halves(hashed_words(key, words)))
-    return halves >= threshold, 1.0 - threshold / 65536
+        default=lambda key: (hashed_words(key, shape) >> 16).astype(jnp.uint16))
+    return draws >= threshold, 1.0 - threshold / 65536
 
 
 def hashed_words(rng: Array, shape: tuple[int, ...]) -> Array:
     """uint32 draws of `shape`: `dropout_attention.position_hash` of each element's position
-    within its leading-axis row, keyed by the row and a 32-bit seed drawn from `rng` (a
-    few integer ops per word, computed inside the fusion that uses them)."""
+    within its leading-axis row, keyed by the row and a 32-bit seed drawn from `rng`."""
     seed = jax.lax.bitcast_convert_type(jax.random.bits(rng, (), jnp.uint32), jnp.int32)
     grid = shape if len(shape) > 1 else (1, *shape)
     row = jax.lax.broadcasted_iota(jnp.int32, grid, 0)
@@ -100,16 +99,8 @@ def hashed_words(rng: Array, shape: tuple[int, ...]) -> Array:
 
 def interleaved_halves(words: Array) -> Array:
     """uint32 [..., n] → uint16 [..., 2n], each word's halves side by side: a free bitcast on
-    CPU (on TPU a relayout written to HBM)."""
+    CPU."""
     return jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*words.shape[:-1], -1)
-
-
-def split_halves(words: Array) -> Array:
-    """uint32 [..., n] → uint16 [..., 2n], low halves then high halves: elementwise and a
-    concatenation, which the TPU compiler fuses into the masking ops (measured in
-    docs/tpu_aot.md, "Levers"; on CPU the copy makes it slower than the bitcast)."""
-    return jnp.concatenate([(words & 0xFFFF).astype(jnp.uint16),
-                            (words >> 16).astype(jnp.uint16)], axis=-1)
 
 
 class Dropout(nn.Module):

@@ -403,7 +403,7 @@ class InferenceCost:
     total_bytes: float
     hbm_bytes: float | None  # the chip's HBM (None: the local machine's devices)
     flops: float | None
-    step_seconds: float | None  # XLA's cost model, else the roofline (TPU only)
+    step_seconds: float | None  # the compiler's estimate, else the roofline (TPU only)
 
     @property
     def fits(self) -> bool:
@@ -476,8 +476,8 @@ def inference_costs(workdir: str, topology: str | None = None, batch_size: int |
             costs.append(InferenceCost(length, rows, needed or float("inf"),
                                        slice_.hbm_bytes if slice_ else 0.0, None, None))
             continue
-        seconds = m.seconds
-        if slice_ and not seconds:  # no cost-model time: the roofline
+        seconds = m.op_seconds or m.seconds  # the compiler's per-op estimates (dry_run)
+        if slice_ and not seconds:  # no estimate at all: the roofline
             seconds = max(m.flops / slice_.peak_flops,
                           (m.hlo_bytes or m.bytes_accessed) / (slice_.chip.hbm_gbps * 1e9))
         costs.append(InferenceCost(length, rows, m.argument_bytes + m.output_bytes

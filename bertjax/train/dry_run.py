@@ -5,11 +5,13 @@ so nothing model-sized is allocated, and an out-of-memory configuration is caugh
 
 With `--topology=v5p-32` (bertjax/train/topology.py) the step is compiled by the TPU compiler
 (libtpu) for that slice, on any machine: per chip, memory against HBM (or "does not fit" with
-the compiler's figures), FLOPs, bytes, the step time of XLA's cost model, sequences/s, MFU and
-the time to finish each stage. Layers are compiled unrolled, at 2 and 3 layers, and every
-figure extrapolated linearly to the model's (`--dry_run_exact`: the full step); `--breakdown`
-adds where the bytes and time go (bertjax/train/hlo_costs.py). `--sweep` ranks mesh shapes,
-batch sizes and remat that way.
+the compiler's figures), FLOPs, bytes, the step time, sequences/s, MFU and the time to finish
+each stage. The step time is the TPU compiler's own estimate of each op it emitted, summed
+(bertjax/train/hlo_costs.py); XLA's `optimal_seconds`, which follows its "bytes accessed"
+count, is printed beside it (docs/tpu_aot.md, "Two models of the step"). Layers are compiled
+unrolled, at 2 and 3 layers, and every figure extrapolated linearly to the model's
+(`--dry_run_exact`: the full step); `--breakdown` adds where the bytes and time go. `--sweep`
+ranks mesh shapes, batch sizes and remat that way.
 """
 
 from __future__ import annotations
@@ -37,9 +39,6 @@ GIB = 1024.0**3
 # cost-model time and temporaries are off the line of deeper steps (its peak memory is set by
 # what does not grow with depth); see docs/tpu_aot.md.
 FIT_LAYERS = 2
-# The chip whose cost model calibrates the others' rooflines (libtpu 0.0.42.1 gives v4, v5e
-# and v6e no cost-model time).
-CALIBRATION_CHIP = "v5p"
 
 
 def parameter_table(params: Any) -> list[tuple[str, int]]:
@@ -208,6 +207,14 @@ class Measure:
             return None
         return sum(g.bytes for g in self.groups["category"].values())
 
+    @property
+    def op_seconds(self) -> float | None:
+        """The TPU compiler's per-op time estimates summed (hlo_costs: cycles over the clock);
+        None off a TPU slice or where it gave none."""
+        if not self.groups:
+            return None
+        return sum(g.model_seconds for g in self.groups["category"].values()) or None
+
 
 def measure(compiled, slice_: topology_lib.Slice | None) -> Measure:
     """A compiled step's memory, FLOPs, bytes, cost-model time and (on a slice) its ops'
@@ -276,7 +283,7 @@ class StageCost:
     fits: bool
     model_flops: float  # model FLOPs of one step, whole slice (for MFU)
     xla_flops: float | None  # FLOPs of the compiled step per chip
-    step_seconds: float | None  # XLA's cost model (`optimal_seconds`); None: it gives none
+    xla_seconds: float | None  # XLA's `optimal_seconds`; None where it gives none (< 0)
     message: str = ""  # the compiler's out-of-memory message
     bytes_accessed: float | None = None  # XLA's HBM traffic per chip
     hlo_bytes: float | None = None  # HBM bytes of the optimized HLO's ops (hlo_costs.py)
@@ -284,38 +291,29 @@ class StageCost:
     compute_bound: float | None = None  # seconds: XLA's FLOPs at the chip's peak
     memory_bound: float | None = None  # seconds: hlo_bytes at the chip's HBM bandwidth
     roofline: float | None = None  # seconds: the optimized HLO's per-op rooflines, summed
-    # v5p's cost-model time over its per-op roofline, for the same per-chip step compiled for
-    # v5p (see `calibrate`); None where not measured.
-    calibration: float | None = None
 
     @property
     def op_seconds(self) -> float | None:
-        """The TPU compiler's per-op estimates summed (hlo_costs: cycles over the clock): a
-        second model of the step, which sees vector-unit work and tile padding that the cost
-        model's bytes-driven time does not (docs/tpu_aot.md, "Two models of the step")."""
+        """The TPU compiler's per-op time estimates summed (hlo_costs: cycles over the clock).
+        Unlike `xla_seconds`, they see vector-unit work (a PRNG's rounds) and tile padding."""
         total = self.groups and sum(g.model_seconds for g in self.groups["category"].values())
         return total or None
 
     @property
-    def estimated_seconds(self) -> float | None:
-        """Where the cost model gives no time: the per-op roofline × the v5p calibration."""
-        if self.step_seconds or not self.roofline or not self.calibration:
-            return None
-        return self.roofline * self.calibration
-
-    @property
     def time(self) -> float | None:
-        """Seconds per step: the cost model's, else the calibrated roofline estimate."""
-        return self.step_seconds or self.estimated_seconds
+        """Seconds per step: the compiler's per-op estimates, else XLA's optimal_seconds."""
+        return self.op_seconds or self.xla_seconds
 
     @property
     def sequences_per_second(self) -> float | None:
         return self.batch_size / self.time if self.time else None
 
-    def mfu(self, slice_: topology_lib.Slice) -> float | None:
-        if not self.time or not self.model_flops:
+    def mfu(self, slice_: topology_lib.Slice, xla: bool = False) -> float | None:
+        """Model FLOPs utilisation at `time` (xla: at XLA's optimal_seconds)."""
+        seconds = self.xla_seconds if xla else self.time
+        if not seconds or not self.model_flops:
             return None
-        return self.model_flops / (self.time * slice_.num_chips * slice_.peak_flops)
+        return self.model_flops / (seconds * slice_.num_chips * slice_.peak_flops)
 
     @property
     def seconds(self) -> float | None:
@@ -443,41 +441,18 @@ def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_li
         temp = needed or float("nan")
         return StageCost(**common, argument_bytes=args, temp_bytes=temp, total_bytes=args + temp,
                          hbm_bytes=available or slice_.hbm_bytes, fits=False, xla_flops=None,
-                         step_seconds=None, message=measured)
+                         xla_seconds=None, message=measured)
     m = measured
     total = m.argument_bytes + m.output_bytes + m.temp_bytes
     return StageCost(**common, argument_bytes=m.argument_bytes, temp_bytes=m.temp_bytes,
                      total_bytes=total, hbm_bytes=slice_.hbm_bytes,
                      fits=total <= slice_.hbm_bytes, xla_flops=m.flops or None,
-                     step_seconds=m.seconds, bytes_accessed=m.bytes_accessed,
+                     xla_seconds=m.seconds, bytes_accessed=m.bytes_accessed,
                      hlo_bytes=m.hlo_bytes, groups=m.groups,
                      compute_bound=m.flops / slice_.peak_flops,
                      memory_bound=(m.hlo_bytes or m.bytes_accessed)
                      / (slice_.chip.hbm_gbps * 1e9),
                      roofline=m.groups and sum(g.seconds for g in m.groups["category"].values()))
-
-
-def calibrate(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
-              stage_names: list[str]) -> dict[str, float]:
-    """{stage: v5p's cost-model time / its per-op roofline} for the same per-chip step (same
-    chips, mesh and batch, FIT_LAYERS unrolled layers or fewer) compiled for a v5p slice of
-    the same chip count: what turns another chip's roofline into an estimated time. Stages
-    that do not fit there or get no time are left out."""
-    shape = topology_lib.slice_shape(topology_lib.CHIPS[CALIBRATION_CHIP], slice_.num_chips)
-    if shape is None:
-        return {}
-    v5p = topology_lib.Slice(topology_lib.CHIPS[CALIBRATION_CHIP], shape)
-    layers = make_job(layer_config(config, None)).model_config.num_layers
-    step = _Step.build(make_job(layer_config(config, min(layers, FIT_LAYERS))), config,
-                       topology_lib.devices(v5p))
-    ratios = {}
-    for name in stage_names:
-        m = step.compile(name, v5p)
-        roofline = not isinstance(m, str) and m.groups and sum(
-            g.seconds for g in m.groups["category"].values())
-        if roofline and m.seconds:
-            ratios[name] = m.seconds / roofline
-    return ratios
 
 
 def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
@@ -512,14 +487,6 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
         costs.append(_stage_cost(stage, full, result, slice_))
         if until_misfit and not costs[-1].fits:
             break
-    untimed = [c.name for c in costs if c.fits and not c.step_seconds and c.roofline]
-    if untimed and slice_.chip.family != CALIBRATION_CHIP:
-        ratios = calibrate(make_job, config, slice_, untimed)
-        for c in costs:
-            c.calibration = ratios.get(c.name)
-        if ratios:
-            method += (f"; where {slice_.chip.family} has no cost-model time, the roofline "
-                       f"calibrated on {CALIBRATION_CHIP}")
     return costs, method
 
 
@@ -539,17 +506,15 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
     """The per-chip table of `run_on_slice`, one line per stage. TFLOP/chip: XLA's count;
-    XLA GB: its bytes accessed; HLO GB: the HBM bytes of the optimized HLO's ops; ops ms /
-    ops MFU: the step by the compiler's per-op estimates (`StageCost.op_seconds`)."""
+    XLA GB: its bytes accessed; HLO GB: the HBM bytes of the optimized HLO's ops; step ms,
+    seq/s, MFU, time: by the compiler's per-op estimates (`StageCost.time`); XLA ms / XLA MFU:
+    by XLA's optimal_seconds."""
     lines = [f"  {'stage':<8} {'seq':>5} {'batch':>6} {'args GiB':>9} {'temp GiB':>9} "
              f"{'total GiB':>10} {'HBM GiB':>8} {'fits':>4} {'TFLOP/chip':>10} "
              f"{'XLA GB':>7} {'HLO GB':>7} {'step ms':>8} {'seq/s':>9} {'MFU':>6} {'steps':>9} "
-             f"{'time':>9} {'ops ms':>7} {'ops MFU':>7}"]
+             f"{'time':>9} {'XLA ms':>7} {'XLA MFU':>7}"]
     for c in costs:
-        mfu = c.mfu(slice_)
-        op_mfu = c.op_seconds and c.model_flops / (c.op_seconds * slice_.num_chips
-                                                   * slice_.peak_flops)
-        est = "~" if c.estimated_seconds else ""  # a calibrated roofline, not the cost model
+        mfu, xla_mfu = c.mfu(slice_), c.mfu(slice_, xla=True)
         lines.append(
             f"  {c.name:<8} {c.seq_len:>5} {c.batch_size:>6} {c.argument_bytes / GIB:>9.2f} "
             f"{_fmt(c.temp_bytes / GIB, '.2f'):>9} {_fmt(c.total_bytes / GIB, '.2f'):>10} "
@@ -557,32 +522,28 @@ def stage_table(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]
             f"{_fmt(c.xla_flops and c.xla_flops / 1e12, '.2f'):>10} "
             f"{_fmt(c.bytes_accessed and c.bytes_accessed / 1e9, '.1f'):>7} "
             f"{_fmt(c.hlo_bytes and c.hlo_bytes / 1e9, '.1f'):>7} "
-            f"{est + _fmt(c.time and c.time * 1e3, '.1f'):>8} "
-            f"{est + _fmt(c.sequences_per_second, ',.0f'):>9} "
-            f"{est + _fmt(mfu and 100 * mfu, '.1f') + ('%' if mfu else ''):>6} {c.steps:>9,} "
-            f"{est + _duration(c.seconds):>9} "
-            f"{_fmt(c.op_seconds and c.op_seconds * 1e3, '.1f'):>7} "
-            f"{_fmt(op_mfu and 100 * op_mfu, '.1f') + ('%' if op_mfu else ''):>7}")
+            f"{_fmt(c.time and c.time * 1e3, '.1f'):>8} "
+            f"{_fmt(c.sequences_per_second, ',.0f'):>9} "
+            f"{_fmt(mfu and 100 * mfu, '.1f') + ('%' if mfu else ''):>6} {c.steps:>9,} "
+            f"{_duration(c.seconds):>9} "
+            f"{_fmt(c.xla_seconds and c.xla_seconds * 1e3, '.1f'):>7} "
+            f"{_fmt(xla_mfu and 100 * xla_mfu, '.1f') + ('%' if xla_mfu else ''):>7}")
     return lines
 
 
 def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
-    """What the table cannot say: stages without a cost-model time (with their two roofline
-    lower bounds) and stages that do not fit."""
+    """What the table cannot say: where XLA's optimal_seconds is missing, where the step has
+    no time at all (with its two roofline lower bounds), and stages that do not fit."""
     lines = []
     for c in costs:
-        if c.fits and c.step_seconds is None and c.compute_bound is not None:
-            estimate = (
-                f"The times marked ~ are an estimate: the optimized HLO's per-op rooflines "
-                f"({c.roofline * 1e3:.1f} ms summed) × {c.calibration:.2f}, the ratio of "
-                f"{CALIBRATION_CHIP}'s cost model to its per-op roofline for the same per-chip "
-                f"step compiled for {CALIBRATION_CHIP}. " if c.estimated_seconds
-                else "No time or MFU is estimated. ")
+        if c.fits and c.xla_seconds is None and c.op_seconds:
+            lines.append(f"  {c.name}: libtpu gives no optimal_seconds for {slice_.chip.family} "
+                         "(< 0); the step time is the compiler's per-op estimates alone.")
+        if c.fits and c.time is None and c.compute_bound is not None:
             lines.append(
-                f"  {c.name}: libtpu's cost model gives no step time for {slice_.chip.family} "
-                f"(optimal_seconds < 0). {estimate}Lower bounds: XLA's FLOPs at peak, "
-                f"{c.compute_bound * 1e3:.1f} ms; the HBM bytes of the optimized HLO's ops at "
-                f"full bandwidth, {c.memory_bound * 1e3:.1f} ms.")
+                f"  {c.name}: the compiler gave no time estimates, so no time or MFU. Lower "
+                f"bounds: XLA's FLOPs at peak, {c.compute_bound * 1e3:.1f} ms; the HBM bytes "
+                f"of the optimized HLO's ops at full bandwidth, {c.memory_bound * 1e3:.1f} ms.")
         if not c.fits:
             lines.append(f"  {c.name} does not fit: {c.total_bytes / GIB:.2f} GiB per chip "
                          f"needed, {c.hbm_bytes / GIB:.2f} GiB available"
@@ -591,21 +552,17 @@ def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
 
 
 def breakdown_lines(cost: StageCost, top: int = 25) -> list[str]:
-    """--breakdown: the stage's HBM bytes, matmul FLOPs and per-op roofline time by category
-    and by op (bertjax/train/hlo_costs.py)."""
+    """--breakdown: the stage's HBM bytes, matmul FLOPs, per-op roofline and per-op estimated
+    time by category and by op (bertjax/train/hlo_costs.py)."""
     from bertjax.train import hlo_costs
 
     groups = cost.groups or {}
     if not groups:
         return []
-    model = sum(g.model_seconds for g in groups["category"].values())
     lines = [f"Breakdown of {cost.name}, per chip (optimized HLO, op by op: HBM bytes of "
              "operands and results, matmul FLOPs; 'bound' = max(FLOPs / peak, bytes / HBM "
-             "bandwidth) per op, summed; 'model' = the TPU compiler's own estimate per op, "
-             "its cycles over the clock"
-             + (f", {model * 1e3:.1f} ms in all against the cost model's step of "
-                f"{cost.step_seconds * 1e3:.1f} ms" if model and cost.step_seconds else "")
-             + "):"]
+             "bandwidth) per op, summed; 'model' = the TPU compiler's estimate of each op, its "
+             "cycles over the clock, summed: the step time):"]
     lines += hlo_costs.table(groups["category"], "category")
     lines += hlo_costs.table(groups["op"], f"top {top} ops (fwd/bwd: forward/backward pass)",
                              top=top)
