@@ -28,18 +28,19 @@ def _dot(lhs, rhs, lhs_contract, rhs_contract, out_dtype):
     return lax.dot_general(lhs, rhs, dims, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
-def _dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int,
+           bias_by_matmul: bool) -> jax.Array:
     """x: [*free, *contract], kernel: [*contract, *out], bias: [*out] → [*free, *out]."""
     y = _dot(x, kernel, range(x.ndim - num_contract, x.ndim), range(num_contract), jnp.float32)
     return (y + bias.astype(jnp.float32)).astype(x.dtype)
 
 
-def _dense_fwd(x, kernel, bias, num_contract):
-    return _dense(x, kernel, bias, num_contract), (x, kernel, bias)
+def _dense_fwd(x, kernel, bias, num_contract, bias_by_matmul):
+    return _dense(x, kernel, bias, num_contract, bias_by_matmul), (x, kernel, bias)
 
 
-def _dense_bwd(num_contract, residuals, grad):
+def _dense_bwd(num_contract, bias_by_matmul, residuals, grad):
     x, kernel, bias = residuals
     grad = grad.astype(x.dtype)
     num_free = x.ndim - num_contract
@@ -49,20 +50,33 @@ def _dense_bwd(num_contract, residuals, grad):
                   range(num_contract, kernel.ndim), x.dtype)
     # d kernel [*contract, *out] = x [*free, *contract] · grad [*free, *out] over *free.
     grad_kernel = _dot(x, grad, range(num_free), range(num_free), kernel.dtype)
-    grad_bias = jnp.sum(grad.astype(jnp.float32), axis=tuple(range(num_free)))
+    def row_sum(g):
+        return jnp.sum(g.astype(jnp.float32), axis=tuple(range(num_free)))
+
+    def ones_times(g):  # ones [*free] · g, accumulated in float32 on the MXU
+        ones = jnp.ones(g.shape[:num_free], g.dtype)
+        return _dot(ones, g, range(num_free), range(num_free), jnp.float32)
+
+    grad_bias = (lax.platform_dependent(grad, cpu=row_sum, default=ones_times)
+                 if bias_by_matmul else row_sum(grad))
     return grad_x, grad_kernel, grad_bias.astype(bias.dtype)
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int = 1) -> jax.Array:
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int = 1,
+          bias_by_matmul: bool = False) -> jax.Array:
     """x [*free, *contract] · kernel [*contract, *out] + bias [*out], all in x.dtype.
 
     bf16/f16: the float32-accumulating matmuls above; float32: plain `lax.dot_general`.
+    bias_by_matmul: where compiled for TPU, the bias gradient is a ones-vector matmul, not a
+    row reduction (for gradients that come out of a Pallas kernel, which no XLA fusion can
+    reduce as it writes them: the TPU compiler's estimate of that standalone reduction was
+    twice the matmul's, docs/tpu_aot.md).
     """
     if x.dtype in _LOW_PRECISION:
-        return _dense(x, kernel, bias, num_contract)
+        return _dense(x, kernel, bias, num_contract, bias_by_matmul)
     dims = ((tuple(range(x.ndim - num_contract, x.ndim)), tuple(range(num_contract))), ((), ()))
     return lax.dot_general(x, kernel, dims) + bias
 
@@ -107,7 +121,7 @@ class Dense(nn.Module):
                                                                self.bias_axes),
                           features, self.param_dtype)
         x, kernel, bias = (jnp.asarray(a, self.dtype) for a in (x, kernel, bias))
-        if self.flat:
+        if self.flat:  # the flash kernel's projections: their gradients come out of it
             kernel = kernel.reshape(math.prod(in_shape), math.prod(features))
-            return dense(x, kernel, bias.reshape(-1), 1)
+            return dense(x, kernel, bias.reshape(-1), 1, bias_by_matmul=True)
         return dense(x, kernel, bias, self.num_contract)
