@@ -197,7 +197,7 @@ class Measure:
     temp_bytes: float
     flops: float  # XLA's count of the compiled step
     bytes_accessed: float  # XLA's HBM traffic estimate
-    seconds: float | None  # XLA's cost model; None where it gives no time (< 0)
+    seconds: float | None  # XLA's optimal_seconds; None where it gives none (< 0)
     groups: dict | None = None  # the optimized HLO op by op: {"category" | "op": {key: Group}}
 
     @property
@@ -598,7 +598,8 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
                  "is not costed right by XLA, and its temporaries are larger)")
     start = time.time()
     costs, method = compile_stages(make_job, config, slice_, devices, exact=exact)
-    print_fn(f"Train step per chip (TPU compiler; step time from XLA's cost model; {method}):")
+    print_fn("Train step per chip (TPU compiler; step time: the compiler's per-op estimates "
+             f"summed; {method}):")
     for line in stage_table(costs, slice_) + notes(costs, slice_):
         print_fn(line)
     total = [c.seconds for c in costs]
@@ -726,7 +727,7 @@ def sweep(make_job: Callable[[Any], Any], config, topology: str, print_fn=print,
                  f"{max(s.total_bytes for s in c.costs) / GIB:>8.2f} "
                  f"{_duration(sum(s.seconds for s in c.costs)):>9}  {c.flags()}")
     if not ranked:
-        print_fn("  none ranked: " + ("libtpu's cost model gives no step time for "
+        print_fn("  none ranked: " + ("the compiler gave no time estimates for "
                                       f"{slice_.chip.family}" if any(c.fits for c in results)
                                       else "every configuration tried runs out of HBM"))
     return ranked
