@@ -50,16 +50,22 @@ def _dense_bwd(num_contract, bias_by_matmul, residuals, grad):
                   range(num_contract, kernel.ndim), x.dtype)
     # d kernel [*contract, *out] = x [*free, *contract] · grad [*free, *out] over *free.
     grad_kernel = _dot(x, grad, range(num_free), range(num_free), kernel.dtype)
-    def row_sum(g):
-        return jnp.sum(g.astype(jnp.float32), axis=tuple(range(num_free)))
-
-    def ones_times(g):  # ones [*free] · g, accumulated in float32 on the MXU
-        ones = jnp.ones(g.shape[:num_free], g.dtype)
-        return _dot(ones, g, range(num_free), range(num_free), jnp.float32)
-
-    grad_bias = (lax.platform_dependent(grad, cpu=row_sum, default=ones_times)
-                 if bias_by_matmul else row_sum(grad))
+    row_sum = functools.partial(bias_grad_by_sum, num_free=num_free)
+    grad_bias = (lax.platform_dependent(
+        grad, cpu=row_sum, default=functools.partial(bias_grad_by_matmul, num_free=num_free))
+        if bias_by_matmul else row_sum(grad))
     return grad_x, grad_kernel, grad_bias.astype(bias.dtype)
+
+
+def bias_grad_by_sum(grad: jax.Array, num_free: int) -> jax.Array:
+    """Σ of grad [*free, *out] over its free axes, in float32 → [*out]."""
+    return jnp.sum(grad.astype(jnp.float32), axis=tuple(range(num_free)))
+
+
+def bias_grad_by_matmul(grad: jax.Array, num_free: int) -> jax.Array:
+    """The same sum as ones [*free] · grad, accumulated in float32 (on the MXU on TPU)."""
+    ones = jnp.ones(grad.shape[:num_free], grad.dtype)
+    return _dot(ones, grad, range(num_free), range(num_free), jnp.float32)
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
