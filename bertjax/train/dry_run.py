@@ -211,9 +211,12 @@ class Measure:
     def op_seconds(self) -> float | None:
         """The TPU compiler's per-op time estimates summed (hlo_costs: cycles over the clock);
         None off a TPU slice or where it gave none."""
-        if not self.groups:
-            return None
-        return sum(g.model_seconds for g in self.groups["category"].values()) or None
+        return op_seconds(self.groups)
+
+
+def op_seconds(groups: dict | None) -> float | None:
+    """Σ of the ops' estimated seconds over `groups` (Measure.groups), None if none."""
+    return groups and sum(g.model_seconds for g in groups["category"].values()) or None
 
 
 def measure(compiled, slice_: topology_lib.Slice | None) -> Measure:
@@ -296,8 +299,7 @@ class StageCost:
     def op_seconds(self) -> float | None:
         """The TPU compiler's per-op time estimates summed (hlo_costs: cycles over the clock).
         Unlike `xla_seconds`, they see vector-unit work (a PRNG's rounds) and tile padding."""
-        total = self.groups and sum(g.model_seconds for g in self.groups["category"].values())
-        return total or None
+        return op_seconds(self.groups)
 
     @property
     def time(self) -> float | None:

@@ -13,9 +13,10 @@ program (the entry computation and the bodies of its loops, times their trip cou
 - seconds: its roofline, max(FLOPs / peak, bytes / HBM bandwidth), a lower bound per op.
 - cycles: the TPU compiler's own cost-model estimate for the op (`estimated_cycles` in its
   backend config; a Pallas kernel's `custom-call` carries none, so its `cost_estimate`'s
-  roofline stands in, in cycles). Summed and divided by the chip's clock, these are the cost
-  model's step time (v5p's `optimal_seconds` within a few per cent, docs/tpu_aot.md), and
-  libtpu annotates them on v4, v5e and v6e too, where it gives no `optimal_seconds`.
+  roofline stands in, in cycles). Summed and divided by the chip's clock, they are the dry
+  run's step time: a model of its own, not XLA's `optimal_seconds` (−4…+9% from it at 128
+  tokens, +36…46% at 512; docs/tpu_aot.md, "Two models of the step"), and libtpu annotates
+  them on v4, v5e and v6e too, where it gives no `optimal_seconds`.
 
 Each op falls in a category by its opcode and the `op_name` its metadata carries (the Flax
 module path, e.g. `.../bert/encoder/layer_3/attention/query/dot_general`).
