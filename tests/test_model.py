@@ -197,6 +197,40 @@ def test_dot_product_attention_path_equals_einsum_path(small_model, causal, pack
                                    atol=1e-5)
 
 
+@pytest.mark.parametrize("attention_impl,causal,packed,remat", [
+    ("einsum", False, False, "none"), ("xla", False, False, "none"),
+    ("einsum", True, False, "none"), ("xla", False, True, "none"), ("einsum", False, False, "full"),
+])
+def test_pooled_only_equals_the_full_final_layer_in_values_and_gradients(
+        small_model, attention_impl, causal, packed, remat):
+    """The final layer computed for the pooled token alone ([CLS], or a causal model's last
+    real token) gives that token's full-sequence vector, pooled output and gradients."""
+    cfg, params = small_model
+    cfg = BertConfig(**{**cfg.to_dict(), "attention_impl": attention_impl, "causal": causal,
+                        "remat_policy": remat})
+    ids, segments, mask, _ = random_batch(8, 3, 16, cfg.vocab_size, 3)
+    kw = {}
+    if packed:
+        kw["packing_ids"] = np.where(mask > 0, 1 + (np.arange(16)[None] >= 7), 0).astype(np.int32)
+    index = mask.sum(-1) - 1 if causal else np.zeros(3, int)
+
+    def pooled(p, only):
+        out = _apply_bert(cfg, p, ids, segments, mask, pooled_only=only, **kw)
+        return out["pooled_output"], out["sequence_output"]
+
+    full_pooled, full_seq = pooled(params, False)
+    one_pooled, one_seq = pooled(params, True)
+    assert one_seq.shape == (3, 1, cfg.hidden_size)
+    np.testing.assert_allclose(one_seq[:, 0], np.asarray(full_seq)[np.arange(3), index], atol=1e-5)
+    np.testing.assert_allclose(one_pooled, full_pooled, atol=1e-5)
+    weights = jax.random.normal(jax.random.key(4), full_pooled.shape)
+    grads = [jax.grad(lambda p, o=only: jnp.sum(pooled(p, o)[0] * weights))(params)
+             for only in (False, True)]
+    flat = [flax.traverse_util.flatten_dict(g) for g in grads]
+    for path, g in flat[0].items():
+        np.testing.assert_allclose(flat[1][path], g, atol=1e-5, err_msg=str(path))
+
+
 def test_causal_mask_hides_later_tokens(small_model):
     cfg, params = small_model
     cfg = BertConfig(**{**cfg.to_dict(), "causal": True})
@@ -373,3 +407,35 @@ def test_einsum_attention_bfloat16_is_close_to_float32():
     low = attn_lib.einsum_attention(*(x.astype(jnp.bfloat16) for x in (q, k, v)), mask)
     assert low.dtype == jnp.bfloat16
     np.testing.assert_allclose(low.astype(jnp.float32), ref, atol=0.05 * np.abs(ref).max())
+
+
+def dot_flops(jaxpr) -> int:
+    """2 · output elements · contracted size, summed over a jaxpr's dot_generals (nested
+    jaxprs included)."""
+    total = 0
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            lhs = eqn.invars[0].aval.shape
+            total += 2 * int(np.prod(eqn.outvars[0].aval.shape)) * int(
+                np.prod([lhs[d] for d in contract]))
+        for sub in jax.core.jaxprs_in_params(eqn.params):
+            total += dot_flops(sub)
+    return total
+
+
+def test_pooled_only_flop_count_matches_the_traced_forward():
+    """flops.forward_flops_per_sequence(pooled_only=True) counts the matmuls the final layer
+    still runs: equal to the traced forward's dot_generals, less the pooler's."""
+    from bertjax.train import flops as flops_lib
+
+    cfg = small_config(hidden_size=64, intermediate_size=256, num_heads=4)
+    batch, seq = 2, 32
+    ids = np.ones((batch, seq), np.int32)
+    params = BertModel(cfg).init(jax.random.key(0), ids)["params"]
+    pooler = 2 * batch * cfg.hidden_size ** 2
+    for only in (False, True):
+        jaxpr = jax.make_jaxpr(lambda p, o=only: BertModel(cfg).apply(
+            {"params": p}, ids, pooled_only=o)["pooled_output"])(params).jaxpr
+        expected = batch * flops_lib.forward_flops_per_sequence(cfg, seq, 0, pooled_only=only)
+        assert dot_flops(jaxpr) - pooler == expected, only

@@ -251,9 +251,10 @@ def test_dry_run_of_the_predict_step_on_a_tpu_slice(classification_run):
     model = BertConfig.from_dict(read_finished_run(workdir)[0]["model"])
     for c in costs:
         # The compiled FLOPs per chip cover the encoder's matmuls on its rows (an independent
-        # count), plus little else (head, softmax, LayerNorm).
-        matmuls = (flops_lib.forward_flops_per_sequence(model, c.seq_len, 0) * c.batch_size
-                   / chips)
+        # count; the classifier's final layer for [CLS] alone), plus little else (head,
+        # softmax, LayerNorm).
+        matmuls = (flops_lib.forward_flops_per_sequence(model, c.seq_len, 0, pooled_only=True)
+                   * c.batch_size / chips)
         assert matmuls <= c.flops <= 2 * matmuls
         assert c.fits and 0 < c.total_bytes < 1024**3
         assert c.step_seconds > 0 and c.sequences_per_second_per_chip(chips) > 0

@@ -168,16 +168,21 @@ class SelfAttention(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None) -> Array:
+    def __call__(self, x: Array, mask: Array | None, queries: Array | None = None) -> Array:
         """x: [batch, seq, hidden]; mask: [batch, 1, seq, seq] bool, or for
         attention_impl "flash" / "flash_jax" segment ids [batch, seq] int
         (flash_attention.segment_ids)
-        → [batch, seq, hidden]."""
+        → [batch, seq, hidden].
+
+        queries (einsum and fused paths only): [batch, q, hidden], the rows that attend (keys
+        and values still come from all of x); mask then [batch, 1, q or 1, seq]
+        → [batch, q, hidden].
+        """
         cfg = self.config
         impl = cfg.attention_impl
         packed = impl == "flash"  # [batch, seq, heads·head_dim] throughout: the kernel's layout
 
-        def project(name):
+        def project(name, rows=x):
             y = Dense(
                 (cfg.num_heads, cfg.head_dim),
                 kernel_axes=("embed", "heads", "kv"),
@@ -187,11 +192,12 @@ class SelfAttention(nn.Module):
                 param_dtype=cfg.param_dtype,
                 flat=packed,
                 name=name,
-            )(x)
+            )(rows)
             axes = ("batch", "length", "heads") + (() if packed else ("kv",))
             return nn.with_logical_constraint(y, axes)
 
-        query, key, value = project("query"), project("key"), project("value")
+        query = project("query", x if queries is None else queries)
+        key, value = project("key"), project("value")
         dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
         if impl == "flash":  # dropout drawn inside the kernel
             seed, rate = jnp.zeros((1,), jnp.int32), 0.0
@@ -238,13 +244,24 @@ class EncoderLayer(nn.Module):
     deterministic: bool = True
 
     @nn.compact
-    def __call__(self, x: Array, mask: Array | None) -> Array:
-        """x: [batch, seq, hidden] → [batch, seq, hidden]."""
+    def __call__(self, x: Array, mask: Array | None, query_index: Array | None = None) -> Array:
+        """x: [batch, seq, hidden] → [batch, seq, hidden].
+
+        query_index [batch] int (einsum and fused attention): compute the layer for that one
+        token of each row only (its attention still reads every token) → [batch, 1, hidden];
+        a head that reads one token needs no more of the final layer.
+        """
         cfg = self.config
         drop = functools.partial(
             Dropout(cfg.hidden_dropout_prob), deterministic=self.deterministic
         )
-        attended = SelfAttention(cfg, self.deterministic, name="attention")(x, mask)
+        queries = None
+        if query_index is not None:
+            queries = jnp.take_along_axis(x, query_index[:, None, None], axis=1)
+            if mask is not None and mask.shape[2] > 1:  # packed or causal: that token's row
+                mask = jnp.take_along_axis(mask, query_index[:, None, None, None], axis=2)
+        attended = SelfAttention(cfg, self.deterministic, name="attention")(x, mask, queries)
+        x = x if queries is None else queries
         x = layer_norm(cfg, "attention_layer_norm")(x + drop(attended))
         h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
         h = nn.with_logical_constraint(activation(cfg.hidden_act)(h), ("batch", "length", "mlp"))
@@ -284,9 +301,15 @@ class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, mask, deterministic: bool, return_all_layers: bool = False):
+    def __call__(self, x, mask, deterministic: bool, return_all_layers: bool = False,
+                 final_index: Array | None = None):
         """x: [batch, seq, hidden] → (final [batch, seq, hidden],
-        per-layer outputs [num_layers, batch, seq, hidden] or None)."""
+        per-layer outputs [num_layers, batch, seq, hidden] or None).
+
+        final_index [batch] int: the final layer is computed for that token of each row only
+        (EncoderLayer's query_index; unrolled layers, einsum or fused attention, no
+        return_all_layers); final is then [batch, 1, hidden].
+        """
         cfg = self.config
         if cfg.scan_layers:
             stack = nn.scan(
@@ -302,7 +325,8 @@ class Encoder(nn.Module):
         layer_cls = _maybe_remat(EncoderLayer, cfg.remat_policy)
         outputs = []
         for i in range(cfg.num_layers):
-            x = layer_cls(cfg, deterministic, name=f"layer_{i}")(x, mask)
+            last = final_index if i == cfg.num_layers - 1 else None
+            x = layer_cls(cfg, deterministic, name=f"layer_{i}")(x, mask, last)
             outputs.append(x)
         return x, (jnp.stack(outputs) if return_all_layers else None)
 
@@ -351,11 +375,15 @@ class BertModel(nn.Module):
         position_ids: Array | None = None,
         deterministic: bool = True,
         return_all_layers: bool = False,
+        pooled_only: bool = False,
     ) -> dict[str, Any]:
         """input_ids, segment_ids, input_mask: [batch, seq] int.
 
         packing_ids: [batch, seq] int, optional: several examples packed in one row; attention
           stays within an example and position ids restart at each example (unless given).
+        pooled_only: for heads that read the pooled token alone: the final layer is computed
+          for that token only (the same values, less of the last layer's work), and
+          `sequence_output` is [batch, 1, hidden], that token's final vector.
         """
         cfg = self.config
         if segment_ids is None:
@@ -372,17 +400,24 @@ class BertModel(nn.Module):
                 input_mask, packing_ids, causal=cfg.causal, seq_len=input_ids.shape[1]
             )
         embedded = self.embeddings(input_ids, segment_ids, position_ids, deterministic)
-        sequence_output, per_layer = self.encoder(
-            embedded, mask, deterministic, return_all_layers
-        )
-        pool_at = None
+        pool_at = jnp.zeros(input_ids.shape[:1], jnp.int32)
         if cfg.causal:
             last = input_ids.shape[1] - 1
             pool_at = (jnp.full(input_ids.shape[:1], last) if input_mask is None
                        else jnp.maximum(jnp.sum(input_mask, axis=-1) - 1, 0))
+        # The flash kernels and a scanned stack take whole sequences: there the final layer
+        # is computed in full and the token picked after.
+        early = (pooled_only and not return_all_layers and not cfg.scan_layers
+                 and cfg.attention_impl not in ("flash", "flash_jax"))
+        sequence_output, per_layer = self.encoder(
+            embedded, mask, deterministic, return_all_layers, pool_at if early else None
+        )
+        if pooled_only and not early:
+            sequence_output = jnp.take_along_axis(sequence_output, pool_at[:, None, None], axis=1)
         outputs = {
             "sequence_output": sequence_output,
-            "pooled_output": self.pooler(sequence_output, pool_at),
+            "pooled_output": self.pooler(
+                sequence_output, pool_at if cfg.causal and not pooled_only else None),
         }
         if return_all_layers:
             outputs["hidden_states"] = jnp.concatenate([embedded[None], per_layer], axis=0)

@@ -32,6 +32,11 @@ class BertForSequenceClassification(nn.Module):
     num_labels: int
     bilstm_units: int = 0
 
+    @property
+    def pooled_only(self) -> bool:
+        """Whether the head reads the pooled token alone (BertModel's `pooled_only`)."""
+        return not self.bilstm_units
+
     @nn.compact
     def __call__(
         self,
@@ -43,7 +48,8 @@ class BertForSequenceClassification(nn.Module):
     ) -> Array:
         """input_ids, segment_ids, input_mask: [batch, seq] int → logits [batch, num_labels]."""
         outputs = BertModel(self.config, name="bert")(
-            input_ids, segment_ids, input_mask, deterministic=deterministic
+            input_ids, segment_ids, input_mask, deterministic=deterministic,
+            pooled_only=self.pooled_only,
         )
         pooled = outputs["pooled_output"]
         if self.bilstm_units:
@@ -60,6 +66,7 @@ class BertForMultipleChoice(nn.Module):
     """params: {"bert": BertModel params, "classifier": {kernel [hidden, 1], bias [1]}}."""
 
     config: BertConfig
+    pooled_only = True  # the head reads the pooled token alone (BertModel's `pooled_only`)
 
     @nn.compact
     def __call__(
@@ -77,7 +84,8 @@ class BertForMultipleChoice(nn.Module):
             return None if x is None else x.reshape(batch * choices, seq)
 
         outputs = BertModel(self.config, name="bert")(
-            flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic
+            flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic,
+            pooled_only=self.pooled_only,
         )
         pooled = nn.Dropout(self.config.hidden_dropout_prob)(
             outputs["pooled_output"], deterministic=deterministic
