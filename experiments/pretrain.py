@@ -6,7 +6,7 @@ r"""BERT pre-training (Devlin et al., 2018), one preset per model size.
       --config.model.num_layers=4 --config.train.batch_size=32
 
 `arg` names a model preset: tiny, mini, small, medium, base, large; or `large_lamb`, BERT-large
-with LAMB at batch 65536 (You et al., 2019; see `large_lamb`). Every field below can be
+with LAMB at batch 65536 then 32768 (You et al., 2019; see `large_lamb`). Every field below can be
 overridden with --config.<path>=<value>.
 """
 
@@ -42,7 +42,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # Paper recipe: batch 256, 1M steps, 90% of the steps at length 128, then 10% at 512.
     # Phases run in the order of their names.
     config.train = ml_collections.ConfigDict()
-    config.train.batch_size = 256  # global, in sequences
+    config.train.batch_size = 256  # global, in sequences (a phase may set its own)
     config.train.num_train_steps = 1_000_000
     config.train.grad_accum_steps = 1  # micro-batches per step (batch_size must divide)
     # "bfloat16": gradients summed over data-parallel replicas in bfloat16 (half the bytes of
@@ -55,12 +55,18 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # Each phase: TFRecord file pattern (or "synthetic"), held-out data for evaluation,
     # sequence length, max predictions, and its share of the steps (`steps` > 0 overrides it);
     # remat_policy: "" (config.model.remat_policy) or this phase's (none | full | dots), e.g.
-    # phase 2 rematerialising where phase 1 need not.
+    # phase 2 rematerialising where phase 1 need not. batch_size / grad_accum_steps: this
+    # phase's global batch and micro-batches (0: config.train's). learning_rate: this phase's
+    # peak (0.0: the one schedule as is); the schedule from the phase's start is scaled to be
+    # this value where the phase's warm-up ends (optimizer.phase_warmup_steps after its start;
+    # optimizer.warmup_steps for the first phase), and decays from there as before.
     config.phases = ml_collections.ConfigDict()
     config.phases.phase1 = dict(data="", eval_data="", seq_len=128, max_predictions=20,
-                                fraction=0.9, steps=0, remat_policy="")
+                                fraction=0.9, steps=0, remat_policy="", batch_size=0,
+                                grad_accum_steps=0, learning_rate=0.0)
     config.phases.phase2 = dict(data="", eval_data="", seq_len=512, max_predictions=80,
-                                fraction=0.1, steps=0, remat_policy="")
+                                fraction=0.1, steps=0, remat_policy="", batch_size=0,
+                                grad_accum_steps=0, learning_rate=0.0)
     # Masking inside tf.data with a fresh mask every epoch (for unmasked "pairs" data);
     # static pre-masked TFRecords are read as they are when dynamic is False.
     # mask / same / random: the shares of the chosen words replaced by [MASK], left unchanged
@@ -102,15 +108,16 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
 def large_lamb() -> ml_collections.ConfigDict:
     """BERT-large with LAMB after You et al. (2019), "Large Batch Optimization for Deep
     Learning: Training BERT in 76 minutes": 8,599 steps in all (their Table 1, batch 64k/32k),
-    7,038 at length 128 then 1,561 at length 512, with a warm-up again at the start of phase 2.
+    7,038 at length 128 and batch 65536 (config.train.batch_size, phase 1's default), then
+    1,561 at length 512 and batch 32768 (phases.phase2.batch_size).
 
-    Peak learning rate 6e-3 with 2,000 warm-up steps (28.43% of phase 1) and a 200-step
-    re-warm-up (12.8% of phase 2's steps) are the published LAMB recipe for these batch sizes
-    (NVIDIA's BERT pre-training scripts, phase 1). Two things the paper's run has that one
-    config here cannot say: phase 2's batch of 32768 (config.train.batch_size is the same in
-    every phase, so phase 2 sees 65536 sequences per step) and phase 2's own peak of 4e-3 (one
-    schedule spans both phases: linear decay from the peak at step 2,000 to 0 at the end).
-    Pick grad_accum_steps for the slice (--dry_run --topology reports what fits).
+    The published LAMB recipe for these batch sizes (NVIDIA's BERT pre-training scripts):
+    phase 1 peaks at 6e-3 after 2,000 warm-up steps (28.43% of its steps), then decays
+    linearly (the one schedule's decay, toward 0 at the last step); phase 2 has its own peak
+    of 4e-3 (phases.phase2.learning_rate), reached after a 200-step re-warm-up (12.8% of its
+    steps, optimizer.phase_warmup_steps), then decays linearly to 0 at its last step. Pick
+    grad_accum_steps for the slice, per phase where they differ (phases.<name>.
+    grad_accum_steps; --dry_run --topology reports what fits).
     """
     config = get_config("large")
     config.preset = "large_lamb"
@@ -118,6 +125,8 @@ def large_lamb() -> ml_collections.ConfigDict:
     config.train.num_train_steps = 7038 + 1561
     config.phases.phase1.steps = 7038
     config.phases.phase2.steps = 1561
+    config.phases.phase2.batch_size = 32768
+    config.phases.phase2.learning_rate = 4e-3
     config.optimizer = common.optimizer(6e-3, name="lamb", schedule="from_peak")
     config.optimizer.warmup_steps = 2000
     config.optimizer.phase_warmup_steps = 200

@@ -85,6 +85,7 @@ def _one_line_error(proc):
         ("--config.trian.batch_size=8", "trian"),
         ("--config.model.attention_impl=splash", "model.attention_impl"),
         ("--config.mesh.tensor=3", "config.mesh"),
+        ("--config.phases.phase2.batch_size=-4", "config.phases.phase2.batch_size=-4"),
     ],
 )
 def test_bad_override_fails_with_one_line_naming_the_field(override, field):
@@ -129,8 +130,9 @@ def test_dry_run_prints_the_paper_totals_and_compiled_memory(preset):
 
 
 def test_large_lamb_is_bert_large_with_the_lamb_recipe():
-    """You et al. (2019): 8,599 steps, 7,038 at length 128 then 1,561 at 512, batch 65536,
-    LAMB peaking at 6e-3 after 2,000 steps, warmed up again over phase 2's first 200 steps."""
+    """You et al. (2019): 8,599 steps, 7,038 at length 128 and batch 65536, then 1,561 at 512
+    and batch 32768; LAMB peaking at 6e-3 after 2,000 steps, then phase 2 warmed up again over
+    its first 200 steps to its own peak of 4e-3 and decayed linearly to 0 at the last step."""
     from bertjax import validate
     from bertjax.tasks.pretraining import PretrainingJob
 
@@ -139,14 +141,94 @@ def test_large_lamb_is_bert_large_with_the_lamb_recipe():
     job = PretrainingJob(config, make_input=None)
     assert [(p.seq_len, p.start, p.end) for p in job.phases] == [(128, 0, 7038),
                                                                  (512, 7038, 8599)]
-    assert job.batch_size == 65536 and config.optimizer.name == "lamb"
+    assert config.train.batch_size == 65536 and config.optimizer.name == "lamb"
+    assert [(s.batch_size, s.batch_spec["input_ids"].shape) for s in job.stages] == [
+        (65536, (65536, 128)), (32768, (32768, 512))]
     shapes = jax.eval_shape(job.init_params, jax.random.key(0))
     assert sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes)) == EXPECTED_TOTALS["large"]
     _, schedule = job.optimizer()
 
-    def decayed(step):  # linear from 6e-3 at the end of warm-up to 0 at the last step
+    def decayed(step):  # phase 1: linear from 6e-3 at the end of warm-up to 0 at the last step
         return 6e-3 * (1 - (step - 2000) / (8599 - 2000))
 
-    for step, expected in [(1000, 3e-3), (2000, 6e-3), (5000, decayed(5000)), (7038, 0.0),
-                           (7138, decayed(7138) / 2), (7238, decayed(7238)), (8599, 0.0)]:
+    def phase2(step):  # linear from 4e-3 at the end of the re-warm-up to 0 at the last step
+        return 4e-3 * (8599 - step) / (8599 - 7238)
+
+    for step, expected in [(1000, 3e-3), (2000, 6e-3), (5000, decayed(5000)),
+                           (7037, decayed(7037)), (7038, 0.0), (7138, phase2(7138) / 2),
+                           (7238, 4e-3), (7900, phase2(7900)), (8599, 0.0)]:
         assert float(schedule(step)) == pytest.approx(expected, rel=1e-5, abs=1e-9), step
+
+
+def _phases_config(**phase2):
+    config = pretrain_experiment.get_config("tiny")
+    config.train.num_train_steps = 100
+    config.train.batch_size, config.train.grad_accum_steps = 32, 2
+    config.optimizer.warmup_steps, config.optimizer.phase_warmup_steps = 10, 10
+    config.phases.phase1.steps = 60
+    config.phases.phase2.update(phase2)
+    return config
+
+
+def test_plan_phases_resolves_each_phase_batch_accumulation_and_peak():
+    from bertjax.train.configs import plan_phases
+
+    one, two = plan_phases(_phases_config())
+    assert (one.batch_size, one.grad_accum_steps, one.learning_rate) == (32, 2, 0.0)
+    assert (two.batch_size, two.grad_accum_steps, two.learning_rate) == (32, 2, 0.0)
+    assert two.batch_field == "config.train.batch_size"
+    one, two = plan_phases(_phases_config(batch_size=12, grad_accum_steps=3, learning_rate=5e-4))
+    assert (one.batch_size, one.grad_accum_steps) == (32, 2)
+    assert (two.batch_size, two.grad_accum_steps, two.learning_rate) == (12, 3, 5e-4)
+    assert two.batch_field == "config.phases.phase2.batch_size"
+    # Only the accumulation: the batch stays config.train's.
+    _, two = plan_phases(_phases_config(grad_accum_steps=4))
+    assert (two.batch_size, two.grad_accum_steps) == (32, 4)
+
+
+@pytest.mark.parametrize("phase2,message", [
+    (dict(batch_size=-8), "config.phases.phase2.batch_size=-8 must be an integer >= 0"),
+    (dict(grad_accum_steps=-1), "config.phases.phase2.grad_accum_steps=-1 must be an integer"),
+    (dict(batch_size=30, grad_accum_steps=4),
+     "config.phases.phase2.batch_size=30 is not divisible by "
+     "config.phases.phase2.grad_accum_steps=4"),
+    (dict(batch_size=31), "config.phases.phase2.batch_size=31 is not divisible by "
+                          "config.train.grad_accum_steps=2"),
+    (dict(grad_accum_steps=3), "config.train.batch_size=32 is not divisible by "
+                               "config.phases.phase2.grad_accum_steps=3"),
+    (dict(learning_rate=-1e-3), "config.phases.phase2.learning_rate=-0.001 must be a number"),
+    # The peak is where the re-warm-up ends: it must end inside the phase's 40 steps.
+    (dict(learning_rate=1e-3, steps=0, fraction=0.1),
+     "config.phases.phase2.learning_rate=0.001 is the peak where the phase's warm-up ends, "
+     "but config.optimizer.phase_warmup_steps=10 is not below its 10 steps"),
+])
+def test_bad_phase_batch_or_learning_rate_is_one_line_naming_the_field(phase2, message):
+    from bertjax.train.configs import plan_phases
+
+    config = _phases_config(**phase2)
+    if phase2.get("fraction"):
+        config.phases.phase1.steps = 90
+    with pytest.raises(ConfigError) as error:
+        plan_phases(config)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_a_phase_batch_must_split_over_the_mesh_naming_its_field():
+    """check_batch_size at each stage's own batch and accumulation, naming the field that set
+    the batch (the mesh is only read for its data and fsdp sizes)."""
+    import types
+
+    from bertjax.tasks.pretraining import PretrainingJob
+    from bertjax.train import configs
+
+    mesh = types.SimpleNamespace(shape={"data": 4, "fsdp": 2})
+    configs.check_stage_batches(PretrainingJob(_phases_config(batch_size=16), None), mesh)
+    with pytest.raises(ConfigError, match=r"^config.phases.phase2.batch_size=20 does not divide "
+                                          r"evenly over the 8 data-parallel devices"):
+        configs.check_stage_batches(
+            PretrainingJob(_phases_config(batch_size=20, grad_accum_steps=1), None), mesh)
+    # 32 in 8 micro-batches of 4 rows cannot split over 8 devices either.
+    with pytest.raises(ConfigError, match=r"^config.train.batch_size=32 with "
+                                          r"grad_accum_steps=8 does not divide"):
+        configs.check_stage_batches(PretrainingJob(_phases_config(grad_accum_steps=8), None),
+                                    mesh)

@@ -68,11 +68,10 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
     print_fn(f"  {'bert (BertModel)':<20} {bert_total:>14,}")
     print_fn(f"  {'total':<20} {total:>14,}")
 
-    batch_size = job.batch_size
     devices = mesh.devices.size
     print_fn(
         f"Mesh {dict(mesh.shape)} on {devices} x {jax.devices()[0].device_kind}; "
-        f"global batch {batch_size}; compute dtype {job.model_config.dtype}"
+        f"{global_batch(job, micro_batches=False)}; compute dtype {job.model_config.dtype}"
     )
     batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
     train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding, batch_sharding,
@@ -95,6 +94,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
         # XLA counts a scanned loop body once, so its figure is only meaningful unrolled.
         xla_flops = None
         if cost and not job.model_config.scan_layers:
+            batch_size = step_lib.stage_batch(job, stage)[0]
             xla_flops = float(cost.get("flops", 0.0)) * devices / batch_size
         flops = stage.flops_per_example
         args = memory.argument_size_in_bytes
@@ -366,7 +366,7 @@ class _Step:
     def build(cls, job, config, devices) -> _Step:
         tx, schedule = job.optimizer()
         mesh = sharding_lib.make_mesh(config.mesh, devices)
-        configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
+        configs.check_stage_batches(job, mesh)
         abstract_state, state_sharding = step_lib.state_shardings(
             job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config))
         batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
@@ -385,8 +385,8 @@ class _Step:
         stage = next(s for s in self.job.stages if s.name == stage_name)
         measured = compile_and_measure(self.train_steps[stage_name], (self.abstract_state,
                                                                       stage.batch_spec), slice_)
-        return measured if isinstance(measured, str) else scaled(measured,
-                                                                  self.job.grad_accum_steps)
+        return measured if isinstance(measured, str) else scaled(
+            measured, step_lib.stage_batch(self.job, stage)[1])
 
 
 def compile_and_measure(step, args: tuple, slice_: topology_lib.Slice | None
@@ -434,9 +434,10 @@ def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_li
                 ) -> StageCost:
     """StageCost of a stage of the full job from its (compiled or extrapolated) Measure, or
     from the compiler's out-of-memory message."""
+    batch_size = step_lib.stage_batch(full.job, stage)[0]
     common = dict(name=stage.name, seq_len=stage.tokens_per_example,
-                  steps=stage.end - stage.start, batch_size=full.job.batch_size,
-                  model_flops=stage.flops_per_example * full.job.batch_size)
+                  steps=stage.end - stage.start, batch_size=batch_size,
+                  model_flops=stage.flops_per_example * batch_size)
     if isinstance(measured, str):
         args = full.state_bytes + full.batch_bytes(stage)
         needed, available = oom_sizes(measured)
@@ -571,6 +572,19 @@ def breakdown_lines(cost: StageCost, top: int = 25) -> list[str]:
     return lines
 
 
+def global_batch(job, micro_batches: bool = True) -> str:
+    """The header's "global batch 256[ in 4 micro-batches]"; one per stage where the stages'
+    differ (pre-training phases with their own), e.g. "global batch phase1 65536, phase2
+    32768 in 2 micro-batches"."""
+    def say(batch: int, accum: int) -> str:
+        return f"{batch}" + (f" in {accum} micro-batches" if micro_batches and accum > 1 else "")
+
+    said = {stage.name: say(*step_lib.stage_batch(job, stage)) for stage in job.stages}
+    if len(set(said.values())) == 1:
+        return f"global batch {next(iter(said.values()))}"
+    return "global batch " + ", ".join(f"{name} {value}" for name, value in said.items())
+
+
 def _phase_remat(job) -> str:
     """The header's note of the phases with their own remat policy, e.g. " (phase2: dots)"."""
     own = [f"{p.name}: {p.remat_policy}" for p in getattr(job, "phases", ()) if p.remat_policy]
@@ -590,11 +604,9 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
     print_fn(f"{type(job.model).__name__} ({config.get('preset', 'custom')}) on "
              f"{slice_.accelerator_type} ({slice_.topology_name}): {slice_.num_chips} chips of "
              f"{slice_.chip.hbm_gib:g} GiB HBM, {slice_.chip.peak_bf16_tflops:g} bf16 TFLOP/s")
-    print_fn(f"Mesh {dict(zip(sharding_lib.MESH_AXES, mesh_shape, strict=True))}; global batch "
-             f"{job.batch_size}" + (f" in {job.grad_accum_steps} micro-batches"
-                                    if job.grad_accum_steps > 1 else "")
-             + f"; {cfg.dtype}; remat {cfg.remat_policy}{_phase_remat(job)}; layers "
-             f"{cfg.num_layers}")
+    print_fn(f"Mesh {dict(zip(sharding_lib.MESH_AXES, mesh_shape, strict=True))}; "
+             f"{global_batch(job)}; {cfg.dtype}; remat {cfg.remat_policy}{_phase_remat(job)}; "
+             f"layers {cfg.num_layers}")
     if cfg.scan_layers:
         print_fn("  (the config scans its layers; compiled unrolled here: a scanned step's time "
                  "is not costed right by XLA, and its temporaries are larger)")

@@ -21,6 +21,7 @@ preemption (SIGTERM to any one process) stops them all at the same step (orbax's
 
 The job's interface (duck-typed; see bertjax/tasks/pretraining/job.py and bertjax/tasks/base.py):
   model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
+    (batch_size and grad_accum_steps: the defaults of the stages, which may set their own)
   stages: [Stage]; best_metric: str | None (None: no best checkpoint, e.g. pre-training)
   init_params(rng) -> boxed params;  loss(params, batch, rng) -> (loss, metrics)
   denominators(batch) -> {term: []}   (optional; the loss's normalisers, see train/step.py:
@@ -80,6 +81,11 @@ class Stage:
     eval_every: int = 0  # 0: no evaluation; otherwise every N steps and at the stage's end
     log_extra: dict[str, float] = dataclasses.field(default_factory=dict)
     loss: Callable | None = None  # the stage's own (e.g. another remat policy); None: the job's
+    # The stage's global batch (sequences) and micro-batches per step; 0: the job's
+    # batch_size / grad_accum_steps (step.stage_batch). A pre-training phase may set its own.
+    batch_size: int = 0
+    grad_accum_steps: int = 0
+    batch_field: str = "config.train.batch_size"  # the config field of batch_size (in errors)
 
 
 class Runner:
@@ -296,7 +302,8 @@ class _Run:
                     f"(last good checkpoint: {_kept(self.last_saved)}); lower "
                     "config.optimizer.learning_rate")
         if log_now:
-            host.update(throughput.measure(step, job.batch_size, stage.tokens_per_example))
+            host.update(throughput.measure(step, step_lib.stage_batch(job, stage)[0],
+                                           stage.tokens_per_example))
             host.update(stage.log_extra)
             # Process 0 writes; a failed write stops every process alike.
             multihost.write_from_main(functools.partial(self.writer.write, step, host))
@@ -358,7 +365,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     config_record = json.loads(config.to_json_best_effort())
 
     mesh = sharding_lib.make_mesh(config.mesh)
-    configs.check_batch_size(job.batch_size, mesh, job.grad_accum_steps)
+    configs.check_stage_batches(job, mesh)
     rules = config.logical_axis_rules
     tx, schedule = job.optimizer()
     abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules,

@@ -117,19 +117,66 @@ def with_phase_rewarmup(
     return rewarmed
 
 
+def with_phase_scales(
+    schedule: optax.Schedule, scales: Sequence[tuple[int, float]]
+) -> optax.Schedule:
+    """Multiplies `schedule` by `scale` from each `start` of `scales` [(start, scale)] in step
+    order until the next start; 1 before the first."""
+    if all(scale == 1.0 for _, scale in scales):
+        return schedule  # bit for bit the schedule without phase peaks
+
+    def scaled(step):
+        step = jnp.asarray(step, jnp.float32)
+        factor = jnp.ones((), jnp.float32)
+        for start, scale in scales:
+            factor = jnp.where(step >= start, jnp.float32(scale), factor)
+        return schedule(step) * factor
+
+    return scaled
+
+
+def phase_scales(schedule: optax.Schedule, phase_peaks: Sequence[tuple[int, float]],
+                 phase_starts: Sequence[int], warmup_steps: int, phase_warmup_steps: int
+                 ) -> list[tuple[int, float]]:
+    """[(start, scale)] of each phase in `phase_peaks` [(start, peak learning rate; 0: none)]:
+    peak / the schedule's value where the phase's warm-up ends: `phase_warmup_steps` after
+    the start of a later phase (one in `phase_starts`; 0: its start), `warmup_steps` for the
+    first; 1 where the phase has no peak of its own."""
+    scales = []
+    for start, peak in phase_peaks:
+        if not peak:
+            scales.append((start, 1.0))
+            continue
+        end = start + phase_warmup_steps if start in phase_starts else warmup_steps
+        base = float(schedule(end))
+        if base <= 0:
+            raise ConfigError(f"a phase learning_rate={peak:g} from step {start}: the schedule "
+                              f"is 0 where the phase's warm-up ends (step {end})")
+        scales.append((start, peak / base))
+    return scales
+
+
 def make_optimizer(
-    config: Any, total_steps: int, phase_starts: Sequence[int] = ()
+    config: Any, total_steps: int, phase_starts: Sequence[int] = (),
+    phase_peaks: Sequence[tuple[int, float]] = (),
 ) -> tuple[optax.GradientTransformation, Any]:
     """From `config.optimizer`: returns (transformation, schedule).
 
     One schedule spans all phases (the step is global); `phase_warmup_steps` > 0 re-warms up at
-    the start of each later phase in `phase_starts`.
+    the start of each later phase in `phase_starts`. phase_peaks [(start, learning rate)]: a
+    phase with a learning rate > 0 has the schedule from its start (to the next phase's)
+    scaled so that it is that learning rate where the phase's warm-up ends (`phase_scales`):
+    with LAMB's from-peak decay, phase 2 re-warms up to its own peak and decays linearly from
+    there to 0 at the last step. 0: the schedule as is.
     """
     opt = config
     schedule = learning_rate_schedule(
         opt.learning_rate, opt.warmup_steps, total_steps, opt.schedule
     )
-    schedule = with_phase_rewarmup(schedule, phase_starts, opt.get("phase_warmup_steps", 0))
+    phase_warmup = opt.get("phase_warmup_steps", 0)
+    schedule = with_phase_scales(schedule, phase_scales(
+        schedule, phase_peaks, phase_starts, opt.warmup_steps, phase_warmup))
+    schedule = with_phase_rewarmup(schedule, phase_starts, phase_warmup)
     if opt.name == "bert_adamw":
         core = optax.chain(
             scale_by_adam_no_bias_correction(opt.b1, opt.b2, opt.eps),

@@ -248,20 +248,28 @@ def train_step(
     return new_state, metrics
 
 
+def stage_batch(job, stage) -> tuple[int, int]:
+    """(global batch, micro-batches per step) of `stage` (loop.Stage): its own where set (a
+    pre-training phase's), else the job's."""
+    return (stage.batch_size or job.batch_size,
+            stage.grad_accum_steps or job.grad_accum_steps)
+
+
 def stage_train_steps(job, tx, schedule, state_sharding, batch_sharding,
                       rules: sharding_lib.Rules | None = None) -> dict[str, Any]:
-    """{stage name: its jitted train step}: one per distinct loss, the job's `loss` unless a
-    stage brings its own (`stage.loss`, e.g. a phase with another remat policy). rules: see
+    """{stage name: its jitted train step}: one per distinct loss and accumulation, the job's
+    `loss` unless a stage brings its own (`stage.loss`, e.g. a phase with another remat
+    policy), split into the stage's micro-batches (`stage_batch`). A stage with another batch
+    size shares the jitted step, which traces again for the new shape. rules: see
     `jit_train_step`."""
-    by_loss, steps = {}, {}
+    by_key, steps = {}, {}
     for stage in job.stages:
-        loss = stage.loss or job.loss
-        if loss not in by_loss:
-            by_loss[loss] = jit_train_step(loss, tx, schedule, state_sharding, batch_sharding,
-                                           job.grad_accum_steps,
-                                           getattr(job, "denominators", None), rules,
-                                           getattr(job, "grad_reduce_dtype", "float32"))
-        steps[stage.name] = by_loss[loss]
+        key = (stage.loss or job.loss, stage_batch(job, stage)[1])
+        if key not in by_key:
+            by_key[key] = jit_train_step(key[0], tx, schedule, state_sharding, batch_sharding,
+                                         key[1], getattr(job, "denominators", None), rules,
+                                         getattr(job, "grad_reduce_dtype", "float32"))
+        steps[stage.name] = by_key[key]
     return steps
 
 

@@ -12,6 +12,7 @@ that a config may resume the run recorded there.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from typing import Any
 
@@ -26,8 +27,10 @@ DIVERGED_FILE = "diverged.json"
 CONFIG_FILE = "config.json"
 # Config fields a resumed run must share with the run recorded in its workdir: they fix the
 # checkpoint's shapes, the optimizer state, and what a saved input position means. (The
-# compute dtype and the mesh may change: checkpoints restore onto any mesh.)
-RESUME_FIELDS = ("model.", "optimizer.name", "train.batch_size", "task.name", "rng_impl")
+# compute dtype and the mesh may change: checkpoints restore onto any mesh.) fnmatch patterns:
+# "phases.*.batch_size" is each pre-training phase's own batch.
+RESUME_FIELDS = ("model.*", "optimizer.name", "train.batch_size", "phases.*.batch_size",
+                 "task.name", "rng_impl")
 RESUME_FIELDS_FREE = ("model.dtype",)
 
 
@@ -68,7 +71,8 @@ def check_resumable(workdir: epath.Path, config_record: dict) -> None:
     differing = [
         f"config.{key}: {previous[key]!r} in the run at {workdir}, {current[key]!r} now"
         for key in sorted(previous.keys() & current.keys())
-        if key.startswith(RESUME_FIELDS) and key not in RESUME_FIELDS_FREE
+        if any(fnmatch.fnmatchcase(key, field) for field in RESUME_FIELDS)
+        and key not in RESUME_FIELDS_FREE
         and previous[key] != current[key]]
     if differing:
         raise ConfigError("; ".join(differing) + "; the checkpoints there were saved with the "

@@ -67,6 +67,7 @@ class PretrainingJob:
             dict(config.model, causal=True) if self.ltr else config.model)
         self.model = BertForPreTraining(self.model_config)
         self.phases = configs.plan_phases(config)
+        # The defaults of the phases (each stage has its phase's own: Stage.batch_size).
         self.batch_size = config.train.batch_size
         self.grad_accum_steps = config.train.grad_accum_steps
         self.grad_reduce_dtype = config.train.get("grad_reduce_dtype", "float32")
@@ -85,19 +86,28 @@ class PretrainingJob:
         every = self.config.eval.every_steps if phase.eval_data else 0
         return Stage(
             name=phase.name, start=phase.start, end=phase.end,
-            make_input=lambda: self.make_input(phase, self.batch_size),
-            batch_spec=batch_spec(self.batch_size, phase.seq_len, phase.max_predictions,
+            make_input=lambda: self.make_input(phase, phase.batch_size),
+            batch_spec=batch_spec(phase.batch_size, phase.seq_len, phase.max_predictions,
                                   self.packed, self.ltr),
             flops_per_example=flops_lib.train_flops_per_sequence(
                 self.model_config, phase.seq_len,
                 phase.seq_len - 1 if self.ltr else phase.max_predictions),
             tokens_per_example=phase.seq_len,
-            description=(f"Phase {phase.name}: steps {phase.start}..{phase.end}, seq "
-                         f"{phase.seq_len}, {phase.max_predictions} predictions, data "
-                         f"{phase.data or '(none)'}" + (", packed" if self.packed else "")
-                         + f", objective {self.objective}"),
-            eval_every=every, log_extra={"phase_seq_len": phase.seq_len},
-            loss=self._phase_loss(phase))
+            description=self._describe(phase),
+            eval_every=every,
+            log_extra={"phase_seq_len": phase.seq_len, "phase_batch_size": phase.batch_size},
+            loss=self._phase_loss(phase), batch_size=phase.batch_size,
+            grad_accum_steps=phase.grad_accum_steps, batch_field=phase.batch_field)
+
+    def _describe(self, phase: configs.Phase) -> str:
+        """The line logged at the phase's start."""
+        accum = (f" in {phase.grad_accum_steps} micro-batches" if phase.grad_accum_steps > 1
+                 else "")
+        peak = f", peak learning rate {phase.learning_rate:g}" if phase.learning_rate else ""
+        return (f"Phase {phase.name}: steps {phase.start}..{phase.end}, seq {phase.seq_len}, "
+                f"{phase.max_predictions} predictions, batch {phase.batch_size}{accum}{peak}, "
+                f"data {phase.data or '(none)'}" + (", packed" if self.packed else "")
+                + f", objective {self.objective}")
 
     def _phase_loss(self, phase: configs.Phase) -> Callable | None:
         """The loss of a phase with its own remat policy (same params, another model
@@ -110,7 +120,8 @@ class PretrainingJob:
 
     def optimizer(self):
         return make_optimizer(self.config.optimizer, self.total_steps,
-                              phase_starts=[p.start for p in self.phases[1:]])
+                              phase_starts=[p.start for p in self.phases[1:]],
+                              phase_peaks=[(p.start, p.learning_rate) for p in self.phases])
 
     def pretrained_params(self) -> dict[str, Any] | None:
         if not self.config.get("init_checkpoint"):
@@ -119,7 +130,7 @@ class PretrainingJob:
 
     def evaluate(self, params, stage: Stage, step: int, runner) -> dict[str, float]:
         phase = next(p for p in self.phases if p.name == stage.name)
-        batches = self.make_input(phase, self.batch_size, split="eval")
+        batches = self.make_input(phase, phase.batch_size, split="eval")
         totals: dict[str, float] = {}
         for _, sums in runner.run(self._eval_sums, params,
                                   (next(batches) for _ in range(self.config.eval.num_batches))):
