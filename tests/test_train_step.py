@@ -381,3 +381,17 @@ def test_unknown_phase_remat_policy_is_a_config_error():
     config.phases.phase2.remat_policy = "some"
     with pytest.raises(ConfigError, match="config.phases.phase2.remat_policy='some'"):
         configs.plan_phases(config)
+
+
+def test_an_axis_its_mesh_axes_do_not_divide_is_left_whole():
+    """A 30,522-word table over 4-way tensor parallelism: the vocab axis stays whole (jit
+    arguments must split evenly), every other axis keeps its split."""
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec
+
+    mesh = AbstractMesh((2, 4), ("data", "tensor"))
+    sharding = NamedSharding(mesh, PartitionSpec("tensor", "data"))
+    cases = {(30522, 1024): [None, "data"], (30528, 1024): ["tensor", "data"],
+             (30522, 1023): [None, None]}
+    for shape, expected in cases.items():
+        out = step_lib.divisible_sharding(jax.ShapeDtypeStruct(shape, np.float32), sharding)
+        assert list(out.spec) == expected, shape

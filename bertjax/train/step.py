@@ -25,6 +25,7 @@ means (weight 1 / k), which equals one batch of B only when every micro-batch we
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -33,7 +34,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
-from jax.sharding import Mesh, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.train import sharding as sharding_lib
 
@@ -101,7 +102,21 @@ def state_shardings(init_params: InitFn, tx, mesh: Mesh, rules,
         step=PartitionSpec(), params=param_specs, opt_state=opt_specs, rng=PartitionSpec()
     )
     shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding_lib.as_rules(rules))
-    return abstract, shardings
+    return abstract, jax.tree.map(divisible_sharding, abstract, shardings)
+
+
+def divisible_sharding(array: jax.ShapeDtypeStruct, sharding: NamedSharding) -> NamedSharding:
+    """`sharding` with each array axis left whole where its mesh axes do not divide it (e.g. a
+    30,522-word vocabulary over 4-way tensor parallelism): arguments must split evenly."""
+    spec = list(sharding.spec) + [None] * (array.ndim - len(sharding.spec))
+    for axis, names in enumerate(spec):
+        if names is None:
+            continue
+        parts = math.prod(sharding.mesh.shape[n] for n in
+                          (names if isinstance(names, tuple) else (names,)))
+        if array.shape[axis] % parts:
+            spec[axis] = None
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
 
 
 def create_train_state(init_params: InitFn, tx, rng, shardings: TrainState,
