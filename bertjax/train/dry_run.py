@@ -264,11 +264,19 @@ def extrapolate(one: Measure, two: Measure, layers: int, first: int = FIT_LAYERS
 
 def scaled(m: Measure, steps: int) -> Measure:
     """A gradient-accumulation step: XLA's cost analysis counts the loop body (one
-    micro-batch) once, so FLOPs, bytes and time are taken `steps` times."""
+    micro-batch) once, and so do the per-op estimates (the micro-batch loop carries no known
+    trip count), so FLOPs, bytes and times are taken `steps` times (over-counting what runs
+    once a step, the optimizer update: small beside several micro-batches)."""
     if steps == 1:
         return m
+    groups = m.groups and {
+        kind: {k: dataclasses.replace(g, count=g.count * steps, bytes=g.bytes * steps,
+                                      flops=g.flops * steps, seconds=g.seconds * steps,
+                                      model_seconds=g.model_seconds * steps)
+               for k, g in by.items()}
+        for kind, by in m.groups.items()}
     return dataclasses.replace(m, flops=m.flops * steps, bytes_accessed=m.bytes_accessed * steps,
-                               seconds=m.seconds and m.seconds * steps)
+                               seconds=m.seconds and m.seconds * steps, groups=groups)
 
 
 @dataclasses.dataclass
