@@ -439,3 +439,29 @@ def test_pooled_only_flop_count_matches_the_traced_forward():
             {"params": p}, ids, pooled_only=o)["pooled_output"])(params).jaxpr
         expected = batch * flops_lib.forward_flops_per_sequence(cfg, seq, 0, pooled_only=only)
         assert dot_flops(jaxpr) - pooler == expected, only
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_dots_remat_saves_every_dense_output_and_recomputes_only_attention(dtype):
+    """remat "dots": the gradient runs each projection / FFN matmul once (its output is
+    saved), recomputing only the attention score and probs·values products; "full" runs
+    them all again. In bf16 the dense layer is a custom VJP, which the plain dot-saving
+    policy cannot see (phase 2's `dots` once compiled exactly like `full`)."""
+    cfg = small_config(dtype=dtype, attention_impl="einsum", hidden_dropout_prob=0.0,
+                       attention_dropout_prob=0.0)
+    ids, segments, mask, _ = random_batch(4, 2, 8, cfg.vocab_size, 2)
+
+    def matmuls(policy):
+        model = BertModel(BertConfig(**{**cfg.to_dict(), "remat_policy": policy}))
+        params = model.init(jax.random.key(0), ids, segments, mask)
+
+        def loss(p):
+            out = model.apply(p, ids, segments, mask)
+            return jnp.sum(out["sequence_output"].astype(jnp.float32) ** 2)
+        return str(jax.make_jaxpr(jax.grad(loss))(params)).count("dot_general")
+
+    none, full, dots = matmuls("none"), matmuls("full"), matmuls("dots")
+    # Per layer: 6 dense matmuls (q, k, v, output, intermediate, FFN output) and 2 attention
+    # products; their recomputation is what each policy adds to the no-remat gradient.
+    assert full - none == cfg.num_layers * 8
+    assert dots - none == cfg.num_layers * 2

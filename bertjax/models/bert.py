@@ -289,7 +289,10 @@ def _maybe_remat(module_cls, policy: str, scanned: bool = False):
         return module_cls
     saveable = {
         "full": None,  # save nothing, recompute the whole layer in the backward pass
-        "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+        # save matmul outputs; the bf16 dense layer is a custom VJP the dot policy cannot see
+        "dots": jax.checkpoint_policies.save_from_both_policies(
+            jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+            jax.checkpoint_policies.save_only_these_names("dense")),
     }[policy]
     # Inside scan, XLA cannot CSE across iterations, so prevent_cse is unnecessary there.
     return nn.remat(module_cls, policy=saveable, prevent_cse=not scanned)

@@ -19,6 +19,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.ad_checkpoint import checkpoint_name
 
 _LOW_PRECISION = (jnp.bfloat16, jnp.float16)
 
@@ -82,7 +83,7 @@ def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int = 
     twice the matmul's, docs/tpu_aot.md).
     """
     if x.dtype in _LOW_PRECISION:
-        return _dense(x, kernel, bias, num_contract, bias_by_matmul)
+        return checkpoint_name(_dense(x, kernel, bias, num_contract, bias_by_matmul), "dense")
     dims = ((tuple(range(x.ndim - num_contract, x.ndim)), tuple(range(num_contract))), ((), ()))
     return lax.dot_general(x, kernel, dims) + bias
 
