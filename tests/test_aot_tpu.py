@@ -443,6 +443,75 @@ backend_config={"known_trip_count":{"n":"3"}}
     assert groups["y"].model_seconds == pytest.approx(3 * 700 / clock)
     lines = hlo_costs.table(groups, "op")
     assert "model ms" in lines[0] and lines[1].split()[0] == "k"  # largest model time first
+    # A kernel's scheduled cycles replace its roofline where they are more, never where less.
+    key = (459000000000, 2765000000)
+    for scheduled, expected in ((3e6, 3e6), (1e3, 1e-3 * clock)):
+        with_schedule = {c.name: c for c in hlo_costs.op_costs(text, clock, peak, bandwidth,
+                                                              {key: scheduled})}
+        assert with_schedule["k"].cycles == pytest.approx(expected)
+        assert with_schedule["y"].cycles == 3 * 700
+
+
+# A kernel's final bundles as libtpu writes them: two bundles before its grid loop, a loop
+# body of three (marked ">"), exiting after 5 trips, and one bundle after.
+BUNDLES = """= control target key start
+LH: loop header
+LB: loop body
+     0   :  { %s1 = sld [smem:[#allocation0]] /* core id */ }
+   0x1   :  { %2 = vsyncpa [#allocation7], 0 }
+   0x2 LB: > { %v3 = vmul.u32 %v1, %v2 }
+   0x3   : > { %s4 = sadd.s32 1, %s5  ;;  %p6 = scmp.ge.s32.totalorder %s4, 5 /* loop exit test */ }
+   0x4   : > { %7 = sbr.rel (!%p6) target = $region3 }
+   0x5   :  { %8 = vsyncpa [#allocation7], 1 } /* exit bundle: %k = custom-call(%a) */
+"""
+
+
+def test_scheduled_cycles_are_the_loop_body_times_its_trips_plus_the_rest():
+    from bertjax.train import kernel_schedule
+
+    assert kernel_schedule.scheduled_cycles(BUNDLES) == 3 + 3 * 5
+    straight = "\n".join(line for line in BUNDLES.splitlines() if ">" not in line)
+    assert kernel_schedule.scheduled_cycles(straight) == 3
+    with pytest.raises(ValueError, match="one loop"):
+        kernel_schedule.scheduled_cycles(BUNDLES.replace(" /* loop exit test */", ""))
+
+
+def test_flash_kernels_are_found_by_the_forward_kernels_results():
+    from bertjax.train import kernel_schedule
+
+    forward = ('  %f = (bf16[16,512,1024]{2,1,0:T(8,128)(2,1)}, f32[16,16,1,512]{3,2,1,0:T(1,128)})'
+               ' custom-call(%s, %q, %k, %v, %a, %b), custom_call_target="tpu_custom_call", x\n')
+    backward = ('  %g = (bf16[16,512,1024]{2,1,0}, bf16[16,512,1024]{2,1,0}, '
+                'bf16[16,512,1024]{2,1,0}) custom-call(%s), custom_call_target="tpu_custom_call"\n')
+    assert kernel_schedule.flash_kernels(forward + backward + forward, 0.1, True) == {
+        kernel_schedule.FlashKernels(16, 512, 16, 64, 0.1, True)}
+    assert not kernel_schedule.flash_kernels(backward, 0.1, False)
+
+
+@needs_libtpu
+def test_the_flash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofline():
+    """Compiled for one v5p chip: each kernel's cycles are its grid loop's (twice the batch,
+    twice the grid steps: 8 then 16 per TensorCore, +2 to fill the pipeline, so 1.8x the
+    cycles), keyed by the cost_estimate the step's HLO carries; at 128 tokens the vector work
+    makes both kernels slower than their roofline."""
+    from bertjax.models import dropout_attention, flash_attention
+    from bertjax.train import kernel_schedule
+
+    slice_ = topology.parse("v5p-8")
+    cycles = {}
+    for batch in (8, 16):
+        kernels = kernel_schedule.FlashKernels(batch, 128, 4, 64, 0.1, False)
+        cycles[batch] = kernel_schedule.flash_cycles(slice_.topology_name, kernels)
+        shape = flash_attention.Shape(batch, 4, 128, 64, 2)
+        for cost in (dropout_attention.forward_cost(shape, 2),
+                     dropout_attention.backward_cost(shape, 2)):
+            scheduled = cycles[batch][(int(cost.flops), int(cost.bytes_accessed))]
+            roofline = slice_.chip.clock_hz * max(cost.flops / slice_.peak_flops,
+                                                  cost.bytes_accessed
+                                                  / (slice_.chip.hbm_gbps * 1e9))
+            assert scheduled > roofline
+    for small, large in zip(sorted(cycles[8].values()), sorted(cycles[16].values())):
+        assert large / small == pytest.approx(18 / 10, rel=0.02)
 
 
 def test_a_slice_moves_the_bytes_it_returns_not_its_whole_source():

@@ -219,10 +219,12 @@ def op_seconds(groups: dict | None) -> float | None:
     return groups and sum(g.model_seconds for g in groups["category"].values()) or None
 
 
-def measure(compiled, slice_: topology_lib.Slice | None) -> Measure:
+def measure(compiled, slice_: topology_lib.Slice | None, flash: tuple[float, bool] | None = None
+            ) -> Measure:
     """A compiled step's memory, FLOPs, bytes, cost-model time and (on a slice) its ops'
-    costs."""
-    from bertjax.train import hlo_costs
+    costs. flash: (attention dropout rate, causal) where the model runs the flash kernels,
+    whose time is then at least their compiled schedule's (bertjax/train/kernel_schedule.py)."""
+    from bertjax.train import hlo_costs, kernel_schedule
 
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
@@ -231,7 +233,11 @@ def measure(compiled, slice_: topology_lib.Slice | None) -> Measure:
     groups = None
     if slice_ is not None:
         rates = (slice_.peak_flops, slice_.chip.hbm_gbps * 1e9)
-        ops = hlo_costs.op_costs(compiled.as_text(), slice_.chip.clock_hz, *rates)
+        text = compiled.as_text()
+        scheduled = {}
+        for kernels in kernel_schedule.flash_kernels(text, *flash) if flash else ():
+            scheduled.update(kernel_schedule.flash_cycles(slice_.topology_name, kernels))
+        ops = hlo_costs.op_costs(text, slice_.chip.clock_hz, *rates, scheduled)
         groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates,
                                               slice_.chip.clock_hz),
                   "op": hlo_costs.group(ops, hlo_costs.short_label, *rates,
@@ -392,15 +398,17 @@ class _Step:
         out-of-memory message (any other compile error is raised)."""
         stage = next(s for s in self.job.stages if s.name == stage_name)
         measured = compile_and_measure(self.train_steps[stage_name], (self.abstract_state,
-                                                                      stage.batch_spec), slice_)
+                                                                      stage.batch_spec), slice_,
+                                       self.job.model_config)
         return measured if isinstance(measured, str) else scaled(
             measured, step_lib.stage_batch(self.job, stage)[1])
 
 
-def compile_and_measure(step, args: tuple, slice_: topology_lib.Slice | None
-                        ) -> Measure | str:
+def compile_and_measure(step, args: tuple, slice_: topology_lib.Slice | None,
+                        model_config=None) -> Measure | str:
     """A jitted `step` compiled for abstract `args` → its Measure, or the compiler's
-    out-of-memory message (any other compile error is raised)."""
+    out-of-memory message (any other compile error is raised). model_config: the BertConfig
+    compiled, which says whether the flash kernels run (and their dropout rate)."""
     # A TPU executable compiled without a TPU client cannot be read back from JAX's
     # persistent compilation cache (a warning per entry): keep it out of the cache. (JAX
     # decides once per process, at its first compile: this holds where the TPU compile comes
@@ -416,7 +424,9 @@ def compile_and_measure(step, args: tuple, slice_: topology_lib.Slice | None
         return message
     finally:
         jax.config.update("jax_enable_compilation_cache", caching)
-    return measure(compiled, slice_)
+    flash = (model_config.attention_dropout_prob, model_config.causal) if (
+        model_config is not None and model_config.attention_impl == "flash") else None
+    return measure(compiled, slice_, flash)
 
 
 def calibrated(compile_layers: Callable[[int], Measure | str], layers: int

@@ -12,11 +12,13 @@ program (the entry computation and the bodies of its loops, times their trip cou
   elementwise work is not counted).
 - seconds: its roofline, max(FLOPs / peak, bytes / HBM bandwidth), a lower bound per op.
 - cycles: the TPU compiler's own cost-model estimate for the op (`estimated_cycles` in its
-  backend config; a Pallas kernel's `custom-call` carries none, so its `cost_estimate`'s
-  roofline stands in, in cycles). Summed and divided by the chip's clock, they are the dry
-  run's step time: a model of its own, not XLA's `optimal_seconds` (−4…+9% from it at 128
-  tokens, +36…46% at 512; docs/tpu_aot.md, "Two models of the step"), and libtpu annotates
-  them on v4, v5e and v6e too, where it gives no `optimal_seconds`.
+  backend config). A Pallas kernel's `custom-call` carries none: its `cost_estimate`'s
+  roofline stands in, or, for the flash kernels, the larger of that and the cycles of the
+  schedule the compiler gave the kernel (bertjax/train/kernel_schedule.py). Summed and
+  divided by the chip's clock, they are the dry run's step time: a model of its own, not
+  XLA's `optimal_seconds` (−4…+9% from it at 128 tokens, +36…46% at 512; docs/tpu_aot.md,
+  "Two models of the step"), and libtpu annotates them on v4, v5e and v6e too, where it
+  gives no `optimal_seconds`.
 
 Each op falls in a category by its opcode and the `op_name` its metadata carries (the Flax
 module path, e.g. `.../bert/encoder/layer_3/attention/query/dot_general`).
@@ -284,10 +286,13 @@ def category(opcode: str, name: str, shape: str = "") -> str:
 
 
 def estimated_cycles(instruction: Instruction, clock_hz: float, peak_flops: float,
-                     hbm_bytes_per_s: float) -> float:
+                     hbm_bytes_per_s: float,
+                     kernel_cycles: dict[tuple[int, int], float] | None = None) -> float:
     """The TPU compiler's cycle estimate for one execution of an op (0 where it has none); for
     a Pallas kernel, the roofline of the `cost_estimate` it was given, in cycles (XLA's cost
-    model sees a kernel only through that estimate)."""
+    model sees a kernel only through that estimate), or the kernel's scheduled cycles where
+    `kernel_cycles` ({(FLOPs, bytes) of its cost_estimate: cycles}) has them and they are
+    more."""
     match = re.search(r'"estimated_cycles":"(\d+)"', instruction.attributes)
     if match:
         return float(match.group(1))
@@ -295,8 +300,9 @@ def estimated_cycles(instruction: Instruction, clock_hz: float, peak_flops: floa
                        r'"bytes_accessed":"(\d+)"', instruction.attributes)
     if not kernel or not clock_hz:
         return 0.0
-    return clock_hz * max(float(kernel.group(1)) / peak_flops,
-                          float(kernel.group(2)) / hbm_bytes_per_s)
+    flops, bytes_ = int(kernel.group(1)), int(kernel.group(2))
+    roofline = clock_hz * max(flops / peak_flops, bytes_ / hbm_bytes_per_s)
+    return max(roofline, (kernel_cycles or {}).get((flops, bytes_), 0.0))
 
 
 def _trip_count(instruction: Instruction) -> float:
@@ -318,10 +324,12 @@ def _prefetch_names(computations: dict[str, list[Instruction]]) -> dict[str, str
 
 
 def op_costs(text: str, clock_hz: float = 0.0, peak_flops: float = 1.0,
-             hbm_bytes_per_s: float = 1.0) -> list[OpCost]:
+             hbm_bytes_per_s: float = 1.0,
+             kernel_cycles: dict[tuple[int, int], float] | None = None) -> list[OpCost]:
     """The cost of every top-level op of a compiled program's HLO text (see the module doc);
     ops in a loop body are counted its trip count times (once when it is unknown). The chip's
-    clock and rates turn a Pallas kernel's cost estimate into cycles (`estimated_cycles`)."""
+    clock and rates turn a Pallas kernel's cost estimate into cycles (`estimated_cycles`;
+    kernel_cycles: the kernels' scheduled cycles by their estimates' FLOPs and bytes)."""
     computations, entry = parse_module(text)
     shapes = {i.name: i.shape for body in computations.values() for i in body}
     prefetched = _prefetch_names(computations)
@@ -347,7 +355,7 @@ def op_costs(text: str, clock_hz: float = 0.0, peak_flops: float = 1.0,
                                 moved * count,
                                 matmul_flops(instruction, computations, shapes) * count, count,
                                 estimated_cycles(instruction, clock_hz, peak_flops,
-                                                 hbm_bytes_per_s) * count))
+                                                 hbm_bytes_per_s, kernel_cycles) * count))
 
     walk(entry, 1.0)
     return costs

@@ -1,0 +1,139 @@
+"""The attention kernels' cycles on a TPU, read from the schedule the compiler gave them.
+
+XLA sees a Pallas kernel only through its `cost_estimate`: FLOPs and HBM bytes. Their roofline
+leaves out the kernel's vector work (scale, masks, softmax, the dropout hash, casts), which in
+BERT's attention takes longer than its matmuls. libtpu writes the final VLIW bundles of every
+program it compiles when asked (`--xla_jf_dump_llo_text`). A kernel is one software-pipelined
+loop over its grid steps, one bundle per cycle, so its cycles are the bundles outside the loop
+plus the loop body's bundles times the loop's trip count: its static schedule. That leaves out
+stalls (DMA waits, which the kernels' double buffering hides while a grid step is
+compute-bound), so it is a lower bound, like the roofline; the dry run takes the larger.
+
+libtpu reads its flags once per process, so the kernels are compiled in a child process
+(`python -m bertjax.train.kernel_schedule`) for one chip of the slice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+_BUNDLE = re.compile(r"^\s*(?:0x[0-9a-f]+|0)\s+(?:[A-Z]{2})?:?\s*(>?)\s*\{", re.M)
+_TRIP = re.compile(r"scmp\.ge\.s32\.totalorder %s\w+, (\d+) /\* loop exit test \*/")
+_OUTPUTS = re.compile(r"shape: (\w+)\[[\d,]*\], index: \d+, kind: output")
+_FORWARD_RESULT = re.compile(
+    r"\(bf16\[(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,(\d+),1,\d+\][^ ]*\) custom-call\(.*"
+    r'custom_call_target="tpu_custom_call"')
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashKernels:
+    """What `dropout_attention`'s two kernels compile to, for one chip's shard."""
+
+    batch: int
+    seq: int
+    heads: int
+    head_dim: int
+    rate: float
+    causal: bool
+
+
+def scheduled_cycles(bundles: str) -> int:
+    """Cycles of one run of a compiled program from its final bundles (libtpu's
+    `*-final_bundles.txt`): bundles outside its loop + loop-body bundles (marked `>`) × the
+    loop's trip count (its exit test's bound). A program without a loop: its bundles."""
+    marks = _BUNDLE.findall(bundles)
+    body = sum(1 for m in marks if m)
+    trips = _TRIP.findall(bundles)
+    if body and len(set(trips)) != 1:
+        raise ValueError(f"expected one loop with a constant trip count, found {trips or 'none'}")
+    return len(marks) - body + body * (int(trips[0]) if body else 0)
+
+
+def flash_kernels(hlo_text: str, rate: float, causal: bool) -> set[FlashKernels]:
+    """The flash kernels of a compiled step (its optimized HLO), one per distinct shape: the
+    forward kernel's results are the output [batch, seq, heads·head_dim] and the log-sum-exp
+    [batch, heads, 1, seq] float32."""
+    found = set()
+    for batch, seq, width, heads in _FORWARD_RESULT.findall(hlo_text):
+        found.add(FlashKernels(int(batch), int(seq), int(heads), int(width) // int(heads),
+                               rate, causal))
+    return found
+
+
+@functools.cache
+def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], int]:
+    """{(FLOPs, HBM bytes) of a kernel's cost_estimate: its scheduled cycles} for the forward
+    and backward kernels of `kernels` on one chip of `topology` (compiled in a child process)."""
+    with tempfile.TemporaryDirectory() as dump:
+        flags = (f"--xla_jf_dump_to={dump} --xla_jf_dump_llo_text=true "
+                 "--xla_jf_dump_llo_pass_label_regex=final_bundles")
+        env = dict(os.environ, LIBTPU_INIT_ARGS=f"{os.environ.get('LIBTPU_INIT_ARGS', '')} "
+                   f"{flags}".strip(), JAX_PLATFORMS="")
+        spec = json.dumps({"topology": topology, **dataclasses.asdict(kernels)})
+        done = subprocess.run([sys.executable, "-m", "bertjax.train.kernel_schedule", spec],
+                              env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"compiling the flash kernels for {topology} failed: "
+                               f"{done.stderr.strip().splitlines()[-1:]}")
+        keys = {k: tuple(v) for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
+        cycles = {}
+        for path in glob.glob(os.path.join(dump, "*-final_bundles.txt")):
+            text = open(path).read()
+            outputs = _OUTPUTS.findall(text)
+            if "schedule-analysis" not in path and "custom-call(" in text and outputs:
+                # The forward kernel's outputs include the float32 log-sum-exp.
+                name = "forward" if "f32" in outputs else "backward"
+                cycles[keys[name]] = scheduled_cycles(text)
+    if len(cycles) != 2:
+        raise RuntimeError(f"expected the forward and backward kernels' bundles, found "
+                           f"{len(cycles)}")
+    return cycles
+
+
+def _compile(spec: dict) -> dict[str, tuple[int, int]]:
+    """Compiles the kernels' forward and backward for one chip of spec["topology"]; returns
+    each one's cost_estimate (FLOPs, bytes), the key under which the step's HLO carries it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from bertjax.models import dropout_attention, flash_attention
+    from bertjax.models.config import heads_per_tile
+    from bertjax.train import topology
+
+    k = FlashKernels(**{f.name: spec[f.name] for f in dataclasses.fields(FlashKernels)})
+    device = topology.devices(topology.parse(spec["topology"]))[0]
+    mesh = Mesh(np.array([device]), ("data",))  # Pallas reads the chip from the mesh
+    sharding = NamedSharding(mesh, PartitionSpec())
+
+    def arg(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
+
+    qkv = arg((k.batch, k.seq, k.heads * k.head_dim), jnp.bfloat16)
+
+    def forward_and_backward(q, key, value, segments, seed):
+        out, vjp = jax.vjp(lambda *qkv: dropout_attention.dropout_attention(
+            *qkv, segments, seed, k.rate, k.heads, k.causal), q, key, value)
+        return vjp(out)
+
+    with jax.set_mesh(mesh):
+        jax.jit(forward_and_backward).lower(qkv, qkv, qkv, arg((k.batch, k.seq), jnp.int32),
+                                            arg((1,), jnp.int32)).compile()
+    shape = flash_attention.Shape(k.batch, k.heads, k.seq, k.head_dim, 2)
+    group = heads_per_tile(k.heads, k.head_dim)
+    return {name: (int(c.flops), int(c.bytes_accessed)) for name, c in (
+        ("forward", dropout_attention.forward_cost(shape, group)),
+        ("backward", dropout_attention.backward_cost(shape, group)))}
+
+
+if __name__ == "__main__":
+    print(json.dumps(_compile(json.loads(sys.argv[1]))))
