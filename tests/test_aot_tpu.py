@@ -302,6 +302,24 @@ def test_the_step_time_is_the_compilers_per_op_estimates_and_xla_time_is_printed
     assert "1.0 ms" in note and "2.0 ms" in note
 
 
+def test_a_stage_that_does_not_fit_is_given_the_flags_that_shrink_it():
+    """A pre-training phase: its own remat policy and accumulation (the other phase keeps its
+    settings); a stage that is not a phase (fine-tuning's): the job-wide flags."""
+    from bertjax.train import dry_run
+
+    job, _ = _pretraining_job("tiny", 256, {}, "phase2")
+
+    def stage(name, fits):
+        return dry_run.StageCost(name, 512, 10, 256, 1.0, 1.0, 2.0, 4.0, fits, 1e15, 1e12, None)
+
+    assert dry_run.fit_hints([stage("phase2", True)], job) == []
+    (hint,) = dry_run.fit_hints([stage("phase2", False)], job)
+    assert ("--config.phases.phase2.remat_policy=dots" in hint
+            and "--config.phases.phase2.grad_accum_steps=2" in hint)
+    (hint,) = dry_run.fit_hints([stage("train", False)], job)
+    assert "--config.model.remat_policy=dots" in hint and "--config.train.grad_accum_steps" in hint
+
+
 def test_out_of_memory_figures_are_read_from_the_compiler_message():
     from bertjax.train import dry_run
 

@@ -572,6 +572,21 @@ def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
     return lines
 
 
+def fit_hints(costs: list[StageCost], job) -> list[str]:
+    """For each stage that does not fit, the flags that make it smaller: its own remat policy
+    and gradient accumulation where it is a pre-training phase, the job's otherwise."""
+    phases = {p.name for p in getattr(job, "phases", ())}
+    lines = []
+    for c in costs:
+        if c.fits:
+            continue
+        remat, accum = (("model.remat_policy", "train.grad_accum_steps") if c.name not in phases
+                        else (f"phases.{c.name}.remat_policy", f"phases.{c.name}.grad_accum_steps"))
+        lines.append(f"  to fit {c.name}: --config.{remat}=dots (or full), or "
+                     f"--config.{accum}=2 (or more), then run this again")
+    return lines
+
+
 def breakdown_lines(cost: StageCost, top: int = 25) -> list[str]:
     """--breakdown: the stage's HBM bytes, matmul FLOPs, per-op roofline and per-op estimated
     time by category and by op (bertjax/train/hlo_costs.py)."""
@@ -632,7 +647,7 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
     costs, method = compile_stages(make_job, config, slice_, devices, exact=exact)
     print_fn("Train step per chip (TPU compiler; step time: the compiler's per-op estimates "
              f"summed; {method}):")
-    for line in stage_table(costs, slice_) + notes(costs, slice_):
+    for line in stage_table(costs, slice_) + notes(costs, slice_) + fit_hints(costs, job):
         print_fn(line)
     total = [c.seconds for c in costs]
     print_fn((f"All {sum(c.steps for c in costs):,} steps: {_duration(sum(total))} "
