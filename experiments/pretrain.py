@@ -60,6 +60,8 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # peak (0.0: the one schedule as is); the schedule from the phase's start is scaled to be
     # this value where the phase's warm-up ends (optimizer.phase_warmup_steps after its start;
     # optimizer.warmup_steps for the first phase), and decays from there as before.
+    # BERT-large's phase 2 at batch 256 fits v5p-8 and v6e-8 as it is, but v5e-8 and v4-8 only
+    # with phase2.remat_policy="dots" (docs/tpu_aot.md); `--dry_run --topology` says so.
     config.phases = ml_collections.ConfigDict()
     config.phases.phase1 = dict(data="", eval_data="", seq_len=128, max_predictions=20,
                                 fraction=0.9, steps=0, remat_policy="", batch_size=0,
