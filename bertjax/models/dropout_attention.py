@@ -1,16 +1,17 @@
 """Fused attention with attention dropout inside the kernel (Pallas TPU; interpreted off TPU).
 
 For `attention_impl="flash"` with `attention_dropout_prob > 0` in training. Sequences up to
-512 tokens fit one block, so each grid step (batch row, group of heads) holds its whole score
+512 tokens fit one block, so each grid step (batch rows, group of heads) holds its whole score
 tiles in VMEM: no online softmax, and the backward is one kernel that recomputes the
-probabilities once and writes dq, dk and dv. q, k, v and o are [batch, seq, heads·head_dim],
-each token's heads side by side, as the projections write them: a grid step takes a
-[seq, 128] tile holding 128 // head_dim heads, and no [..., heads, head_dim] layout with
-64-lane rows (half-empty vector registers, and a relayout copy at each end) is ever made. The
-score tile is kept transposed, [keys, queries]: the softmax's reductions over keys then leave
-[1, queries] rows, so the log-sum-exp travels as float32 [batch, heads, 1, seq], not
-broadcast to 128 lanes as in JAX's flash kernels, and the backward computes di = Σ out·d_out
-per query itself, as such a row.
+probabilities once and writes dq, dk and dv. Short rows go several to a step
+(`rows_per_step`), so that a step has enough independent work to fill its schedule. q, k, v
+and o are [batch, seq, heads·head_dim], each token's heads side by side, as the projections
+write them: a grid step takes [seq, 128] tiles holding 128 // head_dim heads, and no
+[..., heads, head_dim] layout with 64-lane rows (half-empty vector registers, and a relayout
+copy at each end) is ever made. The score tile is kept transposed, [keys, queries]: the
+softmax's reductions over keys then leave [1, queries] rows, so the log-sum-exp travels as
+float32 [batch, heads, 1, seq], not broadcast to 128 lanes as in JAX's flash kernels, and the
+backward computes di = Σ out·d_out per query itself, as such a row.
 
 The keep mask is a stateless hash of (seed, batch row, head, query, key) computed in the
 kernel from iotas: the forward and the backward draw the same mask, nothing of it is stored,
@@ -100,6 +101,7 @@ class Static:
     rate: float
     num_heads: int
     head_dim: int
+    rows: int = 1  # batch rows per grid step
 
     @property
     def group(self) -> int:
@@ -139,16 +141,16 @@ def _scores(static, q, k_j, key_ids, query_ids):
     return jnp.where(mask, s, MASK_VALUE)
 
 
-def _keep(static, seed_ref, j: int, shape):
-    """The keep mask [k, q] of head j of this grid step's (batch row, head group), or None at
-    rate 0 (no hash computed)."""
+def _keep(static, seed_ref, r: int, j: int, shape):
+    """The keep mask [k, q] of row r and head j of this grid step's (batch rows, head group),
+    or None at rate 0 (no hash computed)."""
     if static.rate == 0:
         return None
     key = lax.broadcasted_iota(jnp.int32, shape, 0)
     query = lax.broadcasted_iota(jnp.int32, shape, 1)
+    row = pl.program_id(0) * static.rows + r
     head = pl.program_id(1) * static.group + j
-    bits = keep_bits(seed_ref[0], pl.program_id(0), head, static.num_heads, query, key,
-                     shape[0])
+    bits = keep_bits(seed_ref[0], row, head, static.num_heads, query, key, shape[0])
     return bits >= threshold(static.rate)
 
 
@@ -158,34 +160,43 @@ def _drop(keep, x):
 
 def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, o_ref, lse_ref,
                     *, static):
-    q, k, v = q_ref[0], k_ref[0], v_ref[0]  # [seq, width]: the group's heads side by side
-    out = jnp.zeros(q.shape, jnp.float32)
-    for j in range(static.group):
-        s = _scores(static, q, _only(static, j, k), key_ids_ref[0], query_ids_ref[0, :1])
-        m = jnp.max(s, axis=0, keepdims=True)  # [1, q]
-        p = jnp.exp(s - m)
-        total = jnp.sum(p, axis=0, keepdims=True)
-        scale = 1.0 / (total * keep_probability(static.rate))
-        p = _drop(_keep(static, seed_ref, j, s.shape), p * scale)  # dropped probabilities
-        out += lax.dot(p.T.astype(v.dtype), _only(static, j, v),
-                       preferred_element_type=jnp.float32)
-        lse_ref[0, j] = m + jnp.log(total)
-    o_ref[0] = out.astype(o_ref.dtype)
+    for r in range(static.rows):  # independent rows: their work interleaves in the schedule
+        q, k, v = q_ref[r], k_ref[r], v_ref[r]  # [seq, width]: the group's heads side by side
+        out = jnp.zeros(q.shape, jnp.float32)
+        for j in range(static.group):
+            s = _scores(static, q, _only(static, j, k), key_ids_ref[r], query_ids_ref[r, :1])
+            m = jnp.max(s, axis=0, keepdims=True)  # [1, q]
+            p = jnp.exp(s - m)
+            total = jnp.sum(p, axis=0, keepdims=True)
+            scale = 1.0 / (total * keep_probability(static.rate))
+            p = _drop(_keep(static, seed_ref, r, j, s.shape), p * scale)  # dropped
+            out += lax.dot(p.T.astype(v.dtype), _only(static, j, v),
+                           preferred_element_type=jnp.float32)
+            lse_ref[r, j] = m + jnp.log(total)
+        o_ref[r] = out.astype(o_ref.dtype)
 
 
 def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, lse_ref,
                      o_ref, do_ref, dq_ref, dk_ref, dv_ref, *, static):
-    q, k, v, do = q_ref[0], k_ref[0], v_ref[0], do_ref[0]
+    for r in range(static.rows):
+        _backward_row(static, r, seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref,
+                      lse_ref, o_ref, do_ref, dq_ref, dk_ref, dv_ref)
+
+
+def _backward_row(static, r, seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, lse_ref,
+                  o_ref, do_ref, dq_ref, dk_ref, dv_ref):
+    """dq, dk, dv of batch row r of the grid step."""
+    q, k, v, do = q_ref[r], k_ref[r], v_ref[r], do_ref[r]
     dq, dk, dv = (jnp.zeros(q.shape, jnp.float32) for _ in range(3))
     inverse = 1.0 / keep_probability(static.rate)
     # o·do per lane, transposed [width, q]: a head's sum over its lanes is then a [1, q] row
     # (di, the softmax backward's per-query term), like the log-sum-exp.
-    o_do = (o_ref[0].astype(jnp.float32) * do.astype(jnp.float32)).T
+    o_do = (o_ref[r].astype(jnp.float32) * do.astype(jnp.float32)).T
     for j in range(static.group):
         q_j, k_j, v_j, do_j = (_only(static, j, x) for x in (q, k, v, do))
-        s = _scores(static, q, k_j, key_ids_ref[0], query_ids_ref[0, :1])
-        p = jnp.exp(s - lse_ref[0, j])  # the softmax [k, q], before dropout
-        keep = _keep(static, seed_ref, j, s.shape)
+        s = _scores(static, q, k_j, key_ids_ref[r], query_ids_ref[r, :1])
+        p = jnp.exp(s - lse_ref[r, j])  # the softmax [k, q], before dropout
+        keep = _keep(static, seed_ref, r, j, s.shape)
         dropped = _drop(keep, p * inverse)
         dv += lax.dot(dropped.astype(do.dtype), do_j, preferred_element_type=jnp.float32)
         d_dropped = lax.dot_general(v_j, do, (((1,), (1,)), ((), ())),
@@ -196,30 +207,30 @@ def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, key_ids_ref, query_ids_ref, 
         ds = p * (dp - di) * static.scale  # [k, q]
         dk += lax.dot(ds.astype(q.dtype), q_j, preferred_element_type=jnp.float32)
         dq += lax.dot(ds.T.astype(k.dtype), k_j, preferred_element_type=jnp.float32)
-    dq_ref[0] = dq.astype(dq_ref.dtype)
-    dk_ref[0] = dk.astype(dk_ref.dtype)
-    dv_ref[0] = dv.astype(dv_ref.dtype)
+    dq_ref[r] = dq.astype(dq_ref.dtype)
+    dk_ref[r] = dk.astype(dk_ref.dtype)
+    dv_ref[r] = dv.astype(dv_ref.dtype)
 
 
 def _tile_spec(static, seq):
-    """A grid step's [seq, width] tile of a [batch, seq, heads·head_dim] array."""
-    return pl.BlockSpec((1, seq, static.width), lambda b, g, seed: (b, 0, g))
+    """A grid step's [rows, seq, width] tile of a [batch, seq, heads·head_dim] array."""
+    return pl.BlockSpec((static.rows, seq, static.width), lambda b, g, seed: (b, 0, g))
 
 
 def _vector_spec(static, seq):
     """A [batch, heads, 1, seq] float32 per-query vector (log-sum-exp, di), the group's heads."""
-    return pl.BlockSpec((1, static.group, 1, seq), lambda b, g, seed: (b, g, 0, 0))
+    return pl.BlockSpec((static.rows, static.group, 1, seq), lambda b, g, seed: (b, g, 0, 0))
 
 
-def _segment_inputs(segments, seq):
+def _segment_inputs(static, segments, seq):
     """The segment ids as the kernels read them (the shipped kernels' layout): keys as a
     column [batch, seq, 128] (lane-broadcast), queries as a row [batch, 8, seq]
     (sublane-broadcast)."""
     batch = segments.shape[0]
     key_ids = lax.broadcast_in_dim(segments, (batch, seq, LANES), (0, 1))
     query_ids = lax.broadcast_in_dim(segments, (batch, SUBLANES, seq), (0, 2))
-    specs = [pl.BlockSpec((1, seq, LANES), lambda b, g, seed: (b, 0, 0)),
-             pl.BlockSpec((1, SUBLANES, seq), lambda b, g, seed: (b, 0, 0))]
+    specs = [pl.BlockSpec((static.rows, seq, LANES), lambda b, g, seed: (b, 0, 0)),
+             pl.BlockSpec((static.rows, SUBLANES, seq), lambda b, g, seed: (b, 0, 0))]
     return [key_ids, query_ids], specs
 
 
@@ -259,12 +270,12 @@ ELEMENTWISE = 5
 
 def _forward_call(static, interpret, seed, q, k, v, segments):
     batch, seq, _ = q.shape
-    seg_inputs, seg_specs = _segment_inputs(segments, seq)
+    seg_inputs, seg_specs = _segment_inputs(static, segments, seq)
     tile = _tile_spec(static, seq)
     return pl.pallas_call(
         functools.partial(_forward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(batch, static.num_heads // static.group),
+            num_scalar_prefetch=1, grid=(batch // static.rows, static.num_heads // static.group),
             in_specs=[tile] * 3 + seg_specs,
             out_specs=[tile, _vector_spec(static, seq)]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
@@ -277,12 +288,12 @@ def _forward_call(static, interpret, seed, q, k, v, segments):
 
 def _backward_call(static, interpret, seed, q, k, v, segments, lse, out, d_out):
     batch, seq, _ = q.shape
-    seg_inputs, seg_specs = _segment_inputs(segments, seq)
+    seg_inputs, seg_specs = _segment_inputs(static, segments, seq)
     tile, vector = _tile_spec(static, seq), _vector_spec(static, seq)
     return pl.pallas_call(
         functools.partial(_backward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=(batch, static.num_heads // static.group),
+            num_scalar_prefetch=1, grid=(batch // static.rows, static.num_heads // static.group),
             in_specs=[tile] * 3 + seg_specs + [vector, tile, tile],
             out_specs=[tile] * 3),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] * 3,
@@ -318,6 +329,15 @@ def _attend_bwd(static, residuals, d_out):
 _attend.defvjp(_attend_fwd, _attend_bwd)
 
 
+ROW_TOKENS = 512  # a grid step takes as many batch rows as fit this many tokens
+
+
+def rows_per_step(batch: int, seq: int) -> int:
+    """Batch rows per grid step: short rows leave a step's matmuls and vector work too small
+    to hide its fixed cost, so up to ROW_TOKENS tokens' worth of rows (dividing the batch)."""
+    return max(r for r in range(1, max(1, ROW_TOKENS // seq) + 1) if batch % r == 0)
+
+
 def dropout_attention(query, key, value, segments, seed, rate: float, num_heads: int,
                       causal: bool = False):
     """Attention with dropout `rate` on the probabilities. query/key/value:
@@ -333,6 +353,8 @@ def dropout_attention(query, key, value, segments, seed, rate: float, num_heads:
 
     def attend(q, k, v, segments, shard, seed):
         seed = seed ^ _mix(shard.astype(jnp.int32) + 1)  # another mask on every batch shard
-        return _attend(seed.astype(jnp.int32), q, k, v, segments, static)
+        rows = rows_per_step(q.shape[0], q.shape[1])
+        return _attend(seed.astype(jnp.int32), q, k, v, segments,
+                       dataclasses.replace(static, rows=rows))
 
     return flash.run_padded(attend, query, key, value, segments, seed)
