@@ -48,6 +48,10 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # "bfloat16": gradients summed over data-parallel replicas in bfloat16 (half the bytes of
     # that all-reduce); params and optimizer moments stay float32.
     config.train.grad_reduce_dtype = "float32"
+    # True: the optimizer's moments split over the data-parallel replicas, each updating its
+    # share of the parameters (gradients reduce-scattered, parameters all-gathered: the bytes
+    # of the all-reduce they replace).
+    config.train.shard_optimizer_state = False
     config.train.nsp_weight = 1.0  # NSP loss weight of objective "mlm_nsp"
     # Seconds without a batch (a stalled file system) before the run stops with an error.
     config.train.input_timeout_s = 600.0

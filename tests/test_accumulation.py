@@ -324,12 +324,18 @@ def assert_bitwise(new, old, *args):
 
 
 def test_losses_without_denominators_are_bitwise_the_old_formulas():
+    """Bitwise, but for the MLM loss: its fused cross-entropy (log-sum-exp minus the label's
+    logit) rounds differently from log_softmax, within float32 rounding."""
     r = np.random.default_rng(5)
     batch = pretraining_batch(model_config(), r)
     outputs = {"mlm_logits": r.normal(size=(BATCH, PREDICTIONS, 64)).astype(np.float32),
                "nsp_logits": r.normal(size=(BATCH, 2)).astype(np.float32)}
-    assert_bitwise(lambda o, b: pretraining_loss(o, b, 0.7), lambda o, b: old_pretraining_loss(
-        o, b, 0.7), outputs, batch)
+    new, old = (jax.device_get(f(outputs, batch, 0.7)[1])
+                for f in (pretraining_loss, old_pretraining_loss))
+    for key in old:
+        np.testing.assert_allclose(new[key], old[key], rtol=1e-6, err_msg=key)
+        if not key.startswith("mlm_loss") and key != "loss":
+            np.testing.assert_array_equal(new[key], old[key], err_msg=key)
     logits = r.normal(size=(BATCH, 3)).astype(np.float32)
     labels = r.integers(0, 3, BATCH).astype(np.int32)
     assert_bitwise(classification_loss, old_classification_loss, logits, labels, ROW_WEIGHTS)

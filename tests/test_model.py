@@ -465,3 +465,28 @@ def test_dots_remat_saves_every_dense_output_and_recomputes_only_attention(dtype
     # products; their recomputation is what each policy adds to the no-remat gradient.
     assert full - none == cfg.num_layers * 8
     assert dots - none == cfg.num_layers * 2
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_softmax_cross_entropy_and_its_gradient_against_float64(dtype):
+    """The fused MLM loss: −log softmax[label] and its gradient softmax − one-hot (times the
+    incoming gradient), against NumPy in float64 on the same (rounded) logits."""
+    from bertjax.models.pretraining import softmax_cross_entropy
+
+    rng = np.random.default_rng(0)
+    logits = jnp.asarray(rng.normal(0, 4, (3, 5, 97)), dtype)
+    labels = jnp.asarray(rng.integers(0, 97, (3, 5)), jnp.int32)
+    weights = jnp.asarray(rng.uniform(0, 2, (3, 5)), jnp.float32)
+    nll, vjp = jax.vjp(lambda x: softmax_cross_entropy(x, labels), logits)
+    (grad,) = vjp(weights)
+
+    x = np.asarray(logits, np.float64)
+    log_probs = x - x.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    expected = -np.take_along_axis(log_probs, np.asarray(labels)[..., None], -1)[..., 0]
+    one_hot = np.eye(97)[np.asarray(labels)]
+    expected_grad = (np.exp(log_probs) - one_hot) * np.asarray(weights)[..., None]
+    assert nll.dtype == jnp.float32 and grad.dtype == dtype
+    np.testing.assert_allclose(nll, expected, rtol=1e-6, atol=1e-6)
+    tolerance = 1e-6 if dtype == jnp.float32 else 2 ** -8
+    np.testing.assert_allclose(np.asarray(grad, np.float64), expected_grad, atol=tolerance)

@@ -395,3 +395,61 @@ def test_an_axis_its_mesh_axes_do_not_divide_is_left_whole():
     for shape, expected in cases.items():
         out = step_lib.divisible_sharding(jax.ShapeDtypeStruct(shape, np.float32), sharding)
         assert list(out.spec) == expected, shape
+
+
+SHARDED_OPTIMIZER_SCRIPT = r"""
+import jax, numpy as np
+from test_train_step import tiny_config, synthetic_batch
+from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.tasks import pretraining
+from bertjax.train import sharding as sharding_lib, step as step_lib
+from bertjax.train.optimizer import make_optimizer
+
+config = tiny_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
+config.mesh.data = 4
+cfg = BertConfig.from_dict(config.model)
+init, loss = pretraining.step_fns(BertForPreTraining(cfg))
+mesh = sharding_lib.make_mesh(config.mesh)
+rules = config.logical_axis_rules
+tx, schedule = make_optimizer(config.optimizer, 10)
+batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+batch = jax.device_put(synthetic_batch(cfg, 16, 16, 4), batch_sharding)
+runs = {}
+for shard in (False, True):
+    abstract, shardings = step_lib.state_shardings(init, tx, mesh, rules,
+                                                   shard_optimizer=shard)
+    state = step_lib.create_train_state(init, tx, jax.random.key(0), shardings)
+    step = step_lib.jit_train_step(loss, tx, schedule, shardings, batch_sharding, rules=rules)
+    for _ in range(3):
+        state, metrics = step(state, batch)
+    runs[shard] = (jax.device_get(state), shardings)
+
+(plain, plain_shardings), (sharded, shardings) = runs[False], runs[True]
+# The same training, to float32 summation order: params and both moments.
+for a, b in zip(*(jax.tree.leaves((s.params, s.opt_state)) for s in (plain, sharded))):
+    np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                               rtol=1e-5, atol=1e-7)
+# Every moment whose leading axis 4 divides is split over `data` there; params are not.
+moments = list(zip(jax.tree.leaves(plain.opt_state), jax.tree.leaves(shardings.opt_state)))
+assert sum(a.ndim > 0 and a.shape[0] % 4 == 0 for a, _ in moments) >= len(moments) // 2
+for a, s in moments:
+    assert ("data" in str(s.spec[:1])) == (a.ndim > 0 and a.shape[0] % 4 == 0), (a.shape, s)
+assert not any("data" in str(s.spec) for s in jax.tree.leaves(shardings.params))
+# Each device holds about a quarter of the moments (the TPU compiler's collectives for it:
+# tests/test_aot_tpu.py).
+def per_device(tree, shardings):
+    return sum(np.prod(s.shard_shape(a.shape)) for a, s in
+               zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
+held = per_device(sharded.opt_state, shardings.opt_state)
+assert held < 0.3 * per_device(plain.opt_state, plain_shardings.opt_state), held
+print("SHARDED_OPTIMIZER_OK")
+"""
+
+
+def test_a_sharded_optimizer_state_trains_the_same_and_splits_the_moments():
+    """shard_optimizer: Adam's moments split over the 4 data-parallel CPU devices; three steps
+    give the same parameters and moments as the replicated optimizer state."""
+    proc = run_python(["-c", SHARDED_OPTIMIZER_SCRIPT],
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+                           "PYTHONPATH": "tests"})
+    assert "SHARDED_OPTIMIZER_OK" in proc.stdout, proc.stdout + proc.stderr

@@ -96,6 +96,36 @@ def pretraining_denominators(batch: dict[str, Any]) -> dict[str, Array]:
     return out
 
 
+@jax.custom_vjp
+def softmax_cross_entropy(logits: Array, labels: Array) -> Array:
+    """−log softmax(logits)[label] in float32: logits [..., classes] of any float dtype, labels
+    [...] int → [...].
+
+    Its gradient, softmax − one-hot, is one elementwise pass over the logits (kept in their
+    own dtype) and the saved log-sum-exp; autodiff of log_softmax and take_along_axis makes
+    several float32 passes over the [predictions, vocab] logits and scatters the one-hot.
+    """
+    return _cross_entropy_fwd(logits, labels)[0]
+
+
+def _cross_entropy_fwd(logits, labels):
+    x = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(x, axis=-1)
+    picked = jnp.take_along_axis(x, labels[..., None], axis=-1)[..., 0]
+    return lse - picked, (logits, labels, lse)
+
+
+def _cross_entropy_bwd(residuals, grad):
+    logits, labels, lse = residuals
+    x = logits.astype(jnp.float32)
+    one_hot = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1) == labels[..., None]
+    d_logits = (jnp.exp(x - lse[..., None]) - one_hot) * grad[..., None]
+    return d_logits.astype(logits.dtype), None
+
+
+softmax_cross_entropy.defvjp(_cross_entropy_fwd, _cross_entropy_bwd)
+
+
 def pretraining_loss(
     outputs: dict[str, Array], batch: dict[str, Any], nsp_weight: float = 1.0,
     denominators: dict[str, Array] | None = None,
@@ -110,11 +140,10 @@ def pretraining_loss(
     """
     if denominators is None:
         denominators = pretraining_denominators(batch)
-    mlm_logits = outputs["mlm_logits"].astype(jnp.float32)
+    mlm_logits = outputs["mlm_logits"]
     ids = batch["masked_lm_ids"].astype(jnp.int32)
     weights = batch["masked_lm_weights"].astype(jnp.float32)
-    log_probs = jax.nn.log_softmax(mlm_logits, axis=-1)
-    mlm_nll = -jnp.take_along_axis(log_probs, ids[..., None], axis=-1)[..., 0]
+    mlm_nll = softmax_cross_entropy(mlm_logits, ids)
     mlm_loss = jnp.sum(mlm_nll * weights) / denominators["mlm_loss"]
     mlm_correct = (jnp.argmax(mlm_logits, axis=-1) == ids).astype(jnp.float32)
     mlm_accuracy = jnp.sum(mlm_correct * weights) / denominators["mlm_accuracy"]

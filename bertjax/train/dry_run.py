@@ -56,8 +56,8 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
     tx, schedule = job.optimizer()
     mesh = sharding_lib.make_mesh(config.mesh)
     abstract_state, state_sharding = step_lib.state_shardings(
-        job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config)
-    )
+        job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config),
+        config.train.get("shard_optimizer_state", False))
 
     table = parameter_table(abstract_state.params)
     total = sum(n for _, n in table)
@@ -382,7 +382,8 @@ class _Step:
         mesh = sharding_lib.make_mesh(config.mesh, devices)
         configs.check_stage_batches(job, mesh)
         abstract_state, state_sharding = step_lib.state_shardings(
-            job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config))
+            job.init_params, tx, mesh, config.logical_axis_rules, configs.rng_impl(config),
+            config.train.get("shard_optimizer_state", False))
         batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
         train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
                                                  batch_sharding, config.logical_axis_rules)

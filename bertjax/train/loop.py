@@ -368,8 +368,9 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     configs.check_stage_batches(job, mesh)
     rules = config.logical_axis_rules
     tx, schedule = job.optimizer()
-    abstract, state_sharding = step_lib.state_shardings(job.init_params, tx, mesh, rules,
-                                                        configs.rng_impl(config))
+    abstract, state_sharding = step_lib.state_shardings(
+        job.init_params, tx, mesh, rules, configs.rng_impl(config),
+        config.train.get("shard_optimizer_state", False))
     runner = Runner(sharding_lib.batch_sharding(mesh, rules), rules)
     train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding,
                                              runner.batch_sharding, rules)

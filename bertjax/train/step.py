@@ -84,8 +84,14 @@ def _init_state(init_params: InitFn, tx, rng_impl: str, rng) -> TrainState:
 
 
 def state_shardings(init_params: InitFn, tx, mesh: Mesh, rules,
-                    rng_impl: str = DEFAULT_RNG_IMPL) -> tuple[TrainState, TrainState]:
-    """(abstract state, NamedShardings of the state) without allocating anything."""
+                    rng_impl: str = DEFAULT_RNG_IMPL, shard_optimizer: bool = False
+                    ) -> tuple[TrainState, TrainState]:
+    """(abstract state, NamedShardings of the state) without allocating anything.
+
+    shard_optimizer: the optimizer's moments split over the `data` axis too (`over_data`), so
+    that each data-parallel replica updates its share of the parameters; the train step then
+    reduce-scatters the gradients and all-gathers the new parameters, the same bytes as the
+    all-reduce it replaces (see `train_step`)."""
     boxed = jax.eval_shape(init_params, jax.random.key(0))
     param_specs = nn.get_partition_spec(boxed)
     abstract = jax.eval_shape(functools.partial(_init_state, init_params, tx, rng_impl),
@@ -102,7 +108,44 @@ def state_shardings(init_params: InitFn, tx, mesh: Mesh, rules,
         step=PartitionSpec(), params=param_specs, opt_state=opt_specs, rng=PartitionSpec()
     )
     shardings = nn.logical_to_mesh_sharding(specs, mesh, sharding_lib.as_rules(rules))
-    return abstract, jax.tree.map(divisible_sharding, abstract, shardings)
+    shardings = jax.tree.map(divisible_sharding, abstract, shardings)
+    if shard_optimizer:
+        shardings = shardings.replace(opt_state=jax.tree.map(over_data, abstract.opt_state,
+                                                             shardings.opt_state))
+    return abstract, shardings
+
+
+def over_data(array: jax.ShapeDtypeStruct, sharding: NamedSharding) -> NamedSharding:
+    """`sharding` with the array's leading axis split over the `data` mesh axis as well, where
+    `data` (times the axes already splitting it) divides it; else as it was (a scalar; the
+    30,522-word embedding table, whose other axis split would relayout it every step)."""
+    sizes = dict(sharding.mesh.shape)
+    if array.ndim == 0 or sizes.get("data", 1) == 1 or "data" in str(sharding.spec):
+        return sharding
+    spec = list(sharding.spec) + [None] * (array.ndim - len(sharding.spec))
+    names = () if spec[0] is None else spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+    if array.shape[0] % (sizes["data"] * math.prod(sizes[n] for n in names)):
+        return sharding
+    spec[0] = ("data",) + names
+    return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def gradient_shardings(state_sharding: TrainState) -> Any | None:
+    """The shardings of the optimizer's first parameter-shaped state (Adam's first moment),
+    which the gradients are given before the update; None if it has none (or no shardings
+    are given)."""
+    if not isinstance(state_sharding, TrainState):
+        return None
+    structure = jax.tree.structure(state_sharding.params)
+
+    def find(tree):
+        if jax.tree.structure(tree) == structure:
+            return tree
+        children = tree.values() if isinstance(tree, dict) else (
+            tree if isinstance(tree, tuple | list) else ())
+        return next((found for child in children if (found := find(child)) is not None), None)
+
+    return find(state_sharding.opt_state)
 
 
 def divisible_sharding(array: jax.ShapeDtypeStruct, sharding: NamedSharding) -> NamedSharding:
@@ -247,15 +290,20 @@ def train_step(
     grad_accum_steps: int = 1,
     denominators: DenominatorsFn | None = None,
     grad_reduce_dtype: str = "float32",
+    grad_sharding: Any | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches:
     shares of the global batch's normalisers summed with `denominators`, else a 1 / k mean;
     see the module docstring). grad_reduce_dtype "bfloat16": the sum over data-parallel
-    replicas in bfloat16 (`bf16_reduced_gradients`); params and moments stay float32."""
+    replicas in bfloat16 (`bf16_reduced_gradients`); params and moments stay float32.
+    grad_sharding: the gradients' layout for the update (`gradient_shardings`): with moments
+    split over `data`, the replicas' gradients are reduce-scattered into it."""
     dropout_rng = jax.random.fold_in(state.rng, state.step)
     compute = bf16_reduced_gradients if grad_reduce_dtype == "bfloat16" else gradients
     grads, metrics = compute(state.params, batch, dropout_rng, loss_fn=loss_fn,
                              grad_accum_steps=grad_accum_steps, denominators=denominators)
+    if grad_sharding is not None:
+        grads = jax.lax.with_sharding_constraint(grads, grad_sharding)
     updates, opt_state = tx.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     metrics = dict(metrics, grad_norm=optax.global_norm(grads), learning_rate=schedule(state.step))
@@ -298,7 +346,8 @@ def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding
     """
     step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
                              grad_accum_steps=grad_accum_steps, denominators=denominators,
-                             grad_reduce_dtype=grad_reduce_dtype)
+                             grad_reduce_dtype=grad_reduce_dtype,
+                             grad_sharding=gradient_shardings(state_sharding))
     if rules is not None and batch_sharding is not None:
         step = sharding_lib.with_rules(step, batch_sharding.mesh, rules)
     return jax.jit(
