@@ -10,7 +10,7 @@ stalls (DMA waits, which the kernels' double buffering hides while a grid step i
 compute-bound), so it is a lower bound, like the roofline; the dry run takes the larger.
 
 libtpu reads its flags once per process, so the kernels are compiled in a child process
-(`python -m bertjax.train.kernel_schedule`) for one chip of the slice.
+(`compile_kernels`) for one chip of the slice.
 """
 
 from __future__ import annotations
@@ -78,8 +78,8 @@ def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], 
         env = dict(os.environ, LIBTPU_INIT_ARGS=f"{os.environ.get('LIBTPU_INIT_ARGS', '')} "
                    f"{flags}".strip(), JAX_PLATFORMS="")
         spec = json.dumps({"topology": topology, **dataclasses.asdict(kernels)})
-        done = subprocess.run([sys.executable, "-m", "bertjax.train.kernel_schedule", spec],
-                              env=env, capture_output=True, text=True)
+        done = subprocess.run([sys.executable, "-c", _CHILD, spec], env=env,
+                              capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"compiling the flash kernels for {topology} failed: "
                                f"{done.stderr.strip().splitlines()[-1:]}")
@@ -98,7 +98,11 @@ def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], 
     return cycles
 
 
-def _compile(spec: dict) -> dict[str, tuple[int, int]]:
+_CHILD = ("import json, sys\nfrom bertjax.train import kernel_schedule\n"
+          "print(json.dumps(kernel_schedule.compile_kernels(json.loads(sys.argv[1]))))")
+
+
+def compile_kernels(spec: dict) -> dict[str, tuple[int, int]]:
     """Compiles the kernels' forward and backward for one chip of spec["topology"]; returns
     each one's cost_estimate (FLOPs, bytes), the key under which the step's HLO carries it."""
     import jax
@@ -134,6 +138,3 @@ def _compile(spec: dict) -> dict[str, tuple[int, int]]:
         ("forward", dropout_attention.forward_cost(shape, group)),
         ("backward", dropout_attention.backward_cost(shape, group)))}
 
-
-if __name__ == "__main__":
-    print(json.dumps(_compile(json.loads(sys.argv[1]))))
