@@ -425,6 +425,9 @@ for shard in (False, True):
     runs[shard] = (jax.device_get(state), shardings)
 
 (plain, plain_shardings), (sharded, shardings) = runs[False], runs[True]
+# The gradients are constrained to the moments' layout only where it differs from the params'.
+assert step_lib.gradient_shardings(plain_shardings) is None
+assert step_lib.gradient_shardings(shardings) is not None
 # The same training, to float32 summation order: params and both moments.
 for a, b in zip(*(jax.tree.leaves((s.params, s.opt_state)) for s in (plain, sharded))):
     np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),

@@ -132,8 +132,9 @@ def over_data(array: jax.ShapeDtypeStruct, sharding: NamedSharding) -> NamedShar
 
 def gradient_shardings(state_sharding: TrainState) -> Any | None:
     """The shardings of the optimizer's first parameter-shaped state (Adam's first moment),
-    which the gradients are given before the update; None if it has none (or no shardings
-    are given)."""
+    which the gradients are given before the update, where they differ from the parameters'
+    (`over_data`); else None: a constraint that changes nothing still changes the TPU
+    compiler's choices (the flash projections' bias gradients became slower reductions)."""
     if not isinstance(state_sharding, TrainState):
         return None
     structure = jax.tree.structure(state_sharding.params)
@@ -145,7 +146,10 @@ def gradient_shardings(state_sharding: TrainState) -> Any | None:
             tree if isinstance(tree, tuple | list) else ())
         return next((found for child in children if (found := find(child)) is not None), None)
 
-    return find(state_sharding.opt_state)
+    moments = find(state_sharding.opt_state)
+    same = moments is None or all(a.spec == b.spec for a, b in zip(
+        jax.tree.leaves(moments), jax.tree.leaves(state_sharding.params)))
+    return None if same else moments
 
 
 def divisible_sharding(array: jax.ShapeDtypeStruct, sharding: NamedSharding) -> NamedSharding:
