@@ -348,10 +348,11 @@ def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding
     rules: the logical-axis rules; with them (and a NamedSharding `batch_sharding`, whose mesh
     is used) the model's activation constraints take effect (`sharding.with_rules`).
     """
+    grad_sharding = gradient_shardings(state_sharding)
     step = functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
                              grad_accum_steps=grad_accum_steps, denominators=denominators,
                              grad_reduce_dtype=grad_reduce_dtype,
-                             grad_sharding=gradient_shardings(state_sharding))
+                             **({} if grad_sharding is None else {"grad_sharding": grad_sharding}))
     if rules is not None and batch_sharding is not None:
         step = sharding_lib.with_rules(step, batch_sharding.mesh, rules)
     return jax.jit(
