@@ -1,5 +1,6 @@
 """Test setup: CPU only, quiet logs. Multi-device tests start their own subprocess."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -54,6 +55,18 @@ def write_tiny_checkpoint(root: Path, vocab: list[str], max_positions: int = 64,
                                                     np.zeros((1, 1), np.int32))
     save_pretrained(root / "ckpt", cfg, nn.unbox(params["params"]), str(root / "vocab.txt"))
     return str(root / "ckpt")
+
+
+def records_by_step(workdir, split=None) -> dict:
+    """step → the run's metrics.jsonl record (of `split` where given), the last of each step
+    winning."""
+    records = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        for line in f:
+            record = json.loads(line)
+            if split is None or record["split"] == split:
+                records[record["step"]] = record
+    return records
 
 
 def run_python(args, env=None, timeout=600):

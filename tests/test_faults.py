@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 import optax
 import pytest
-from conftest import ROOT
+from conftest import ROOT, records_by_step
 
 from bertjax.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bertjax.train import checkpoints, loop, multihost
@@ -119,12 +119,7 @@ def run(workdir, steps, config=None, **job):
 
 def losses(workdir):
     """step → train loss, the last record of each step winning."""
-    out = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            out[record["step"]] = record["loss"]
-    return out
+    return {step: record["loss"] for step, record in records_by_step(workdir).items()}
 
 
 def snapshot(directory):

@@ -4,12 +4,12 @@ whose phase 2 runs at another batch in micro-batches, resumes exactly in the mid
 and refuses a resume with another phase batch."""
 
 import importlib.util
-import json
 import os
 import shutil
 
 import numpy as np
 import pytest
+from conftest import records_by_step
 from test_trainer import final_params
 
 from bertjax.errors import ConfigError
@@ -125,17 +125,6 @@ def train(config, workdir, seen):
     return summary, lines
 
 
-def train_metrics(workdir):
-    """step → train metrics, the last record of each step winning."""
-    records = {}
-    with open(os.path.join(workdir, "metrics.jsonl")) as f:
-        for line in f:
-            record = json.loads(line)
-            if record["split"] == "train":
-                records[record["step"]] = record
-    return records
-
-
 @pytest.fixture(scope="module")
 def straight_run(tmp_path_factory):
     """The run, the batches its inputs gave, its log, metrics and final params, and the
@@ -151,7 +140,7 @@ def straight_run(tmp_path_factory):
         patch.setattr(step_lib, "gradients", gradients)
         summary, lines = train(tiny_config(), workdir, seen)
     assert summary["status"] == "done"
-    return (workdir, seen, lines, train_metrics(workdir), final_params(str(workdir), 8),
+    return (workdir, seen, lines, records_by_step(workdir, "train"), final_params(str(workdir), 8),
             traced)
 
 
@@ -183,7 +172,7 @@ def test_resume_in_the_middle_of_phase_two_is_exact(straight_run, tmp_path):
     assert f"Resumed from {resumed / 'checkpoints' / '6'} at step 6" in lines
     assert not any(line.startswith("Phase phase1") for line in lines)
     assert seen == [((4, 32), (4, 5))] * 2  # phase 2's input at its saved position
-    again = train_metrics(resumed)
+    again = records_by_step(resumed, "train")
     for step in (7, 8):
         assert again[step]["loss"] == metrics[step]["loss"], step
     for name, value in final_params(str(resumed), 8).items():

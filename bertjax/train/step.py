@@ -120,10 +120,11 @@ def over_data(array: jax.ShapeDtypeStruct, sharding: NamedSharding) -> NamedShar
     `data` (times the axes already splitting it) divides it; else as it was (a scalar; the
     30,522-word embedding table, whose other axis split would relayout it every step)."""
     sizes = dict(sharding.mesh.shape)
-    if array.ndim == 0 or sizes.get("data", 1) == 1 or "data" in str(sharding.spec):
+    if (array.ndim == 0 or sizes.get("data", 1) == 1
+            or any("data" in _mesh_axes(entry) for entry in sharding.spec)):
         return sharding
     spec = list(sharding.spec) + [None] * (array.ndim - len(sharding.spec))
-    names = () if spec[0] is None else spec[0] if isinstance(spec[0], tuple) else (spec[0],)
+    names = _mesh_axes(spec[0])
     if array.shape[0] % (sizes["data"] * math.prod(sizes[n] for n in names)):
         return sharding
     spec[0] = ("data",) + names
@@ -157,13 +158,14 @@ def divisible_sharding(array: jax.ShapeDtypeStruct, sharding: NamedSharding) -> 
     30,522-word vocabulary over 4-way tensor parallelism): arguments must split evenly."""
     spec = list(sharding.spec) + [None] * (array.ndim - len(sharding.spec))
     for axis, names in enumerate(spec):
-        if names is None:
-            continue
-        parts = math.prod(sharding.mesh.shape[n] for n in
-                          (names if isinstance(names, tuple) else (names,)))
-        if array.shape[axis] % parts:
+        if array.shape[axis] % math.prod(sharding.mesh.shape[n] for n in _mesh_axes(names)):
             spec[axis] = None
     return NamedSharding(sharding.mesh, PartitionSpec(*spec))
+
+
+def _mesh_axes(entry) -> tuple[str, ...]:
+    """The mesh axes of one PartitionSpec entry (None, a name or a tuple of names)."""
+    return () if entry is None else entry if isinstance(entry, tuple) else (entry,)
 
 
 def create_train_state(init_params: InitFn, tx, rng, shardings: TrainState,
