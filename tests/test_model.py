@@ -1,5 +1,7 @@
 """The BERT modules against an independent float64 NumPy forward pass, and their invariants."""
 
+import functools
+
 import flax
 import flax.linen as nn
 import jax
@@ -401,6 +403,36 @@ def test_einsum_attention_with_dropout_equals_dropout_on_probabilities():
     assert not np.allclose(got[0], attn_lib.einsum_attention(q, k, v, mask), atol=1e-3)
 
 
+@pytest.mark.parametrize("with_dropout", [False, True])
+def test_heads_first_attention_equals_softmax_attention(with_dropout):
+    """The [batch, heads, seq, head_dim] arrangement (CPU inference): the textbook values and
+    gradients, with and without a keep mask."""
+    q, k, v, mask = _attention_inputs(seed=3)
+    keep = jax.random.bernoulli(jax.random.key(6), 0.8, (q.shape[0], q.shape[2], 8, 8))
+    dropout = (lambda s: (keep, 0.8)) if with_dropout else None
+    got = _value_and_grads(
+        lambda *a: attn_lib.einsum_attention(*a, mask, dropout, heads_first=True), q, k, v)
+    want = _value_and_grads(lambda *a: _softmax_dropout_attention(
+        *a, mask, *((keep, 0.8) if with_dropout else ())), q, k, v)
+    np.testing.assert_allclose(got[0], want[0], atol=1e-6 * np.abs(want[0]).max())
+    for g, w in zip(got[1], want[1]):
+        np.testing.assert_allclose(g, w, atol=2e-6 * np.abs(w).max())
+
+
+def test_fused_attention_is_heads_first_on_cpu_and_dot_product_attention_elsewhere():
+    """`auto` picks its attention when lowering: the heads-first einsum for CPU (the same bits
+    under jit), jax.nn.dot_product_attention for TPU (a --dry_run --topology compile)."""
+    q, k, v, mask = _attention_inputs(seed=4)
+    fused = jax.jit(attn_lib.fused_attention)
+    np.testing.assert_array_equal(
+        fused(q, k, v, mask),
+        jax.jit(functools.partial(attn_lib.einsum_attention, heads_first=True))(q, k, v, mask))
+    heads_first = "stablehlo.transpose %arg0, dims = [0, 2, 1, 3]"
+    for platform, expected in (("cpu", True), ("tpu", False)):
+        text = fused.trace(q, k, v, mask).lower(lowering_platforms=(platform,)).as_text()
+        assert (heads_first in text) == expected, platform
+
+
 def test_einsum_attention_bfloat16_is_close_to_float32():
     q, k, v, mask = _attention_inputs(seed=2)
     ref = attn_lib.einsum_attention(q, k, v, mask)
@@ -411,9 +443,13 @@ def test_einsum_attention_bfloat16_is_close_to_float32():
 
 def dot_flops(jaxpr) -> int:
     """2 · output elements · contracted size, summed over a jaxpr's dot_generals (nested
-    jaxprs included)."""
+    jaxprs included; of a cond's branches, such as the per-platform attention, the
+    largest)."""
     total = 0
     for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cond":
+            total += max(dot_flops(branch.jaxpr) for branch in eqn.params["branches"])
+            continue
         if eqn.primitive.name == "dot_general":
             (contract, _), _ = eqn.params["dimension_numbers"]
             lhs = eqn.invars[0].aval.shape

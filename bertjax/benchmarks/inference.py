@@ -21,6 +21,12 @@ same rows in the same order:
                             eval, no_grad), batches of N rows in input order padded to their
                             longest row, as its padding collator does, at N = batch_size and
                             64; skipped without torch
+  ceiling                   no engine's bound: the rows' own forward FLOPs
+                            (bertjax/train/flops.py, no padding, the classifier's final layer
+                            for [CLS] alone) at the rate of the model's FFN matmul measured
+                            here, as if softmax, layer norms, GELU and every other op were
+                            free; a ratio to transformers above this one is out of reach at
+                            float32 on this machine
 
 Sequences/s are the median of `repeats` passes over all rows after a warm-up pass (the jitted
 shapes compiled); the padding waste is the share of token positions computed that are padding.
@@ -36,12 +42,14 @@ import time
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 from absl import flags
 
 from bertjax import cli
 from bertjax.models import BertConfig
+from bertjax.train.flops import forward_flops_per_sequence
 
 _PRESET = flags.DEFINE_string("preset", "mini", "Model preset.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per batch (bertjax: at the longest "
@@ -180,6 +188,30 @@ def torch_pass(cfg: BertConfig, rows: list[np.ndarray], batch_size: int, head: s
     return run, tokens
 
 
+def matmul_rate(cfg: BertConfig, repeats: int = 10) -> float:
+    """FLOP/s of the model's FFN matmul ([4096, hidden] × [hidden, intermediate], float32) on
+    the default device: the best of `repeats` timed calls."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((4096, cfg.hidden_size), np.float32)
+    w = rng.standard_normal((cfg.hidden_size, cfg.intermediate_size), np.float32)
+    x, w = jax.device_put(x), jax.device_put(w)
+    matmul = jax.jit(jnp.matmul)
+    matmul(x, w).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(x, w).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * x.shape[0] * x.shape[1] * w.shape[1] / best
+
+
+def ceiling_seconds(cfg: BertConfig, rows: list[np.ndarray], pooled_only: bool,
+                    rate: float) -> float:
+    """Seconds to compute the forward FLOPs of `rows`, unpadded, at `rate` FLOP/s."""
+    flops = sum(forward_flops_per_sequence(cfg, len(r), 0, pooled_only) for r in rows)
+    return flops / rate
+
+
 def median_seconds(run, repeats: int) -> float:
     run()  # compile every bucket's shape / warm up
     times = []
@@ -200,10 +232,10 @@ def main(argv):
           f"{_BATCH.value}, median of {_REPEATS.value}")
     print(f"  {'rows':<30} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
     sets = {"rt": ("Rotten Tomatoes dev, max 128", rt_lengths, 128, classifier_set,
-                   "BertForSequenceClassification"),
+                   "BertForSequenceClassification", True),
             "squad": ("SQuAD-like windows, max 384", squad_lengths, 384, squad_set,
-                      "BertForQuestionAnswering")}
-    for name, lengths_of, max_len, make_set, head in (sets[k] for k in _SETS.value):
+                      "BertForQuestionAnswering", False)}
+    for name, lengths_of, max_len, make_set, head, pooled_only in (sets[k] for k in _SETS.value):
         cfg = BertConfig.from_preset(_PRESET.value, dtype="float32",
                                      max_position_embeddings=max(512, max_len))
         rows = token_rows(lengths_of(_ROWS.value), cfg.vocab_size)
@@ -220,6 +252,10 @@ def main(argv):
             variants[f"transformers, batch {batch}"] = torch_pass(cfg, rows, batch, head)
         seconds = {k: median_seconds(run, _REPEATS.value)
                    for k, (run, _) in variants.items() if run is not None}
+        rate = matmul_rate(cfg)
+        print(f"  (FFN matmul: {rate / 1e9:.1f} GFLOP/s)")
+        seconds["ceiling"] = ceiling_seconds(cfg, rows, pooled_only, rate)
+        variants["ceiling"] = (None, {"real": 1, "computed": 1})
         # The ratio is to transformers' faster batch size.
         baseline = min((v for k, v in seconds.items() if k.startswith("transformers")),
                        default=None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
@@ -56,6 +57,7 @@ def einsum_attention(
     value: jax.Array,
     mask: jax.Array | None,
     dropout: KeepMaskFn | None = None,
+    heads_first: bool = False,
 ) -> jax.Array:
     """Reference attention. query/key/value: [batch, seq, heads, head_dim] → same shape.
 
@@ -67,9 +69,17 @@ def einsum_attention(
     dtype, masked unnormalised, multiplied with the values; the normalisation (sum of the
     float32 exponentials, times the keep probability) divides the smaller [batch, q, heads,
     head_dim] product instead. Equal to softmax → dropout → probabilities · values.
+
+    heads_first: the operands transposed to [batch, heads, seq, head_dim] first, so that both
+    products are plain batched matrix products (XLA:CPU runs those much faster than the
+    contraction over the interleaved layout); the same values.
     """
+    scores_spec, context_spec = "bqhd,bkhd->bhqk", "bhqk,bkhd->bqhd"
+    if heads_first:
+        query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
+        scores_spec, context_spec = "bhqd,bhkd->bhqk", "bhqk,bhkd->bhqd"
     scale = 1.0 / jnp.sqrt(jnp.asarray(query.shape[-1], jnp.float32))
-    logits = jnp.einsum("bqhd,bkhd->bhqk", query, key).astype(jnp.float32) * scale
+    logits = jnp.einsum(scores_spec, query, key).astype(jnp.float32) * scale
     if mask is not None:
         logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
     # The max only keeps exp in range; it cancels in the division (as in jax.nn.softmax).
@@ -81,7 +91,9 @@ def einsum_attention(
         keep, keep_prob = dropout(weights.shape)
         weights = jnp.where(keep, weights, jnp.zeros_like(weights))
         total = total * keep_prob
-    context = jnp.einsum("bhqk,bkhd->bqhd", weights, value, preferred_element_type=jnp.float32)
+    context = jnp.einsum(context_spec, weights, value, preferred_element_type=jnp.float32)
+    if heads_first:
+        return jnp.swapaxes((context / total[..., None]).astype(value.dtype), 1, 2)
     return (context / jnp.swapaxes(total, 1, 2)[..., None]).astype(value.dtype)
 
 
@@ -94,8 +106,16 @@ def fused_attention(
 ) -> jax.Array:
     """`jax.nn.dot_product_attention`, letting XLA / cuDNN / TPU pick a fused kernel.
 
-    implementation: None (let JAX choose), "xla" or "cudnn". Shapes as `einsum_attention`.
+    implementation: None (let JAX choose; on CPU, which has no fused kernel, the heads-first
+    `einsum_attention`), "xla" or "cudnn". Shapes as `einsum_attention`.
     """
-    return jax.nn.dot_product_attention(
-        query, key, value, mask=mask, implementation=implementation
-    )
+
+    def fused(q, k, v, m):
+        return jax.nn.dot_product_attention(q, k, v, mask=m, implementation=implementation)
+
+    if implementation is not None:
+        return fused(query, key, value, mask)
+    # Chosen when lowering: a TPU compile on a CPU host (--dry_run --topology) keeps `fused`.
+    return jax.lax.platform_dependent(
+        query, key, value, mask, cpu=functools.partial(einsum_attention, heads_first=True),
+        default=fused)
