@@ -44,8 +44,8 @@ def define_flags() -> None:
                         "(python -m bertjax.convert to_hf --input=WORKDIR --output=DIR).")
     flags.DEFINE_string("input", None, "Rows to predict: .csv | .tsv | .jsonl | .json | .conll.")
     flags.DEFINE_string("output", None, "Predictions: .jsonl (or .conll for tagging).")
-    flags.DEFINE_integer("batch_size", None, "Rows per global batch at max_seq_length, 2, 4, "
-                         "... times as many when shorter (default: the run's "
+    flags.DEFINE_integer("batch_size", None, "Rows per global batch at 128 tokens and longer, "
+                         "2, 4, ... times as many at 64, 32, ... (default: the run's "
                          "config.eval.batch_size, which reproduces its predictions bitwise; on "
                          "CPU 8 or 16 wastes least).")
     flags.DEFINE_string("dtype", None, "Compute dtype (default: the run's).")

@@ -11,7 +11,7 @@ host runs the same shapes at every step).
 
 Unshuffled batches (evaluation, prediction: a forward pass only, compiled once per shape) use
 a finer grid of lengths (`prediction_buckets`: steps of 8 below 64) and more rows when short
-(`prediction_rows`: about the tokens of a full-length batch), and a row's batch shape depends
+(`prediction_rows`: about the tokens of a batch of 128-token rows), and a row's batch shape depends
 on its own length only: a bucket's leftover rows make a last batch of their own, filled with
 weight-0 rows. XLA's CPU kernels are not bitwise independent of the shape, so this is what
 makes a row's prediction the same whatever rows it is read with (a file streamed in chunks).
@@ -197,6 +197,9 @@ def plan_batches(features: Features, batch_size: int, buckets: Sequence[int], *,
     return plan
 
 
+SHORT_BATCH_LENGTH = 128
+
+
 def prediction_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
     """The run's bucket lengths with each interval cut in steps of a quarter of its lower end
     (at least 8): (16, 32, 64, 128) → (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128); the
@@ -211,10 +214,13 @@ def prediction_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
 
 def prediction_rows(batch_size: int, length: int, longest: int) -> int:
     """Rows of an unshuffled batch of `length` tokens: `batch_size` times the largest power of
-    two ≤ longest / length, so a short batch holds about the tokens of a full-length one (fewer
-    dispatches; memory no larger) and still divides over the devices `batch_size` does."""
+    two ≤ min(longest, SHORT_BATCH_LENGTH) / length, so a short batch holds about the tokens of
+    `batch_size` rows of 128 (fewer dispatches, matmuls large enough to run at speed, memory
+    no larger) and still divides over the devices `batch_size` does. No more than that: every
+    bucket's last batch is filled with weight-0 rows, and at max_seq_length 384 or 512 larger
+    short batches would mostly add filler (SQuAD's windows)."""
     scale = 1
-    while length * scale * 2 <= longest:
+    while length * scale * 2 <= min(longest, SHORT_BATCH_LENGTH):
         scale *= 2
     return batch_size * scale
 

@@ -281,6 +281,20 @@ def test_prediction_plan_shapes_depend_on_a_row_only():
         assert all(whole[i] == shape for i, shape in part.items())
 
 
+def test_prediction_rows_fill_short_batches_to_the_tokens_of_128_token_rows():
+    """Whatever max_seq_length: a short batch holds about the tokens of 8 rows of 128, and
+    rows of 128 tokens or more come 8 a batch (at 384 more rows would mostly be filler)."""
+    for longest in (64, 128, 384, 512):
+        grid = finetune_data.prediction_buckets(finetune_data.bucket_lengths(longest, 16))
+        for length in grid:
+            rows = finetune_data.prediction_rows(8, length, longest)
+            target = min(longest, 128)
+            if length * 2 > target:
+                assert rows == 8, (longest, length)
+            else:
+                assert rows % 8 == 0 and target * 8 // 2 < rows * length <= target * 8
+
+
 def test_multiple_choice_features_and_host_slices():
     examples = [finetune_data.ChoiceExample(str(i), "a b c", ("x", "y y", "z z z", "w"), i % 4)
                 for i in range(8)]

@@ -13,8 +13,8 @@ same rows in the same order:
   bertjax, length buckets   the prediction engine (bertjax/tasks/predict.py): the task's
                             unshuffled batches (the prediction plan of
                             data_pipeline/finetune_data.py: lengths 16, 24, ..., 64, 80, ...,
-                            max_seq_length, `batch_size` rows at max_seq_length and 2, 4, ...
-                            times as many when shorter; SQuAD windows too) through the jitted
+                            max_seq_length, `batch_size` rows at 128 and longer, 2, 4, ...
+                            times as many at 64, 32, ...; SQuAD windows too) through the jitted
                             head, over the mesh
   bertjax, padded to max    the same with one bucket, max_seq_length (every row padded)
   transformers, batch N     BertForSequenceClassification / BertForQuestionAnswering (PyTorch,
