@@ -337,8 +337,11 @@ def test_failed_save_is_one_line_and_keeps_the_last_good_checkpoint(tmp_path, mo
         resource.setrlimit(resource.RLIMIT_FSIZE, previous)
         signal.signal(signal.SIGXFSZ, old_handler)
     message = str(e.value)
+    # The cause: EFBIG, from whichever write of the save hit the limit first (a data file
+    # or, under load, the ocdbt directory's); the whole message shown if not.
     assert message.startswith(
-        f"saving checkpoint step 4 to {workdir / 'checkpoints' / '4'} failed (File too large")
+        f"saving checkpoint step 4 to {workdir / 'checkpoints' / '4'} failed ("), message
+    assert "File too large" in message or "errno 27" in message, message
     assert "step 2 is intact" in message and "\n" not in message
     assert not (workdir / "checkpoints" / "4").exists()  # orbax renames only complete steps
     assert snapshot(workdir / "checkpoints" / "2") == step2
