@@ -197,9 +197,6 @@ def plan_batches(features: Features, batch_size: int, buckets: Sequence[int], *,
     return plan
 
 
-SHORT_BATCH_LENGTH = 128
-
-
 def prediction_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
     """The run's bucket lengths with each interval cut in steps of a quarter of its lower end
     (at least 8): (16, 32, 64, 128) → (16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128); the
@@ -210,6 +207,10 @@ def prediction_buckets(buckets: Sequence[int]) -> tuple[int, ...]:
         step = max(8, low // 4)
         out += list(range(low + step, high, step)) + [high]
     return tuple(out)
+
+
+# Short prediction batches are filled up to `batch_size` rows of this many tokens.
+SHORT_BATCH_LENGTH = 128
 
 
 def prediction_rows(batch_size: int, length: int, longest: int) -> int:

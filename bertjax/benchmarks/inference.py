@@ -255,7 +255,7 @@ def main(argv):
         rate = matmul_rate(cfg)
         print(f"  (FFN matmul: {rate / 1e9:.1f} GFLOP/s)")
         seconds["ceiling"] = ceiling_seconds(cfg, rows, pooled_only, rate)
-        variants["ceiling"] = (None, {"real": 1, "computed": 1})
+        variants["ceiling"] = (None, {"real": 1, "computed": 1})  # a row of its own: no padding
         # The ratio is to transformers' faster batch size.
         baseline = min((v for k, v in seconds.items() if k.startswith("transformers")),
                        default=None)
