@@ -214,6 +214,41 @@ def initialize_distributed(config=None) -> None:
     multihost.start_watchdog(timeout, lambda line: exit_now(line, 1, lost=True))
 
 
+# At most this many devices a CPU is split into (`split_cpu`); each holds a copy of the weights.
+MAX_CPU_DEVICES = 4
+
+
+def split_cpu(count: int | None = None, flag: str = "--cpu_devices") -> int:
+    """On a machine with no accelerator, makes JAX's CPU backend `count` devices (None: one
+    per core, at most MAX_CPU_DEVICES); call it before JAX starts. Returns the devices made,
+    0 where nothing changed: an accelerator in use, one core, a count of 1, or the count
+    already set by JAX_NUM_CPU_DEVICES or XLA_FLAGS (--xla_force_host_platform_device_count;
+    then an explicit `count` is an error naming `flag`)."""
+    if count is not None and count < 1:
+        raise ConfigError(f"{flag}={count} must be positive")
+    preset = ("JAX_NUM_CPU_DEVICES" if "JAX_NUM_CPU_DEVICES" in os.environ else "XLA_FLAGS"
+              if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
+              else None)
+    if preset:
+        if count is not None:
+            raise ConfigError(f"{flag}={count}: the CPU device count is already set by "
+                              f"{preset}; give one of them")
+        return 0
+    platforms = os.environ.get("JAX_PLATFORMS", "")
+    if (platforms.split(",")[0] != "cpu") if platforms else _accelerator_attached():
+        return 0
+    if count is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+        count = min(cores, MAX_CPU_DEVICES)
+    if count == 1:
+        return 0
+    import jax
+
+    jax.config.update("jax_num_cpu_devices", count)
+    return count
+
+
 def require(value, flag: str, example: str):
     if not value:
         sys.exit(f"error: {flag} is required, e.g. {flag}={example}")

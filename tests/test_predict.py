@@ -107,6 +107,29 @@ def test_cli_bad_input_is_one_error_line(tmp_path):
         "its outputs)"]
 
 
+def test_split_cpu_makes_devices_unless_their_count_is_set(monkeypatch):
+    from bertjax import cli
+    from bertjax.errors import ConfigError
+
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    with pytest.raises(ConfigError, match="--cpu_devices=0 must be positive"):
+        cli.split_cpu(0)
+    assert cli.split_cpu(1) == 0  # one device: nothing to split
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+    assert cli.split_cpu(3) == 0  # an accelerator runs the batches
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    assert cli.split_cpu() == 0  # the user's count stands (a mesh on CPU devices)
+    with pytest.raises(ConfigError, match="already set by XLA_FLAGS"):
+        cli.split_cpu(3)
+    monkeypatch.delenv("XLA_FLAGS")
+    result = run_python(["-c", "from bertjax import cli; n = cli.split_cpu(3); import jax; "
+                         "print(n, jax.device_count(), jax.default_backend())"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == ["3", "3", "cpu"]
+
+
 def test_whole_word_of_wordpiece_continuations():
     from bertjax.tasks.predict import whole_word
 
@@ -124,10 +147,13 @@ def test_classification_cli_and_python_equal_the_run(classification_run, tmp_pat
     run = classification_run
     workdir = run["workdir"]
     out = tmp_path / "test.jsonl"
+    # The CPU split into 3 devices, whole batches on each in turn; the Python predictor below
+    # runs on this process's one device: the same bits.
     result = run_python(["-m", "bertjax.predict", f"--workdir={workdir}",
-                         f"--input={run['test']}", f"--output={out}"])
+                         f"--input={run['test']}", f"--output={out}", "--cpu_devices=3"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "padding is" in result.stdout and "metrics" not in result.stdout
+    assert "3 CPU devices, whole batches in turn" in result.stdout
     records = [json.loads(line) for line in out.read_text().splitlines()]
     with open(workdir / "submission" / "test.tsv") as f:
         written = list(csv.reader(f, delimiter="\t"))[1:]

@@ -15,7 +15,11 @@ same rows in the same order:
                             data_pipeline/finetune_data.py: lengths 16, 24, ..., 64, 80, ...,
                             max_seq_length, `batch_size` rows at 128 and longer, 2, 4, ...
                             times as many at 64, 32, ...; SQuAD windows too) through the jitted
-                            head, over the mesh
+                            head; on a CPU, as `python -m bertjax.predict` runs it: the CPU
+                            split into one device per core (at most 4), whole batches on each
+                            in turn
+  bertjax, buckets, 1 device
+                            the same on one undivided CPU device (when the CPU was split)
   bertjax, padded to max    the same with one bucket, max_seq_length (every row padded)
   transformers, batch N     BertForSequenceClassification / BertForQuestionAnswering (PyTorch,
                             eval, no_grad), batches of N rows in input order padded to their
@@ -29,8 +33,9 @@ same rows in the same order:
                             float32 on this machine
 
 Sequences/s are the median of `repeats` passes over all rows after a warm-up pass (the jitted
-shapes compiled); the padding waste is the share of token positions computed that are padding.
-Run it on a quiet machine: the figures are only comparable within one run.
+shapes compiled), the variants' passes taking turns; the padding waste is the share of token
+positions computed that are padding. Run it on a quiet machine: the figures are only
+comparable within one run.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import numpy as np
 from absl import flags
 
 from bertjax import cli
+from bertjax.benchmarks import interleaved_median_seconds
 from bertjax.models import BertConfig
 from bertjax.train.flops import forward_flops_per_sequence
 
@@ -130,19 +136,30 @@ def squad_set(rows: list[np.ndarray], max_len: int, bucketed: bool):
     return task, features
 
 
-def engine_pass(task, features, cfg: BertConfig, params, batch_size: int):
-    """(a callable predicting every row once with the task's jitted head, over the mesh, the
-    padding counts of its last pass)."""
+def engine_pass(task, features, cfg: BertConfig, params, batch_size: int,
+                devices: list[jax.Device], turns: bool):
+    """(a callable predicting every row once with the task's jitted head, the padding counts
+    of its last pass): whole batches on `devices` in turn (turns, as `python -m
+    bertjax.predict` on a CPU), or sharded over a data-parallel mesh of them."""
     from bertjax.tasks.base import _predict, predict_rows
-    from bertjax.tasks.predict import place_params
+    from bertjax.tasks.predict import (
+        DATA_PARALLEL_MESH,
+        DATA_PARALLEL_RULES,
+        DeviceTurns,
+        place_params,
+    )
     from bertjax.train import sharding as sharding_lib
     from bertjax.train.loop import Runner
 
-    mesh = sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
-    rules = (("batch", ("data", "fsdp")),)
-    runner = Runner(sharding_lib.batch_sharding(mesh, rules), rules)
     model = task.model(cfg)
-    placed = place_params(model, task.init_inputs(), params, mesh, rules)
+    if turns:
+        runner = DeviceTurns(devices)
+        placed = runner.place(params)
+    else:
+        mesh = sharding_lib.make_mesh(DATA_PARALLEL_MESH, devices)
+        runner = Runner(sharding_lib.batch_sharding(mesh, DATA_PARALLEL_RULES),
+                        DATA_PARALLEL_RULES)
+        placed = place_params(model, task.init_inputs(), params, mesh, DATA_PARALLEL_RULES)
     predict = jax.jit(functools.partial(_predict, task=task, model=model))
     tokens = {}
 
@@ -212,24 +229,15 @@ def ceiling_seconds(cfg: BertConfig, rows: list[np.ndarray], pooled_only: bool,
     return flops / rate
 
 
-def median_seconds(run, repeats: int) -> float:
-    run()  # compile every bucket's shape / warm up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times))
-
-
 def main(argv):
     del argv
     from data_pipeline.finetune_data import bucket_lengths, prediction_buckets
 
-    device = jax.devices()[0]
-    print(f"inference benchmark on {device.platform} ({device.device_kind}, "
-          f"{jax.device_count()} device(s)), preset {_PRESET.value}, float32, batch "
-          f"{_BATCH.value}, median of {_REPEATS.value}")
+    split = cli.split_cpu()  # as `python -m bertjax.predict` does, before JAX starts
+    devices = jax.devices()
+    print(f"inference benchmark on {devices[0].platform} ({devices[0].device_kind}, "
+          f"{len(devices)} device(s){', whole batches in turn' if split else ''}), preset "
+          f"{_PRESET.value}, float32, batch {_BATCH.value}, median of {_REPEATS.value}")
     print(f"  {'rows':<30} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
     sets = {"rt": ("Rotten Tomatoes dev, max 128", rt_lengths, 128, classifier_set,
                    "BertForSequenceClassification", True),
@@ -240,18 +248,23 @@ def main(argv):
                                      max_position_embeddings=max(512, max_len))
         rows = token_rows(lengths_of(_ROWS.value), cfg.vocab_size)
         variants, params = {}, None
-        for variant, bucketed in (("bertjax, length buckets", True),
-                                  ("bertjax, padded to max", False)):
+        engines = [("bertjax, length buckets", True, devices, bool(split)),
+                   ("bertjax, padded to max", False, devices, bool(split))]
+        if split:  # the same engine on one undivided CPU device
+            engines.insert(1, ("bertjax, buckets, 1 device", True, devices[:1], False))
+        for variant, bucketed, on, turns in engines:
             task, features = make_set(rows, max_len, bucketed)
-            if params is None:  # the same weights for both
+            if params is None:  # the same weights for all
                 params = jax.device_get(nn.unbox(jax.jit(task.model(cfg).init)(
                     jax.random.key(0), *task.init_inputs())["params"]))
-            variants[variant] = engine_pass(task, features, cfg, params, _BATCH.value)
+            variants[variant] = engine_pass(task, features, cfg, params, _BATCH.value, on,
+                                            turns)
         print(f"  (buckets {prediction_buckets(bucket_lengths(max_len, 16))})")
         for batch in sorted({_BATCH.value, 64}):
             variants[f"transformers, batch {batch}"] = torch_pass(cfg, rows, batch, head)
-        seconds = {k: median_seconds(run, _REPEATS.value)
-                   for k, (run, _) in variants.items() if run is not None}
+        # The passes take turns (the warm-up pass compiles every bucket's shape).
+        seconds = interleaved_median_seconds(
+            {k: run for k, (run, _) in variants.items() if run is not None}, _REPEATS.value)
         rate = matmul_rate(cfg)
         print(f"  (FFN matmul: {rate / 1e9:.1f} GFLOP/s)")
         seconds["ceiling"] = ceiling_seconds(cfg, rows, pooled_only, rate)

@@ -25,6 +25,7 @@ import numpy as np
 from absl import flags
 
 from bertjax import cli
+from bertjax.benchmarks import interleaved_median_seconds
 from bertjax.models import BertConfig, BertForPreTraining, pretraining_loss
 from bertjax.tasks import pretraining
 from bertjax.train import step as step_lib
@@ -127,23 +128,6 @@ def _synthetic_batch(cfg, batch_size, seq_len, max_predictions):
     positions = np.stack([np.sort(r.choice(np.arange(1, seq_len), max_predictions, replace=False))
                           for _ in range(batch_size)]).astype(np.int32)
     return _batch(cfg, batch_size, seq_len, positions)
-
-
-def interleaved_median_seconds(steps: dict, repeats: int) -> dict:
-    """Median seconds per call of each step, calling them in turn (a round-robin).
-
-    The machine's speed drifts from minute to minute; interleaving gives every variant the same
-    conditions, so their ratios hold even when the absolute figures move.
-    """
-    for step in steps.values():
-        step()  # compile / warm up
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return {name: float(np.median(t)) for name, t in times.items()}
 
 
 def bertjax_train_step(cfg, batch_size, seq_len, max_predictions):
