@@ -208,7 +208,12 @@ def initialize_distributed(config=None) -> None:
                                    num_processes=FLAGS.num_processes,
                                    process_id=FLAGS.process_id, **bounds)
     else:
-        jax.distributed.initialize(**bounds)
+        try:
+            jax.distributed.initialize(**bounds)
+        except ValueError as e:  # no cluster detected (not a TPU pod slice, SLURM, ...)
+            raise ConfigError(f"--distributed: {e} (no cluster was detected here; give "
+                              "--coordinator_address, --num_processes and --process_id)"
+                              ) from None
     from bertjax.train import multihost
 
     multihost.start_watchdog(timeout, lambda line: exit_now(line, 1, lost=True))

@@ -773,6 +773,14 @@ def test_the_command_lines_say_one_line_and_write_nothing(tmp_path):
     assert verbose.returncode == 1 and "Traceback" in verbose.stderr
     assert "ConfigError: model.num_layers=0" in verbose.stderr
     assert not workdir.exists()
+    # --distributed where no cluster can be detected (this machine): what to pass instead.
+    alone = run_python([*base, "--distributed"])
+    lines = alone.stderr.splitlines()
+    assert alone.returncode == 1 and len(lines) == 1, alone.stderr
+    assert lines[0].startswith("error: --distributed: ") and lines[0].endswith(
+        "(no cluster was detected here; give --coordinator_address, --num_processes and "
+        "--process_id)")
+    assert not workdir.exists()
 
 
 def test_create_pretraining_data_command_refuses_an_empty_corpus(tmp_path):
