@@ -223,20 +223,20 @@ def initialize_distributed(config=None) -> None:
 MAX_CPU_DEVICES = 4
 
 
-def split_cpu(count: int | None = None, flag: str = "--cpu_devices") -> int:
+def split_cpu(count: int | None = None) -> int:
     """On a machine with no accelerator, makes JAX's CPU backend `count` devices (None: one
     per core, at most MAX_CPU_DEVICES); call it before JAX starts. Returns the devices made,
     0 where nothing changed: an accelerator in use, one core, a count of 1, or the count
     already set by JAX_NUM_CPU_DEVICES or XLA_FLAGS (--xla_force_host_platform_device_count;
-    then an explicit `count` is an error naming `flag`)."""
+    then an explicit `count` is an error naming --cpu_devices)."""
     if count is not None and count < 1:
-        raise ConfigError(f"{flag}={count} must be positive")
+        raise ConfigError(f"--cpu_devices={count} must be positive")
     preset = ("JAX_NUM_CPU_DEVICES" if "JAX_NUM_CPU_DEVICES" in os.environ else "XLA_FLAGS"
               if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
               else None)
     if preset:
         if count is not None:
-            raise ConfigError(f"{flag}={count}: the CPU device count is already set by "
+            raise ConfigError(f"--cpu_devices={count}: the CPU device count is already set by "
                               f"{preset}; give one of them")
         return 0
     platforms = os.environ.get("JAX_PLATFORMS", "")

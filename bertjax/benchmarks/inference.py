@@ -137,29 +137,16 @@ def squad_set(rows: list[np.ndarray], max_len: int, bucketed: bool):
 
 
 def engine_pass(task, features, cfg: BertConfig, params, batch_size: int,
-                devices: list[jax.Device], turns: bool):
+                devices: list[jax.Device] | None):
     """(a callable predicting every row once with the task's jitted head, the padding counts
-    of its last pass): whole batches on `devices` in turn (turns, as `python -m
-    bertjax.predict` on a CPU), or sharded over a data-parallel mesh of them."""
+    of its last pass): whole batches on `devices` in turn (as `python -m bertjax.predict` on a
+    CPU), or without devices, sharded over a data-parallel mesh."""
     from bertjax.tasks.base import _predict, predict_rows
-    from bertjax.tasks.predict import (
-        DATA_PARALLEL_MESH,
-        DATA_PARALLEL_RULES,
-        DeviceTurns,
-        place_params,
-    )
-    from bertjax.train import sharding as sharding_lib
-    from bertjax.train.loop import Runner
+    from bertjax.tasks.predict import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, runner_and_params
 
     model = task.model(cfg)
-    if turns:
-        runner = DeviceTurns(devices)
-        placed = runner.place(params)
-    else:
-        mesh = sharding_lib.make_mesh(DATA_PARALLEL_MESH, devices)
-        runner = Runner(sharding_lib.batch_sharding(mesh, DATA_PARALLEL_RULES),
-                        DATA_PARALLEL_RULES)
-        placed = place_params(model, task.init_inputs(), params, mesh, DATA_PARALLEL_RULES)
+    runner, placed = runner_and_params(model, task.init_inputs(), params, DATA_PARALLEL_MESH,
+                                       DATA_PARALLEL_RULES, batch_size, devices)
     predict = jax.jit(functools.partial(_predict, task=task, model=model))
     tokens = {}
 
@@ -248,17 +235,17 @@ def main(argv):
                                      max_position_embeddings=max(512, max_len))
         rows = token_rows(lengths_of(_ROWS.value), cfg.vocab_size)
         variants, params = {}, None
-        engines = [("bertjax, length buckets", True, devices, bool(split)),
-                   ("bertjax, padded to max", False, devices, bool(split))]
+        turns = devices if split else None
+        engines = [("bertjax, length buckets", True, turns),
+                   ("bertjax, padded to max", False, turns)]
         if split:  # the same engine on one undivided CPU device
-            engines.insert(1, ("bertjax, buckets, 1 device", True, devices[:1], False))
-        for variant, bucketed, on, turns in engines:
+            engines.insert(1, ("bertjax, buckets, 1 device", True, devices[:1]))
+        for variant, bucketed, on in engines:
             task, features = make_set(rows, max_len, bucketed)
             if params is None:  # the same weights for all
                 params = jax.device_get(nn.unbox(jax.jit(task.model(cfg).init)(
                     jax.random.key(0), *task.init_inputs())["params"]))
-            variants[variant] = engine_pass(task, features, cfg, params, _BATCH.value, on,
-                                            turns)
+            variants[variant] = engine_pass(task, features, cfg, params, _BATCH.value, on)
         print(f"  (buckets {prediction_buckets(bucket_lengths(max_len, 16))})")
         for batch in sorted({_BATCH.value, 64}):
             variants[f"transformers, batch {batch}"] = torch_pass(cfg, rows, batch, head)

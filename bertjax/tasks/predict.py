@@ -300,6 +300,20 @@ class DeviceTurns:
             yield batch, jax.device_get(outputs)
 
 
+def runner_and_params(model, init_inputs: tuple, params, mesh_sizes, rules, batch_size: int,
+                      devices: Sequence[jax.Device] | None = None) -> tuple[Any, Any]:
+    """(runner, the host `params` placed for it): whole batches on each of `devices` in turn
+    (`DeviceTurns`), or without devices, batches sharded over a mesh of `mesh_sizes` on every
+    device (`rules`: the logical-axis rules; `batch_size` must divide over its data axes)."""
+    if devices:
+        runner = DeviceTurns(devices)
+        return runner, runner.place(params)
+    mesh = sharding_lib.make_mesh(mesh_sizes)
+    configs.check_batch_size(batch_size, mesh, field="--batch_size")
+    return (Runner(sharding_lib.batch_sharding(mesh, rules), rules),
+            place_params(model, init_inputs, params, mesh, rules))
+
+
 class Engine:
     """A trained model's jitted task forward over the run's mesh (see the module docstring).
 
@@ -314,15 +328,9 @@ class Engine:
         self.max_seq_length = int(config.max_seq_length)
         self.batch_size = int(batch_size or config.eval.batch_size)
         self.model = model = task.model(trained.model_config)
-        if devices:
-            self.runner = DeviceTurns(devices)
-            self.params = self.runner.place(trained.params)
-        else:
-            mesh = sharding_lib.make_mesh(config.mesh)
-            configs.check_batch_size(self.batch_size, mesh, field="--batch_size")
-            rules = config.logical_axis_rules
-            self.runner = Runner(sharding_lib.batch_sharding(mesh, rules), rules)
-            self.params = place_params(model, task.init_inputs(), trained.params, mesh, rules)
+        self.runner, self.params = runner_and_params(
+            model, task.init_inputs(), trained.params, config.mesh, config.logical_axis_rules,
+            self.batch_size, devices)
         self._predict = jax.jit(functools.partial(_predict, task=task, model=model))
 
     def run(self, examples: list) -> tuple[Any, dict[str, Any], dict[str, int]]:
@@ -812,14 +820,11 @@ class FillMask:
 
         self.tokenizer, self.batch_size = tokenizer, batch_size
         self.max_seq_length = min(max_seq_length, model_config.max_position_embeddings)
-        mesh = sharding_lib.make_mesh(DATA_PARALLEL_MESH)
-        configs.check_batch_size(batch_size, mesh, field="--batch_size")
-        self.runner = Runner(sharding_lib.batch_sharding(mesh, DATA_PARALLEL_RULES),
-                             DATA_PARALLEL_RULES)
         model = BertForPreTraining(model_config)
         ids = jnp.zeros((1, 2), jnp.int32)
-        self.params = place_params(model, (ids, ids, ids, jnp.zeros((1, 1), jnp.int32)),
-                                   params, mesh, DATA_PARALLEL_RULES)
+        self.runner, self.params = runner_and_params(
+            model, (ids, ids, ids, jnp.zeros((1, 1), jnp.int32)), params, DATA_PARALLEL_MESH,
+            DATA_PARALLEL_RULES, batch_size)
 
         def probabilities(params, batch):  # [batch, masks, vocab] float32
             out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
