@@ -254,6 +254,31 @@ def split_cpu(count: int | None = None) -> int:
     return count
 
 
+def define_cpu_devices_flag() -> None:
+    """--cpu_devices (`turn_devices`)."""
+    flags.DEFINE_integer("cpu_devices", None, "On a machine with no accelerator: JAX devices "
+                         "the CPU is split into, whole batches on each in turn, the same "
+                         f"outputs (default: one per core, at most {MAX_CPU_DEVICES}; 1: one "
+                         "device).")
+
+
+def turn_devices() -> list | None:
+    """The devices to run whole batches on in turn, or None: on a machine with no
+    accelerator, in one process, the CPU split as --cpu_devices asks (`split_cpu`); call it
+    before JAX starts."""
+    FLAGS = flags.FLAGS
+    if FLAGS.distributed or FLAGS.coordinator_address:
+        if FLAGS.cpu_devices is not None:
+            raise ConfigError("--cpu_devices is for one process; a pod slice shards the "
+                              "batches over the run's mesh")
+        return None
+    if not split_cpu(FLAGS.cpu_devices):
+        return None
+    import jax
+
+    return jax.devices()
+
+
 def require(value, flag: str, example: str):
     if not value:
         sys.exit(f"error: {flag} is required, e.g. {flag}={example}")

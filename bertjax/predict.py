@@ -64,10 +64,7 @@ def define_flags() -> None:
                       "step time and sequences/s per chip); read no checkpoint, no input.")
     flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
                         "with the TPU compiler, on any machine (e.g. v5e-8, v5p-32).")
-    flags.DEFINE_integer("cpu_devices", None, "On a machine with no accelerator: JAX devices "
-                         "the CPU is split into, whole batches on each in turn, the same "
-                         "predictions (default: one per core, at most "
-                         f"{cli.MAX_CPU_DEVICES}; 1: one device).")
+    cli.define_cpu_devices_flag()
     flags.DEFINE_string("checkpoint", None, "fill_mask: a bertjax checkpoint directory.")
     flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].")
     flags.DEFINE_integer("max_seq_length", 128, "fill_mask: tokens per text.")
@@ -126,15 +123,7 @@ def predict() -> None:
             sys.exit(f"error: --{name} is required")
     fields = {name: f[name].value for name in FIELD_FLAGS + ("format", "token_column",
                                                              "tag_column")}
-    devices = None
-    if f.distributed or f.coordinator_address:
-        if f.cpu_devices is not None:
-            sys.exit("error: --cpu_devices is for one process; a pod slice shards the batches "
-                     "over the run's mesh")
-    elif cli.split_cpu(f.cpu_devices):
-        import jax
-
-        devices = jax.devices()
+    devices = cli.turn_devices()
     predictor = (Predictor.from_workdir(f.workdir, f.batch_size, f.dtype, devices) if f.workdir
                  else Predictor.from_export(f.export, f.batch_size, f.dtype, devices))
     conll = f.output.endswith(".conll")

@@ -104,15 +104,39 @@ def test_batches_share_one_compiled_function_per_length_bucket(checkpoint):
 
 
 def test_cli_writes_the_same_file(checkpoint, tmp_path):
+    """The command, its CPU split into 3 devices taking whole batches in turn, writes the file
+    of one device in this process."""
     out = tmp_path / "cli.jsonl"
+    lines = (LINES * 4)[:-1]  # 19 lines: batches of 4 in buckets 16 and 32, over 3 devices
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    result = run_python(["-m", "bertjax.extract_features", f"--checkpoint={checkpoint / 'ckpt'}",
+                         f"--input_file={tmp_path / 'in.txt'}", f"--output_file={out}",
+                         "--layers=-1", "--max_seq_length=32", "--batch_size=4",
+                         "--cpu_devices=3"], timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"wrote {len(lines)} examples to {out} (3 CPU devices, whole batches in turn)" in \
+        result.stdout
+    expected = tmp_path / "api.jsonl"
+    run(str(checkpoint / "ckpt"), str(tmp_path / "in.txt"), str(expected), layers="-1",
+        max_seq_length=32, batch_size=4)
+    assert out.read_bytes() == expected.read_bytes()
+
+
+@pytest.mark.parametrize("args,env,expected", [
+    (["--cpu_devices=0"], {}, "--cpu_devices=0 must be positive"),
+    (["--cpu_devices=2", "--distributed"], {}, "--cpu_devices is for one process"),
+    (["--batch_size=3"], {"JAX_NUM_CPU_DEVICES": "2"},  # sharded over a 2-device mesh
+     "--batch_size=3 does not divide evenly over the 2 data-parallel devices"),
+])
+def test_cli_device_flags_are_checked(checkpoint, tmp_path, args, env, expected):
+    out = tmp_path / "out.jsonl"
     result = run_python(["-m", "bertjax.extract_features", f"--checkpoint={checkpoint / 'ckpt'}",
                          f"--input_file={checkpoint / 'input.txt'}", f"--output_file={out}",
-                         "--layers=-1", "--max_seq_length=16", "--batch_size=4"], timeout=120)
-    assert result.returncode == 0, result.stderr[-2000:]
-    expected = tmp_path / "api.jsonl"
-    run(str(checkpoint / "ckpt"), str(checkpoint / "input.txt"), str(expected), layers="-1",
-        max_seq_length=16, batch_size=4)
-    assert read_jsonl(out) == read_jsonl(expected)
+                         "--layers=-1", "--max_seq_length=16", *args], env=env, timeout=120)
+    assert result.returncode == 1
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"error: {expected}"), line
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("kwargs,expected", [

@@ -10,7 +10,9 @@ values are rounded to 6 decimals. Lines are read a window of WINDOW_BATCHES batc
 (memory independent of the file's size), sorted into the fine-tuning engine's length buckets
 (16, 32, ..., max_seq_length: `data_pipeline.finetune_data.bucket_lengths`) and run in
 fixed-shape batches [batch_size, bucket length] through one jit-compiled function (one
-compilation per bucket; a bucket's last batch is padded), then written in input order.
+compilation per bucket; a bucket's last batch is padded) on the prediction engine's runner
+(sharded over the data-parallel devices, or whole batches on CPU devices in turn), then
+written in input order.
 """
 
 from __future__ import annotations
@@ -61,12 +63,19 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
 class FeatureExtractor:
     """Runs texts through BERT and returns the reference JSON objects.
 
-    `self.compute` is the jitted function params, [batch, seq] ids/segments/mask →
+    The prediction engine's runner (bertjax/tasks/predict.py): batches sharded over the
+    data-parallel devices of every process (each process feeds its share of a batch, and every
+    process gets the features), or with `devices`, whole batches on each of them in turn. The
+    next batch is dispatched before a batch's features are turned into JSON.
+    `self.compute` is the jitted function params, batch ([batch, seq] ids/segments/mask) →
     [batch, len(layers), seq, hidden] float32.
     """
 
     def __init__(self, config: BertConfig, params: Any, tokenizer: Any, layers: Sequence[int],
-                 max_seq_length: int, batch_size: int):
+                 max_seq_length: int, batch_size: int,
+                 devices: Sequence[jax.Device] | None = None):
+        from bertjax.tasks.predict import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, runner_and_params
+
         if max_seq_length > config.max_position_embeddings:
             raise ValueError(f"--max_seq_length={max_seq_length} exceeds the model's "
                              f"max_position_embeddings={config.max_position_embeddings}")
@@ -76,30 +85,42 @@ class FeatureExtractor:
         self.layers = list(layers)
         self.max_seq_length, self.batch_size = max_seq_length, batch_size
         self.tokens = {"real": 0, "computed": 0}
-        self.params = jax.device_put(params["bert"] if "bert" in params else params)
         model = BertModel(config)
+        ids = jnp.zeros((1, 2), jnp.int32)
+        self.runner, self.params = runner_and_params(
+            model, (ids, ids, ids), params["bert"] if "bert" in params else params,
+            DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, batch_size, devices)
         # hidden_states[0] is the embedding output; the reference's layer i is index i + 1.
-        rows = jnp.asarray([layer % config.num_layers + 1 for layer in self.layers])
+        rows = np.array([layer % config.num_layers + 1 for layer in self.layers])
 
-        def compute(params, input_ids, segment_ids, input_mask):
-            out = model.apply({"params": params}, input_ids, segment_ids, input_mask,
-                              return_all_layers=True)
+        def compute(params, batch):
+            out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                              batch["input_mask"], return_all_layers=True)
             selected = out["hidden_states"][rows]  # [n_layers, batch, seq, hidden]
             return jnp.swapaxes(selected, 0, 1).astype(jnp.float32)
 
         self.compute = jax.jit(compute)
 
-    def _batch_arrays(self, encodings, length: int
-                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Fixed [batch_size, length] arrays (every encoding fits in `length` tokens); missing
-        rows are all padding."""
-        shape = (self.batch_size, length)
-        ids, segments, mask = (np.zeros(shape, np.int32) for _ in range(3))
-        for row, enc in enumerate(encodings):
-            ids[row] = enc.input_ids[:length]
-            segments[row] = enc.segment_ids[:length]
-            mask[row] = enc.input_mask[:length]
-        return ids, segments, mask
+    def _batches(self, encodings, members: np.ndarray, length: int
+                 ) -> Iterator[dict[str, np.ndarray]]:
+        """This process's rows of the fixed [batch_size, length] batches of `members` (their
+        encodings fit in `length` tokens), with "row": the member's index (-1: filler)."""
+        from data_pipeline.hosts import host_rows
+
+        mine = host_rows(self.batch_size, jax.process_index(), jax.process_count())
+        for first in range(0, len(members), self.batch_size):
+            rows = members[first:first + self.batch_size]
+            shape = (self.batch_size, length)
+            batch = {k: np.zeros(shape, np.int32)
+                     for k in ("input_ids", "segment_ids", "input_mask")}
+            batch["row"] = np.full(self.batch_size, -1, np.int32)
+            for r, i in enumerate(rows):
+                enc = encodings[i]
+                batch["input_ids"][r] = enc.input_ids[:length]
+                batch["segment_ids"][r] = enc.segment_ids[:length]
+                batch["input_mask"][r] = enc.input_mask[:length]
+                batch["row"][r] = i
+            yield {k: v[mine] for k, v in batch.items()}
 
     def __call__(self, lines: Iterable[str]) -> Iterator[dict[str, Any]]:
         """One reference JSON object per input line, in order. self.tokens counts the "real"
@@ -112,18 +133,17 @@ class FeatureExtractor:
             pairs = [parse_line(line) for line in window]
             encodings = self.tokenizer.encode_batch(
                 [a for a, _ in pairs], [b for _, b in pairs], max_seq_length=self.max_seq_length)
-            lengths = np.array([sum(enc.input_mask) for enc in encodings])
-            assignment = assign_buckets(lengths, buckets)
+            assignment = assign_buckets(np.array([sum(e.input_mask) for e in encodings]),
+                                        buckets)
+            batches = (batch for bucket, length in enumerate(buckets)
+                       for batch in self._batches(encodings, np.flatnonzero(assignment == bucket),
+                                                  length))
             out: list[dict[str, Any] | None] = [None] * len(window)
-            for bucket, length in enumerate(buckets):
-                members = np.flatnonzero(assignment == bucket)
-                for first in range(0, len(members), self.batch_size):
-                    rows = members[first:first + self.batch_size]
-                    arrays = self._batch_arrays([encodings[i] for i in rows], length)
-                    values = np.asarray(self.compute(self.params, *arrays))
-                    self.tokens["real"] += int(lengths[rows].sum())
-                    self.tokens["computed"] += arrays[0].size
-                    for r, i in enumerate(rows):
+            for batch, values in self.runner.run(self.compute, self.params, batches):
+                self.tokens["real"] += int(batch["input_mask"].sum())
+                self.tokens["computed"] += batch["input_mask"].size
+                for r, i in enumerate(batch["row"]):
+                    if i >= 0:
                         out[i] = self._example(index + int(i), encodings[i], values[r])
             index += len(window)
             yield from out
@@ -155,8 +175,9 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2,-3,-4",
         max_seq_length: int = 128, batch_size: int = 32,
-        do_lower_case: bool | None = None) -> int:
-    """Writes `output_file`; returns the number of examples."""
+        do_lower_case: bool | None = None, devices: Sequence[jax.Device] | None = None) -> int:
+    """Writes `output_file`; returns the number of examples. devices: whole batches on each in
+    turn (FeatureExtractor), instead of sharded over every device."""
     from bertjax.checkpoint_dir import load_pretrained
 
     # The files first: a missing input or output directory must not cost a model load.
@@ -167,10 +188,10 @@ def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2
         raise ValueError(f"--input_file={input_file}: no such file")
     config, params, tokenizer = load_pretrained(checkpoint, do_lower_case=do_lower_case)
     extractor = FeatureExtractor(config, params, tokenizer, parse_layers(layers, config.num_layers),
-                                 max_seq_length, batch_size)
+                                 max_seq_length, batch_size, devices)
     if not multihost.is_main():
-        # On a multi-host run every process computes the same features (none waits long in a
-        # collective for another), and process 0 writes them.
+        # On a multi-host run every process computes its share of each batch (and receives
+        # every feature), and process 0 writes them.
         with _open(input_file, "--input_file") as source:
             for _ in extractor(line.rstrip("\n") for line in source):
                 pass
