@@ -279,6 +279,48 @@ def turn_devices() -> list | None:
     return jax.devices()
 
 
+# The persistent compilation cache's bound when bertjax chooses its directory (least recently
+# used programs go first).
+COMPILATION_CACHE_BYTES = 2 << 30
+
+
+def define_compilation_cache_flag() -> None:
+    """--compilation_cache (`use_compilation_cache`)."""
+    flags.DEFINE_string("compilation_cache", None, "Directory keeping compiled programs across "
+                        "runs (JAX's persistent compilation cache): a later run with the same "
+                        "model and batch shapes skips compiling them. Default: "
+                        "$JAX_COMPILATION_CACHE_DIR, else $XDG_CACHE_HOME/bertjax/jax "
+                        "(~/.cache/bertjax/jax); '' for none.")
+
+
+def use_compilation_cache() -> str | None:
+    """Keeps every compiled program, however quick to compile, in the --compilation_cache
+    directory (see its help); returns the directory, None for none. On a CPU, compiling the
+    programs of an input's batch shapes can take longer than running them; a later run whose
+    batches have the same shapes skips it."""
+    import jax
+
+    given = flags.FLAGS.compilation_cache
+    directory = given if given is not None else jax.config.jax_compilation_cache_dir
+    if directory is None:  # neither the flag nor JAX_COMPILATION_CACHE_DIR: bertjax's own
+        home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+        directory = os.path.join(home, "bertjax", "jax")
+        jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)
+    if not directory:
+        return None
+    if "://" not in directory:
+        try:
+            os.makedirs(directory, exist_ok=True)
+        except OSError as e:
+            if given is None:  # an unwritable home: no cache, no failure
+                return None
+            raise ConfigError(f"--compilation_cache={directory}: {e.strerror} (give another "
+                              "directory, or '' for none)") from None
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    return directory
+
+
 def require(value, flag: str, example: str):
     if not value:
         sys.exit(f"error: {flag} is required, e.g. {flag}={example}")

@@ -34,6 +34,7 @@ def define_flags() -> None:
     flags.DEFINE_bool("do_lower_case", None,
                       "Lower-case input; default: the checkpoint's tokenizer_config.json.")
     cli.define_cpu_devices_flag()
+    cli.define_compilation_cache_flag()
     cli.define_distributed_flags()
 
 
@@ -45,6 +46,7 @@ def main(argv: Sequence[str]) -> None:
             sys.exit(f"error: --{name} is required")
     devices = cli.turn_devices()  # the CPU split (or a clash with --distributed) first
     cli.initialize_distributed()  # before anything touches a JAX backend
+    cli.use_compilation_cache()
     from bertjax.tasks.extraction import run
 
     try:

@@ -65,6 +65,7 @@ def define_flags() -> None:
     flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
                         "with the TPU compiler, on any machine (e.g. v5e-8, v5p-32).")
     cli.define_cpu_devices_flag()
+    cli.define_compilation_cache_flag()
     flags.DEFINE_string("checkpoint", None, "fill_mask: a bertjax checkpoint directory.")
     flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].")
     flags.DEFINE_integer("max_seq_length", 128, "fill_mask: tokens per text.")
@@ -162,6 +163,7 @@ def predict() -> None:
 
 def main(argv: Sequence[str]) -> None:
     cli.initialize_distributed()  # before anything touches a JAX backend
+    cli.use_compilation_cache()
     if len(argv) > 1 and argv[1] == "fill_mask":
         return fill_mask(argv[2:])
     if len(argv) > 1:

@@ -10,6 +10,7 @@ BertForMaskedLM for fill-mask. Bad input is one `error:` line.
 
 import csv
 import json
+import os
 import random
 
 import numpy as np
@@ -130,6 +131,50 @@ def test_split_cpu_makes_devices_unless_their_count_is_set(monkeypatch):
     assert result.stdout.split() == ["3", "3", "cpu"]
 
 
+CACHE_SCRIPT = """
+import os, sys
+os.environ.pop("JAX_COMPILATION_CACHE_DIR")  # the tests' own (conftest); JAX_DIR: the user's
+if os.environ.get("JAX_DIR"):
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ["JAX_DIR"]
+from absl import flags
+from bertjax import cli
+cli.define_compilation_cache_flag()
+flags.FLAGS(["x", *sys.argv[1:]])
+try:
+    print(cli.use_compilation_cache())
+except Exception as e:
+    print(type(e).__name__, e)
+import jax
+print(jax.config.jax_compilation_cache_dir, jax.config.jax_compilation_cache_max_size)
+"""
+
+
+def test_compilation_cache_directory(tmp_path):
+    """--compilation_cache, else JAX_COMPILATION_CACHE_DIR, else bertjax's own directory under
+    XDG_CACHE_HOME (bounded); '' for none; an unusable default is no cache, a given one is an
+    error naming the flag."""
+    env = {"XDG_CACHE_HOME": str(tmp_path / "xdg"), "JAX_DIR": ""}
+
+    def cache(*args, **extra):
+        result = run_python(["-c", CACHE_SCRIPT, *args], env={**env, **extra})
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout.splitlines()
+
+    own = str(tmp_path / "xdg" / "bertjax" / "jax")
+    assert cache() == [own, f"{own} {2 << 30}"]
+    assert (tmp_path / "xdg" / "bertjax" / "jax").is_dir()
+    assert cache(f"--compilation_cache={tmp_path / 'mine'}") == [
+        str(tmp_path / "mine"), f"{tmp_path / 'mine'} -1"]
+    assert cache(JAX_DIR=str(tmp_path / "jax")) == [
+        str(tmp_path / "jax"), f"{tmp_path / 'jax'} -1"]
+    assert cache("--compilation_cache=") == ["None", "None -1"]
+    (tmp_path / "file").write_text("")
+    assert cache(XDG_CACHE_HOME=str(tmp_path / "file")) == ["None", "None " + str(2 << 30)]
+    assert cache(f"--compilation_cache={tmp_path / 'file' / 'x'}") == [
+        f"ConfigError --compilation_cache={tmp_path / 'file' / 'x'}: Not a directory (give "
+        "another directory, or '' for none)", "None -1"]
+
+
 def test_whole_word_of_wordpiece_continuations():
     from bertjax.tasks.predict import whole_word
 
@@ -149,11 +194,23 @@ def test_classification_cli_and_python_equal_the_run(classification_run, tmp_pat
     out = tmp_path / "test.jsonl"
     # The CPU split into 3 devices, whole batches on each in turn; the Python predictor below
     # runs on this process's one device: the same bits.
-    result = run_python(["-m", "bertjax.predict", f"--workdir={workdir}",
-                         f"--input={run['test']}", f"--output={out}", "--cpu_devices=3"])
+    # Its compiled programs are kept in a cache of its own: a second run loads them.
+    cache = tmp_path / "cache"
+    args = ["-m", "bertjax.predict", f"--workdir={workdir}", f"--input={run['test']}",
+            "--cpu_devices=3", f"--compilation_cache={cache}"]
+    result = run_python([*args, f"--output={out}"])
     assert result.returncode == 0, result.stderr[-3000:]
     assert "padding is" in result.stdout and "metrics" not in result.stdout
     assert "3 CPU devices, whole batches in turn" in result.stdout
+    def kept():
+        return {name: os.stat(cache / name).st_mtime_ns for name in os.listdir(cache)}
+
+    first = kept()
+    assert first
+    again = run_python([*args, f"--output={tmp_path / 'again.jsonl'}"])
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert kept() == first  # nothing compiled anew (a compile writes its program again)
+    assert (tmp_path / "again.jsonl").read_bytes() == out.read_bytes()
     records = [json.loads(line) for line in out.read_text().splitlines()]
     with open(workdir / "submission" / "test.tsv") as f:
         written = list(csv.reader(f, delimiter="\t"))[1:]
