@@ -12,7 +12,9 @@ import csv
 import json
 import os
 import random
+import threading
 
+import jax
 import numpy as np
 import pytest
 import tagging_data as td
@@ -579,3 +581,58 @@ def test_fill_mask_equals_transformers_masked_lm(checkpoint, tmp_path):
     assert result.stdout.splitlines()[0] == texts[0]
     assert result.stdout.splitlines()[1].startswith("  [MASK] at token 2: "
                                                     + ours[0][0]["candidates"][0]["word"])
+
+
+@pytest.mark.parametrize("kind", ["mesh", "turns"])
+def test_programs_compile_ahead_once_per_batch_shape(kind):
+    """The runners compile a jitted function for the batch shapes ahead, in background threads
+    (train.loop.compiled_ahead): each shape once, none when its batch is dispatched, outputs
+    in the batches' order."""
+    from bertjax.tasks.predict import DeviceTurns
+    from bertjax.train import sharding as sharding_lib
+    from bertjax.train.loop import Runner
+
+    if kind == "mesh":
+        rules = (("batch", ("data", "fsdp")),)
+        mesh = sharding_lib.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+        runner, params = Runner(sharding_lib.batch_sharding(mesh, rules), rules), np.float32(2)
+    else:
+        runner = DeviceTurns(jax.devices()[:1])
+        params = runner.place(np.float32(2))
+    fn = jax.jit(lambda p, batch: batch["x"].sum(axis=1) * p)  # a new function: not cached
+    widths = [3, 3, 5, 7, 5, 3]
+    batches = [{"x": np.full((4, w), i, np.float32)} for i, w in enumerate(widths)]
+    compiled_in = []
+
+    def listener(event, seconds, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled_in.append(threading.current_thread().name)
+
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)  # every program compiles here
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        outputs = list(runner.run(fn, params, batches))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+        jax.config.update("jax_enable_compilation_cache", cache)
+    for (batch, out), i, w in zip(outputs, range(len(widths)), widths, strict=True):
+        np.testing.assert_array_equal(batch["x"], batches[i]["x"])
+        np.testing.assert_array_equal(out, np.full(4, 2 * i * w, np.float32))
+    ahead = [name for name in compiled_in if name.startswith("compile")]
+    assert len(ahead) == len(set(widths))
+    assert "MainThread" not in compiled_in
+
+
+def test_compiled_ahead_raises_a_compile_error_at_its_batch():
+    from bertjax.train.loop import compiled_ahead
+
+    def compile_for(i, batch):
+        if batch == "bad":
+            raise ValueError("no program for bad")
+
+    got = []
+    with pytest.raises(ValueError, match="no program for bad"):
+        for batch in compiled_ahead(["a", "a", "b", "bad", "c"], compile_for, lambda i, b: b):
+            got.append(batch)
+    assert got == ["a", "a", "b"]  # the batches before it ran

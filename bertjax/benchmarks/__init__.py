@@ -14,15 +14,19 @@ from collections.abc import Callable
 import numpy as np
 
 
-def interleaved_median_seconds(steps: dict[str, Callable[[], object]], repeats: int
-                               ) -> dict[str, float]:
-    """Median seconds per call of each step, calling them in turn (a round-robin).
+def interleaved_median_seconds(steps: dict[str, Callable[[], object]], repeats: int,
+                               first: dict[str, float] | None = None) -> dict[str, float]:
+    """Median seconds per call of each step, calling them in turn (a round-robin), after a
+    first call of each (compiles, warm-up) whose seconds go into `first` if given.
 
     The machine's speed drifts from minute to minute; interleaving gives every variant the same
     conditions, so their ratios hold even when the absolute figures move.
     """
-    for step in steps.values():
-        step()  # compile / warm up
+    for name, step in steps.items():
+        start = time.perf_counter()
+        step()
+        if first is not None:
+            first[name] = time.perf_counter() - start
     times = {name: [] for name in steps}
     for _ in range(repeats):
         for name, step in steps.items():

@@ -32,10 +32,11 @@ same rows in the same order:
                             free; a ratio to transformers above this one is out of reach at
                             float32 on this machine
 
-Sequences/s are the median of `repeats` passes over all rows after a warm-up pass (the jitted
-shapes compiled), the variants' passes taking turns; the padding waste is the share of token
-positions computed that are padding. Run it on a quiet machine: the figures are only
-comparable within one run.
+Sequences/s are the median of `repeats` passes over all rows after a first pass (the jitted
+shapes compiled, nothing read from a compilation cache), the variants' passes taking turns;
+the padding waste is the share of token positions computed that are padding; "first pass" is
+the seconds of that first pass, what a command's first run over the rows costs. Run it on a
+quiet machine: the figures are only comparable within one run.
 """
 
 from __future__ import annotations
@@ -221,11 +222,13 @@ def main(argv):
     from data_pipeline.finetune_data import bucket_lengths, prediction_buckets
 
     split = cli.split_cpu()  # as `python -m bertjax.predict` does, before JAX starts
+    jax.config.update("jax_enable_compilation_cache", False)  # first passes compile
     devices = jax.devices()
     print(f"inference benchmark on {devices[0].platform} ({devices[0].device_kind}, "
           f"{len(devices)} device(s){', whole batches in turn' if split else ''}), preset "
           f"{_PRESET.value}, float32, batch {_BATCH.value}, median of {_REPEATS.value}")
-    print(f"  {'rows':<30} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16}")
+    print(f"  {'rows':<30} {'variant':<26} {'seq/s':>8} {'padding':>8} {'vs transformers':>16} "
+          f"{'first pass':>11}")
     sets = {"rt": ("Rotten Tomatoes dev, max 128", rt_lengths, 128, classifier_set,
                    "BertForSequenceClassification", True),
             "squad": ("SQuAD-like windows, max 384", squad_lengths, 384, squad_set,
@@ -250,8 +253,10 @@ def main(argv):
         for batch in sorted({_BATCH.value, 64}):
             variants[f"transformers, batch {batch}"] = torch_pass(cfg, rows, batch, head)
         # The passes take turns (the warm-up pass compiles every bucket's shape).
+        first: dict[str, float] = {}
         seconds = interleaved_median_seconds(
-            {k: run for k, (run, _) in variants.items() if run is not None}, _REPEATS.value)
+            {k: run for k, (run, _) in variants.items() if run is not None}, _REPEATS.value,
+            first)
         rate = matmul_rate(cfg)
         print(f"  (FFN matmul: {rate / 1e9:.1f} GFLOP/s)")
         seconds["ceiling"] = ceiling_seconds(cfg, rows, pooled_only, rate)
@@ -265,8 +270,9 @@ def main(argv):
                 continue
             waste = 1 - tokens["real"] / max(tokens["computed"], 1)
             ratio = f"{baseline / seconds[variant]:.2f}x" if baseline else "-"
+            once = f"{first[variant]:.2f} s" if variant in first else "-"
             print(f"  {name:<30} {variant:<26} {len(rows) / seconds[variant]:>8.1f} "
-                  f"{100 * waste:>7.1f}% {ratio:>16}", flush=True)
+                  f"{100 * waste:>7.1f}% {ratio:>16} {once:>11}", flush=True)
 
 
 if __name__ == "__main__":

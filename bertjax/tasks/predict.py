@@ -42,7 +42,7 @@ from bertjax.models import BertConfig
 from bertjax.tasks.base import Task, _predict, predict_rows
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
-from bertjax.train.loop import Runner
+from bertjax.train.loop import Runner, batch_signature, compiled_ahead
 from bertjax.train.workdir import CONFIG_FILE, EXPORT_FILE, RESULTS_FILE
 
 # Meshes for a checkpoint directory without a run config (fill-mask): data-parallel only.
@@ -286,13 +286,21 @@ class DeviceTurns:
 
     def run(self, fn, params: list, batches: Iterable[dict[str, np.ndarray]]
             ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
-        """(batch, fn(params, batch) on the host) for every batch, in order."""
+        """(batch, fn(params, batch) on the host) for every batch, in order; a jitted `fn` is
+        compiled for each batch shape and device ahead (train.loop.compiled_ahead)."""
+        n = len(self.devices)
+        if hasattr(fn, "lower"):
+            def compile_for(i, batch):
+                device = self.devices[i % n]
+                fn.lower(params[i % n], jax.device_put(batch, device)).compile()
+
+            batches = compiled_ahead(batches, compile_for,
+                                     lambda i, b: (i % n, batch_signature(b)))
         pending: collections.deque = collections.deque()
         for i, batch in enumerate(batches):
-            device = i % len(self.devices)
-            pending.append((batch, fn(params[device], jax.device_put(batch,
-                                                                     self.devices[device]))))
-            if len(pending) > len(self.devices):
+            pending.append((batch, fn(params[i % n], jax.device_put(batch,
+                                                                   self.devices[i % n]))))
+            if len(pending) > n:
                 batch, outputs = pending.popleft()
                 yield batch, jax.device_get(outputs)
         while pending:

@@ -36,15 +36,18 @@ this module never imports TensorFlow.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import json
 import math
+import os
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import jax
@@ -88,6 +91,46 @@ class Stage:
     batch_field: str = "config.train.batch_size"  # the config field of batch_size (in errors)
 
 
+# Batches read ahead of the one dispatched, for their programs to compile meanwhile.
+COMPILE_LOOKAHEAD = 64
+
+
+def batch_signature(batch: dict[str, np.ndarray]) -> tuple:
+    """What fixes a batch's compiled program: its arrays' names, shapes and dtypes."""
+    return tuple((k, np.shape(v), np.asarray(v).dtype.str) for k, v in sorted(batch.items()))
+
+
+def compiled_ahead(batches: Iterable[dict[str, np.ndarray]],
+                   compile_for: Callable[[int, dict[str, np.ndarray]], Any],
+                   key: Callable[[int, dict[str, np.ndarray]], Hashable]
+                   ) -> Iterator[dict[str, np.ndarray]]:
+    """`batches` in order, each once the program it runs is compiled. `compile_for(i, batch)`
+    (e.g. `jitted.lower(...).compile()`, which fills the jitted function's cache) runs in
+    background threads for the first batch of each `key(i, batch)` among the next
+    COMPILE_LOOKAHEAD: an input's batch shapes then compile side by side (XLA compiles without
+    the GIL) and while the earlier batches run, instead of one at a time as each is reached."""
+    workers = max(1, min(os.cpu_count() or 1, 8))
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="compile")
+    compiling: dict[Hashable, Future] = {}
+    ahead: collections.deque = collections.deque()
+    try:
+        for i, batch in enumerate(batches):
+            k = key(i, batch)
+            if k not in compiling:
+                compiling[k] = pool.submit(compile_for, i, batch)
+            ahead.append((k, batch))
+            if len(ahead) > COMPILE_LOOKAHEAD:
+                k, batch = ahead.popleft()
+                compiling[k].result()  # its compile's error, if any, is raised here
+                yield batch
+        while ahead:
+            k, batch = ahead.popleft()
+            compiling[k].result()
+            yield batch
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 class Runner:
     """Runs a jitted function over per-host batches and brings the outputs to every host.
 
@@ -104,16 +147,26 @@ class Runner:
 
     to_host = staticmethod(multihost.to_host)
 
+    def _in_force(self):
+        return (sharding_lib.in_force(self.batch_sharding.mesh, self.rules)
+                if self.rules is not None else contextlib.nullcontext())
+
     def run(self, fn, params, batches: Iterable[dict[str, np.ndarray]]
             ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
         """(global batch on the host, fn(params, batch) on the host) for every batch. The next
         batch is built and dispatched before a batch's outputs are fetched: the host's work
-        (and the transfer) overlaps the device's."""
+        (and the transfer) overlaps the device's; a jitted `fn` is compiled for the batch
+        shapes ahead (`compiled_ahead`)."""
+        if hasattr(fn, "lower"):
+            def compile_for(i, batch):
+                with self._in_force():
+                    fn.lower(params, self.to_global(batch)).compile()
+
+            batches = compiled_ahead(batches, compile_for, lambda i, b: batch_signature(b))
         pending = None
         for batch in batches:
             global_batch = self.to_global(batch)
-            with (sharding_lib.in_force(self.batch_sharding.mesh, self.rules)
-                  if self.rules is not None else contextlib.nullcontext()):
+            with self._in_force():
                 outputs = fn(params, global_batch)  # asynchronous dispatch
             if pending is not None:
                 yield self.to_host(pending[0]), self.to_host(pending[1])
