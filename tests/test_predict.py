@@ -636,3 +636,22 @@ def test_compiled_ahead_raises_a_compile_error_at_its_batch():
         for batch in compiled_ahead(["a", "a", "b", "bad", "c"], compile_for, lambda i, b: b):
             got.append(batch)
     assert got == ["a", "a", "b"]  # the batches before it ran
+
+
+def test_device_turns_keep_short_runs_on_one_device_and_the_order():
+    """A run of fewer than SPREAD_BATCHES same-shape batches stays on one device (each device
+    compiles each shape it runs), a longer one takes the devices batch by batch, runs take the
+    devices in turn; outputs come in the batches' order."""
+    from bertjax.tasks.predict import DeviceTurns
+
+    turns = DeviceTurns(jax.devices()[:1] * 2)  # two slots of one device: the same schedule
+    spread = turns.SPREAD_BATCHES
+    widths = [3] * 3 + [5] * (spread + 4) + [7] * 2 + [3]
+    batches = [{"x": np.full((2, w), i, np.float32)} for i, w in enumerate(widths)]
+    devices = [d for d, _ in turns.assign(batches)]
+    assert devices == [0] * 3 + [1, 0] * (spread // 2 + 2) + [1] * 2 + [0]
+    fn = jax.jit(lambda p, batch: batch["x"].sum(axis=1) * p)
+    outputs = list(turns.run(fn, turns.place(np.float32(2)), batches))
+    assert [int(batch["x"][0, 0]) for batch, _ in outputs] == list(range(len(widths)))
+    for (_, out), i, w in zip(outputs, range(len(widths)), widths, strict=True):
+        np.testing.assert_array_equal(out, np.full(2, 2 * i * w, np.float32))

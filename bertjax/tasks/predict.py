@@ -265,14 +265,22 @@ def place_params(model, init_inputs: tuple, params, mesh, rules) -> Any:
 
 
 class DeviceTurns:
-    """Runs a jitted function over whole batches, batch i on device i mod n, a batch in flight
-    on each device; the interface of train.loop.Runner (one process only).
+    """Runs a jitted function over whole batches on devices in turn, a few batches in flight on
+    each; the interface of train.loop.Runner (one process only).
 
     For a CPU split into devices (one per core): XLA:CPU spreads each op of one device's step
     over the cores, and its small ops (the attention's batched products, softmax, layer norms)
     leave cores idle; two devices stepping at once fill them. A batch runs whole, with the
     program and shapes it has on one device, so its predictions are bitwise those of one device
-    (and of the run's files), unlike a batch split over the devices (fewer rows each)."""
+    (and of the run's files), unlike a batch split over the devices (fewer rows each).
+
+    Each device compiles each batch shape it runs, and a compile costs as much as many batches:
+    a run of fewer than SPREAD_BATCHES batches of one shape stays on one device (the runs taking
+    the devices in turn, so different shapes step at once), a longer run takes them batch by
+    batch."""
+
+    SPREAD_BATCHES = 16
+    IN_FLIGHT = 2  # batches dispatched and not yet fetched, per device
 
     def __init__(self, devices: Sequence[jax.Device]):
         if jax.process_count() > 1:
@@ -284,28 +292,67 @@ class DeviceTurns:
         """A copy of the host `params` on each device."""
         return [jax.device_put(params, device) for device in self.devices]
 
+    def assign(self, batches: Iterable[dict[str, np.ndarray]]
+               ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        """(device index, batch) for each of `batches`, in order (see the class docstring)."""
+        n, turn = len(self.devices), 0
+        run: list = []  # the current run's batches while it may still be short
+        signature, spread = None, False
+        for batch in batches:
+            if batch_signature(batch) != signature:
+                yield from ((turn, b) for b in run)  # a short run: one device
+                turn = (turn + bool(run)) % n
+                run, signature, spread = [], batch_signature(batch), False
+            run.append(batch)
+            if spread or len(run) == self.SPREAD_BATCHES:
+                spread = True
+                for b in run:
+                    yield turn, b
+                    turn = (turn + 1) % n
+                run = []
+        yield from ((turn, b) for b in run)
+
     def run(self, fn, params: list, batches: Iterable[dict[str, np.ndarray]]
             ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
-        """(batch, fn(params, batch) on the host) for every batch, in order; a jitted `fn` is
-        compiled for each batch shape and device ahead (train.loop.compiled_ahead)."""
-        n = len(self.devices)
+        """(batch, fn(params, batch) on the host) for every batch, in order. Each device takes
+        its next batch among the next 2 * SPREAD_BATCHES as soon as it has a free slot (so the
+        next run steps while this one does); a jitted `fn` is compiled for each batch shape
+        and device ahead (train.loop.compiled_ahead)."""
+        source = self.assign(batches)
         if hasattr(fn, "lower"):
-            def compile_for(i, batch):
-                device = self.devices[i % n]
-                fn.lower(params[i % n], jax.device_put(batch, device)).compile()
+            def compile_for(i, item):
+                device, batch = item
+                fn.lower(params[device], jax.device_put(batch, self.devices[device])).compile()
 
-            batches = compiled_ahead(batches, compile_for,
-                                     lambda i, b: (i % n, batch_signature(b)))
-        pending: collections.deque = collections.deque()
-        for i, batch in enumerate(batches):
-            pending.append((batch, fn(params[i % n], jax.device_put(batch,
-                                                                   self.devices[i % n]))))
-            if len(pending) > n:
-                batch, outputs = pending.popleft()
+            source = compiled_ahead(source, compile_for,
+                                    lambda i, item: (item[0], batch_signature(item[1])))
+        window: collections.deque = collections.deque()  # [device, batch, outputs | None]
+        exhausted = False
+        while window or not exhausted:
+            while not exhausted and len(window) < 2 * self.SPREAD_BATCHES:
+                item = next(source, None)
+                exhausted = item is None
+                if item is not None:
+                    window.append([*item, None])
+            dispatched = False
+            for entry in window:
+                device, batch, outputs = entry
+                running = sum(1 for d, _, o in window
+                              if d == device and o is not None and not _ready(o))
+                if outputs is None and running < self.IN_FLIGHT:
+                    entry[2] = fn(params[device], jax.device_put(batch, self.devices[device]))
+                    dispatched = True
+            device, batch, outputs = window[0]
+            if outputs is not None and (not dispatched or _ready(outputs)):
+                window.popleft()
                 yield batch, jax.device_get(outputs)
-        while pending:
-            batch, outputs = pending.popleft()
-            yield batch, jax.device_get(outputs)
+            elif outputs is None and not dispatched:  # its device is full: wait for it
+                jax.block_until_ready(next(o for d, _, o in window if d == device
+                                           and o is not None and not _ready(o)))
+
+
+def _ready(outputs) -> bool:
+    return all(leaf.is_ready() for leaf in jax.tree.leaves(outputs))
 
 
 def runner_and_params(model, init_inputs: tuple, params, mesh_sizes, rules, batch_size: int,
