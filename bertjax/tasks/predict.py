@@ -334,13 +334,14 @@ class DeviceTurns:
                 exhausted = item is None
                 if item is not None:
                     window.append([*item, None])
+            running = collections.Counter(d for d, _, o in window
+                                          if o is not None and not _ready(o))
             dispatched = False
             for entry in window:
                 device, batch, outputs = entry
-                running = sum(1 for d, _, o in window
-                              if d == device and o is not None and not _ready(o))
-                if outputs is None and running < self.IN_FLIGHT:
+                if outputs is None and running[device] < self.IN_FLIGHT:
                     entry[2] = fn(params[device], jax.device_put(batch, self.devices[device]))
+                    running[device] += 1
                     dispatched = True
             device, batch, outputs = window[0]
             if outputs is not None and (not dispatched or _ready(outputs)):
