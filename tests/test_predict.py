@@ -655,3 +655,24 @@ def test_device_turns_keep_short_runs_on_one_device_and_the_order():
     assert [int(batch["x"][0, 0]) for batch, _ in outputs] == list(range(len(widths)))
     for (_, out), i, w in zip(outputs, range(len(widths)), widths, strict=True):
         np.testing.assert_array_equal(out, np.full(2, 2 * i * w, np.float32))
+
+
+def test_compiled_ahead_reads_a_bounded_number_of_batches_ahead():
+    from bertjax.train import loop
+
+    read = []
+
+    def batches(n, size):
+        for i in range(n):
+            read.append(i)
+            yield {"x": np.zeros(size, np.uint8)}
+
+    ahead = loop.compiled_ahead(batches(200, 10), lambda i, b: None, lambda i, b: 0)
+    next(ahead)
+    assert len(read) == loop.COMPILE_LOOKAHEAD + 1  # small batches: a count
+    read.clear()
+    big = loop.COMPILE_LOOKAHEAD_BYTES // 4 + 1
+    ahead = loop.compiled_ahead(batches(200, big), lambda i, b: None, lambda i, b: 0)
+    next(ahead)
+    assert len(read) == 4  # large ones: the bytes held
+    assert sum(1 for _ in ahead) == 199

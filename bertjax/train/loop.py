@@ -91,8 +91,10 @@ class Stage:
     batch_field: str = "config.train.batch_size"  # the config field of batch_size (in errors)
 
 
-# Batches read ahead of the one dispatched, for their programs to compile meanwhile.
+# Batches read ahead of the one dispatched, for their programs to compile meanwhile: at most
+# this many, holding at most this many bytes (pre-training's evaluation batches are large).
 COMPILE_LOOKAHEAD = 64
+COMPILE_LOOKAHEAD_BYTES = 64 << 20
 
 
 def batch_signature(batch: dict[str, np.ndarray]) -> tuple:
@@ -107,26 +109,35 @@ def compiled_ahead(batches: Iterable[dict[str, np.ndarray]],
     """`batches` in order, each once the program it runs is compiled. `compile_for(i, batch)`
     (e.g. `jitted.lower(...).compile()`, which fills the jitted function's cache) runs in
     background threads for the first batch of each `key(i, batch)` among the next
-    COMPILE_LOOKAHEAD: an input's batch shapes then compile side by side (XLA compiles without
-    the GIL) and while the earlier batches run, instead of one at a time as each is reached."""
+    COMPILE_LOOKAHEAD (and COMPILE_LOOKAHEAD_BYTES): an input's batch shapes then compile side
+    by side (XLA compiles without the GIL) and while the earlier batches run, instead of one at
+    a time as each is reached."""
     workers = max(1, min(os.cpu_count() or 1, 8))
     pool = ThreadPoolExecutor(workers, thread_name_prefix="compile")
     compiling: dict[Hashable, Future] = {}
-    ahead: collections.deque = collections.deque()
+    ahead: collections.deque = collections.deque()  # (key, batch, bytes)
+    held = 0
+
+    def first():
+        nonlocal held
+        k, batch, size = ahead.popleft()
+        held -= size
+        compiling[k].result()  # its compile's error, if any, is raised here
+        return batch
+
     try:
         for i, batch in enumerate(batches):
             k = key(i, batch)
             if k not in compiling:
                 compiling[k] = pool.submit(compile_for, i, batch)
-            ahead.append((k, batch))
-            if len(ahead) > COMPILE_LOOKAHEAD:
-                k, batch = ahead.popleft()
-                compiling[k].result()  # its compile's error, if any, is raised here
-                yield batch
+            size = sum(np.asarray(v).nbytes for v in jax.tree.leaves(batch))
+            ahead.append((k, batch, size))
+            held += size
+            while len(ahead) > COMPILE_LOOKAHEAD or (held > COMPILE_LOOKAHEAD_BYTES
+                                                     and len(ahead) > 1):
+                yield first()
         while ahead:
-            k, batch = ahead.popleft()
-            compiling[k].result()
-            yield batch
+            yield first()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
 
