@@ -163,7 +163,8 @@ def predict() -> None:
 
 def main(argv: Sequence[str]) -> None:
     cli.initialize_distributed()  # before anything touches a JAX backend
-    cli.use_compilation_cache()
+    if not flags.FLAGS.dry_run:  # a dry run's TPU programs cannot be read back on this host
+        cli.use_compilation_cache()
     if len(argv) > 1 and argv[1] == "fill_mask":
         return fill_mask(argv[2:])
     if len(argv) > 1:
