@@ -343,13 +343,12 @@ class DeviceTurns:
                     entry[2] = fn(params[device], jax.device_put(batch, self.devices[device]))
                     running[device] += 1
                     dispatched = True
-            device, batch, outputs = window[0]
-            if outputs is not None and (not dispatched or _ready(outputs)):
+            # The first entry is dispatched by now: the scan reaches it before any later entry
+            # of its device. Fetching it waits, unless a dispatch is still to be made.
+            _, batch, outputs = window[0]
+            if not dispatched or _ready(outputs):
                 window.popleft()
                 yield batch, jax.device_get(outputs)
-            elif outputs is None and not dispatched:  # its device is full: wait for it
-                jax.block_until_ready(next(o for d, _, o in window if d == device
-                                           and o is not None and not _ready(o)))
 
 
 def _ready(outputs) -> bool:
