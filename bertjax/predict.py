@@ -47,9 +47,9 @@ def define_flags() -> None:
     flags.DEFINE_string("input", None, "Rows to predict: .csv | .tsv | .jsonl | .json | .conll.")
     flags.DEFINE_string("output", None, "Predictions: .jsonl (or .conll for tagging).")
     flags.DEFINE_integer("batch_size", None, "Rows per global batch at 128 tokens and longer, "
-                         "2, 4, ... times as many at 64, 32, ... (default: the run's "
-                         "config.eval.batch_size, which reproduces its predictions bitwise; on "
-                         "CPU 8 or 16 wastes least).")
+                         "2, 4, ... times as many at 64, 32, ... (default: the rows of the run's "
+                         "evaluations, which reproduces its predictions bitwise: "
+                         "config.eval.batch_size, on a CPU at most 8).")
     flags.DEFINE_string("dtype", None, "Compute dtype (default: the run's).")
     flags.DEFINE_integer("chunk_rows", 0, "Stream the input this many rows at a time "
                          "(memory independent of its size; the same output, no metrics): "

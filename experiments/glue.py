@@ -43,6 +43,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.optimizer.warmup_proportion = 0.1
     # Evaluation on the dev set(s) every `every_steps` steps (0 = at the end of every epoch);
     # the checkpoint with the best dev metric is kept, and test predictions come from it.
+    # batch_size: rows at 128 tokens and longer; on a CPU at most 8 (prediction_batch_size).
     config.eval = ml_collections.ConfigDict(dict(every_steps=0, batch_size=64))
     config.checkpoint = common.checkpoint(every_steps=1000, max_to_keep=1)
     config.log_every_steps = 50

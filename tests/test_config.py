@@ -232,3 +232,14 @@ def test_a_phase_batch_must_split_over_the_mesh_naming_its_field():
                                           r"grad_accum_steps=8 does not divide"):
         configs.check_stage_batches(PretrainingJob(_phases_config(grad_accum_steps=8), None),
                                     mesh)
+
+
+def test_prediction_batch_size_is_at_most_8_rows_on_a_cpu_only():
+    from bertjax.train.configs import prediction_batch_size
+
+    assert prediction_batch_size(64, "cpu") == 8
+    assert prediction_batch_size(4, "cpu") == 4  # never more than configured
+    assert prediction_batch_size(48, "cpu", data_parallel=3) == 9  # splits over the devices
+    assert prediction_batch_size(64, "cpu", data_parallel=16) == 16
+    assert prediction_batch_size(64, "tpu", data_parallel=4) == 64
+    assert prediction_batch_size(64, "gpu") == 64

@@ -404,6 +404,43 @@ def test_regression_and_multiple_choice(checkpoint, tmp_path):
     assert predictor([(mc[0][0], mc[0][1:4])])[0]["scores"] == records[0]["scores"]
 
 
+def test_a_cpu_predicts_in_batches_of_at_most_8_rows(checkpoint, tmp_path, monkeypatch):
+    """A run configured with eval.batch_size=32 evaluates on a CPU in batches of 8 rows (at its
+    longest bucket; the shorter ones scaled from 8), and the predictor's default batch is the
+    same: its metrics are the run's, computing fewer filler rows than 32-row batches; an
+    explicit batch size stands."""
+    from bertjax import Predictor
+    from bertjax.tasks import base
+
+    used = []
+    real = base.predict_rows
+
+    def spy(task, fn, params, features, batch_size, runner, tokens=None):
+        used.append(batch_size)
+        return real(task, fn, params, features, batch_size, runner, tokens)
+
+    monkeypatch.setattr(base, "predict_rows", spy)
+    rng = random.Random(2)
+    rows = [[filler_sentence(rng, "good", k % 3), k % 3 + 0.1] for k in range(40)]
+    train = _write_csv(tmp_path / "reg.csv", ["text", "score"], rows)
+    config = _files_config("regression", checkpoint, train=train, validation=train,
+                           label="score")
+    config.eval.batch_size = 32
+    summary = _train(config, tmp_path / "reg")
+    assert used and set(used) == {8}
+    predictor = Predictor.from_workdir(str(tmp_path / "reg"))
+    assert predictor.engine.batch_size == 8
+    metrics = predictor.predict_file(train)[2]
+    assert metrics == {k: v for k, v in summary["best"].items() if k != "epoch"}
+    examples = predictor.task.read_inputs(train, dict(config.data))[0]
+    computed = {}
+    for batch_size in (None, 32):
+        engine = Predictor.from_workdir(str(tmp_path / "reg"), batch_size).engine
+        computed[engine.batch_size] = engine.run(examples)[2]
+    assert computed[8]["real"] == computed[32]["real"]
+    assert computed[8]["computed"] < computed[32]["computed"]
+
+
 @pytest.mark.slow
 def test_squad_v2_predictions_equal_the_run_files(tmp_path):
     from test_squad_e2e import VOCAB, generate

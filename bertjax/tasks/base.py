@@ -281,8 +281,11 @@ class FineTuningJob:
         return loaded
 
     def predictions(self, params, features, runner) -> dict[str, Any]:
-        return predict_rows(self.task, self._predict, params, features, self.eval_batch_size,
-                            runner)
+        mesh = runner.batch_sharding.mesh
+        rows = configs.prediction_batch_size(self.eval_batch_size,
+                                             mesh.devices.flat[0].platform,
+                                             configs.data_parallel_size(mesh))
+        return predict_rows(self.task, self._predict, params, features, rows, runner)
 
     def evaluate(self, params, stage: Stage, step: int, runner) -> dict[str, float]:
         results = {}

@@ -372,7 +372,8 @@ def runner_and_params(model, init_inputs: tuple, params, mesh_sizes, rules, batc
 class Engine:
     """A trained model's jitted task forward over the run's mesh (see the module docstring).
 
-    batch_size: rows per global batch (default: the run's config.eval.batch_size, which makes
+    batch_size: rows per global batch (default: what the run's evaluations used,
+    config.eval.batch_size, on a CPU at most 8: train.configs.prediction_batch_size; this makes
     predictions bitwise those of the run); it must divide over the data-parallel devices.
     devices: instead of the mesh, whole batches on each of these in turn (`DeviceTurns`)."""
 
@@ -381,7 +382,13 @@ class Engine:
         config, task = trained.config, trained.task
         self.trained, self.task = trained, task
         self.max_seq_length = int(config.max_seq_length)
-        self.batch_size = int(batch_size or config.eval.batch_size)
+        if not batch_size:  # the rows the run's evaluations used on this kind of device
+            platform = (devices[0] if devices else jax.devices()[0]).platform
+            parallel = 1 if devices else configs.data_parallel_size(
+                sharding_lib.make_mesh(config.mesh))
+            batch_size = configs.prediction_batch_size(config.eval.batch_size, platform,
+                                                       parallel)
+        self.batch_size = int(batch_size)
         self.model = model = task.model(trained.model_config)
         self.runner, self.params = runner_and_params(
             model, task.init_inputs(), trained.params, config.mesh, config.logical_axis_rules,

@@ -35,7 +35,7 @@ def check_batch_size(batch_size: int, mesh: Mesh, grad_accum_steps: int = 1,
                      field: str = "config.train.batch_size") -> None:
     """The global batch (and each micro-batch) must split evenly over the data-parallel devices
     and the processes."""
-    data_parallel = mesh.shape["data"] * mesh.shape["fsdp"]
+    data_parallel = data_parallel_size(mesh)
     if batch_size < 1:
         raise ConfigError(f"{field}={batch_size} must be positive")
     if batch_size % grad_accum_steps or (batch_size // grad_accum_steps) % data_parallel:
@@ -46,6 +46,29 @@ def check_batch_size(batch_size: int, mesh: Mesh, grad_accum_steps: int = 1,
     if batch_size % jax.process_count():
         raise ConfigError(
             f"{field}={batch_size} is not divisible by the {jax.process_count()} processes")
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    """Devices a global batch is split over (data x fsdp)."""
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+# On a CPU, prediction batches (fine-tuning's evaluations, python -m bertjax.predict) hold at
+# most this many rows at 128 tokens and longer: XLA:CPU computes 8 rows as fast per row as 64,
+# and each length bucket's last batch is filled up with weight-0 rows, which larger batches
+# multiply (on a GLUE-sized dev set, most of what 64-row batches compute).
+CPU_PREDICTION_ROWS = 8
+
+
+def prediction_batch_size(batch_size: int, platform: str, data_parallel: int = 1) -> int:
+    """Rows of a prediction batch for a configured `batch_size` (config.eval.batch_size) on
+    `platform`'s devices: on "cpu" at most CPU_PREDICTION_ROWS, rounded up to a multiple of the
+    `data_parallel` devices the batch is split over; elsewhere `batch_size`. The evaluations
+    and the prediction command apply the same rule, so a run's files and a later prediction
+    on the same machine agree bitwise."""
+    if platform != "cpu":
+        return batch_size
+    return min(batch_size, -(-CPU_PREDICTION_ROWS // data_parallel) * data_parallel)
 
 
 def check_stage_batches(job, mesh: Mesh) -> None:
