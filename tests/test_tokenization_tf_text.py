@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 import string
+import sys
 
 import pytest
 
@@ -71,6 +72,7 @@ def _fresh(vocab_and_case, min_batch):
     vocab, lower = vocab_and_case
     tok = WordPieceTokenizer(vocab, lower)
     tok.tf_text_min_batch = min_batch
+    tok.tf_text_after_chars = 0  # no start-up cost to pay first
     return tok
 
 
@@ -175,3 +177,26 @@ def test_backend_build_failure_falls_back_with_a_warning(vocab_and_case, monkeyp
     assert got == [tok.pieces_exact(s).ids for s in lines]
     assert tok._tf_text is None and tok.tokenize_batch(lines) == [tok.tokenize_exact(s)
                                                                     for s in lines]
+
+
+def test_the_backend_starts_once_the_text_pays_for_it(vocab_and_case, monkeypatch):
+    """Batches of enough safe texts use tensorflow-text only once the tokenizer's safe
+    characters (earlier batches' and the batch's own) reach tf_text_after_chars; by default
+    that is what starting it costs, more when TensorFlow is not yet imported."""
+    lines = ["Some plain text, 1.", "more"] * 10  # 230 safe characters
+    want = [WordPieceTokenizer(*vocab_and_case).tokenize_exact(s) for s in lines]
+    tok = _fresh(vocab_and_case, 20)
+    tok.tf_text_after_chars = 500
+    assert tok.tokenize_batch(lines[:10]) == want[:10] and tok._tf_text is False  # few texts
+    assert tok.tokenize_batch(lines) == want and tok._tf_text is False  # 345 characters
+    assert tok.tokenize_batch(lines) == want and tok._tf_text  # 575: started
+    tok = _fresh(vocab_and_case, 20)
+    tok.tf_text_after_chars = None
+    for _ in range(3):
+        assert tok.tokenize_batch(lines * 40) == want * 40
+    assert tok._tf_text is False  # 27,600 characters pay for no start-up
+    monkeypatch.setitem(sys.modules, "tensorflow", sys.modules.get("tensorflow"))
+    assert tf_text_backend.start_chars() == tf_text_backend.START_CHARS_IMPORTED
+    monkeypatch.delitem(sys.modules, "tensorflow")
+    assert tf_text_backend.start_chars() == tf_text_backend.START_CHARS
+    assert tf_text_backend.START_CHARS > tf_text_backend.START_CHARS_IMPORTED > 27_600

@@ -12,9 +12,10 @@ character offsets, so only `str.lower()` precedes FastWordpieceTokenizer (faster
 normaliser, whose offset mapping costs more than the tokenizer). Everything else stays on the
 Python path, so the output is exactly the reference's.
 
-TensorFlow is imported only when a batch is large enough to pay for it (the first use costs
-about 3 s of imports and 0.4 s to build the tokenizer for a 30k vocabulary); set
-BERTJAX_TF_TEXT=0 to never use it.
+Starting it costs seconds (importing TensorFlow, building the tokenizer), as much as the Python
+path takes for millions of characters, so a tokenizer uses it only once its text so far has
+paid for that (`start_chars`): predicting a thousand sentences never imports TensorFlow, and a
+large corpus costs at most about what the faster engine alone would. BERTJAX_TF_TEXT=0: never.
 """
 
 from __future__ import annotations
@@ -23,11 +24,18 @@ import functools
 import importlib.util
 import os
 import re
+import sys
 import warnings
 
 from bertjax.tokenization.base import TextPieces
 
 CHUNK = 2048  # texts per TensorFlow call: bounds the tensors' memory, amortises call overhead
+
+# Characters of safe text the Python path tokenizes in about the time starting the backend
+# takes: importing TensorFlow and building the tokenizer, or the build alone when TensorFlow
+# is already imported (a tf.data or TFDS input). Measured by `make bench` (tokenization).
+START_CHARS = 5_000_000
+START_CHARS_IMPORTED = 500_000
 
 # Control characters and "[": ASCII texts that need more than lower() + FastWordpieceTokenizer.
 _ASCII_ODD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\[]")
@@ -36,6 +44,11 @@ _ASCII_ODD = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\[]")
 def is_safe(text) -> bool:
     """Whether the backend's output on `text` is verified identical to the reference."""
     return type(text) is str and text.isascii() and not _ASCII_ODD.search(text)
+
+
+def start_chars() -> int:
+    """Characters of safe text after which the backend is worth starting (see START_CHARS)."""
+    return START_CHARS_IMPORTED if "tensorflow" in sys.modules else START_CHARS
 
 
 @functools.lru_cache(maxsize=1)

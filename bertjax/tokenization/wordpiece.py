@@ -13,11 +13,13 @@ Fast path (`tokenize`, `tokenize_batch`, `encode*`), identical output, two engin
    the exact path. Natural text is Zipfian, so nearly every word is a hit; the ~90k misses of
    a cold 10 MB corpus still cost as much as all the hits (about 2.5-3x HF `tokenizers`).
 2. tensorflow-text (`tf_text_backend`), for batches of at least `tf_text_min_batch` texts
-   when it is installed: texts verified to be tokenized identically (ASCII without control
-   characters or "[") go to its compiled FastWordpieceTokenizer, all others to engine 1.
+   when it is installed, once the tokenizer's safe text (its earlier batches' and this one's)
+   reaches `tf_text_after_chars` characters (default: what starting it costs): texts
+   verified to be tokenized identically (ASCII without control characters or "[") go to its
+   compiled FastWordpieceTokenizer, all others to engine 1.
    6-8x HF on one core including the routing. tensorflow-text's own normaliser differs from
    the reference (final sigma, Armenian ligature, vulgar fractions) and it needs the full
-   TensorFlow package, hence the routing, and a lazy import (seconds) only for big batches.
+   TensorFlow package, hence the routing, and a lazy import (seconds) only for much text.
 Texts for which the word split is not provably the reference one (literal special tokens;
 control characters when offsets are needed) take the exact path. HF `tokenizers` is not used:
 an independent reimplementation that differs from the reference (final sigma, see the tests)
@@ -40,7 +42,7 @@ from bertjax.tokenization.base import SPECIAL_TOKENS, Span, TextPieces, Tokenize
 
 MAX_INPUT_CHARS_PER_WORD = 100
 CACHE_SIZE = 1 << 20  # words; the cache is cleared when full (memory bound for huge corpora)
-# Batches with at least this many tensorflow-text-safe texts use it (see tf_text_backend).
+# Batches with at least this many tensorflow-text-safe texts may use it (see tf_text_backend).
 TF_TEXT_MIN_BATCH = 512
 
 # ASCII control characters the reference drops (\t \n \r are whitespace, not control).
@@ -147,6 +149,10 @@ class WordPieceTokenizer(Tokenizer):
         self._id_cache = _Cache(lambda word: self._records[word].ids)
         # None: never use tensorflow-text; otherwise the number of safe texts a batch needs.
         self.tf_text_min_batch: int | None = TF_TEXT_MIN_BATCH
+        # Safe characters (earlier batches' and the batch's) before it is started; None:
+        # tf_text_backend.start_chars(), what starting it costs.
+        self.tf_text_after_chars: int | None = None
+        self._safe_chars = 0  # safe characters tokenized so far
         # The backend once built; None if building failed; False before the first try.
         self._tf_text: tf_text_backend.FastWordpieceBackend | None | bool = False
 
@@ -263,19 +269,26 @@ class WordPieceTokenizer(Tokenizer):
         return self._batch(texts, self._id_cache,
                            lambda t: self.convert_tokens_to_ids(self.tokenize(t)), None)
 
-    def _tf_text_for(self, n_safe: int) -> tf_text_backend.FastWordpieceBackend | None:
-        """The tensorflow-text backend if a batch with `n_safe` safe texts should use it."""
-        if (self.tf_text_min_batch is None or n_safe < self.tf_text_min_batch
+    def _tf_text_for(self, texts: list, safe: list[bool]
+                     ) -> tf_text_backend.FastWordpieceBackend | None:
+        """The tensorflow-text backend if the batch `texts` (`safe`: tf_text_backend.is_safe of
+        each) should use it: enough safe texts, and enough safe text so far to pay for
+        starting it."""
+        self._safe_chars += sum(map(len, itertools.compress(texts, safe)))
+        if (self.tf_text_min_batch is None or sum(safe) < self.tf_text_min_batch
                 or not tf_text_backend.available()):
             return None
         if self._tf_text is False:
+            after = self.tf_text_after_chars
+            if self._safe_chars < (tf_text_backend.start_chars() if after is None else after):
+                return None
             self._tf_text = tf_text_backend.build(self._inv_vocab, self.do_lower_case)
         return self._tf_text
 
     def _batch(self, texts, cache: _Cache, one, table) -> list[list]:
         texts = texts if isinstance(texts, list) else list(texts)
         safe = list(map(tf_text_backend.is_safe, texts))
-        backend = self._tf_text_for(sum(safe))
+        backend = self._tf_text_for(texts, safe)
         if backend is not None:
             done = iter(backend.tokenize(list(itertools.compress(texts, safe)), table))
             return [next(done) if s else one(t) for t, s in zip(texts, safe)]
@@ -288,7 +301,7 @@ class WordPieceTokenizer(Tokenizer):
     def _pieces_batch(self, texts) -> list[TextPieces]:
         texts = list(texts)
         safe = list(map(tf_text_backend.is_safe, texts))
-        backend = self._tf_text_for(sum(safe))
+        backend = self._tf_text_for(texts, safe)
         if backend is None:
             return [self._pieces(t) for t in texts]
         done = iter(backend.pieces(list(itertools.compress(texts, safe))))
