@@ -28,6 +28,7 @@ and is slower than both engines on one core (measured: `bench`).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -138,12 +139,6 @@ class WordPieceTokenizer(Tokenizer):
         # No vocabulary entry is longer than this, so longer candidates need no lookup.
         self._max_piece_chars = max(len(t) for t in tokens)
         self._special_re = re.compile("|".join(re.escape(t) for t in SPECIAL_TOKENS))
-        drop, split, cjk = norm.bulk_patterns()
-        self._drop_re = drop
-        cjk_class = cjk.pattern[1:-1]
-        split_class = split.pattern[1:-1]
-        # A reference word: one CJK ideograph, or a run of anything but split points and CJK.
-        self._word_re = re.compile(f"[{cjk_class}]|[^{split_class}{cjk_class}]+")
         self._records = _Cache(self._word_record)
         self._token_cache = _Cache(lambda word: self._records[word].tokens)
         self._id_cache = _Cache(lambda word: self._records[word].ids)
@@ -240,6 +235,19 @@ class WordPieceTokenizer(Tokenizer):
         n_words = self._basic_pieces(basic, out, 0)
         return WordRecord(tuple(out.tokens), tuple(out.ids), tuple(out.offsets),
                           tuple(out.word_ids), n_words)
+
+    # The non-ASCII patterns, built on first use: scanning every code point takes ~0.5 s, which
+    # ASCII input never needs.
+    @functools.cached_property
+    def _drop_re(self) -> re.Pattern:
+        return norm.bulk_patterns()[0]
+
+    @functools.cached_property
+    def _word_re(self) -> re.Pattern:
+        _, split, cjk = norm.bulk_patterns()
+        cjk_class, split_class = cjk.pattern[1:-1], split.pattern[1:-1]
+        # A reference word: one CJK ideograph, or a run of anything but split points and CJK.
+        return re.compile(f"[{cjk_class}]|[^{split_class}{cjk_class}]+")
 
     def _has_special(self, text: str) -> bool:
         return "[" in text and self._special_re.search(text) is not None
