@@ -158,14 +158,16 @@ def typed_like(current, text: str, where: str):
 
 
 def define_job_flags(example: str):
-    """The flags every job command shares: --config, --workdir, and the multi-process ones
-    (`initialize_distributed`). Returns the config and workdir flag holders."""
+    """The flags every job command shares: --config, --workdir, --compilation_cache and the
+    multi-process ones (`initialize_distributed`). Returns the config and workdir flag
+    holders."""
     from ml_collections import config_flags
 
     config = config_flags.DEFINE_config_file("config", None, f"Config file, e.g. {example}.")
     workdir = flags.DEFINE_string("workdir", None, "Directory (local or gs://) for checkpoints, "
                                   "metrics and outputs; a rerun resumes from it.")
     define_distributed_flags()
+    define_compilation_cache_flag()
     return config, workdir
 
 
@@ -295,9 +297,10 @@ def define_compilation_cache_flag() -> None:
 
 def use_compilation_cache() -> str | None:
     """Keeps every compiled program, however quick to compile, in the --compilation_cache
-    directory (see its help); returns the directory, None for none. On a CPU, compiling the
-    programs of an input's batch shapes can take longer than running them; a later run whose
-    batches have the same shapes skips it."""
+    directory (see its help); returns the directory, None for none. A resumed or repeated run,
+    a grid's next cell, a prediction over batches of the same shapes: each loads the programs
+    instead of compiling them (on a CPU, compiling an input's batch shapes can take longer
+    than running them)."""
     import jax
 
     given = flags.FLAGS.compilation_cache

@@ -35,6 +35,7 @@ def main(argv):
         return
     workdir = cli.require(_WORKDIR.value, "--workdir", "runs/mrpc")
     cli.initialize_distributed(config)
+    cli.use_compilation_cache()
     summary = train_and_evaluate(config, workdir, log=functools.partial(print, flush=True))
     print(f"Fine-tuning {summary['status']}.", flush=True)
 

@@ -40,6 +40,7 @@ def main(argv):
     workdir = cli.require(_WORKDIR.value, "--workdir", "runs/mrpc_grid")
     grid = cli.require(_GRID.value, "--grid", "'learning_rate=2e-5,3e-5,5e-5'")
     cli.initialize_distributed(config)
+    cli.use_compilation_cache()
     sweep.run_grid(config, grid, _SEEDS.value, workdir, log=functools.partial(print, flush=True))
 
 

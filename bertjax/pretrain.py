@@ -48,6 +48,7 @@ def main(argv):
     # file write (a bad phase-2 pattern must not surface after all of phase 1).
     validate.pretraining(config, _WORKDIR.value)
     cli.initialize_distributed(config)  # before anything touches a JAX backend
+    cli.use_compilation_cache()
     summary = loop.train(make_job(config), config, _WORKDIR.value,
                          log=functools.partial(print, flush=True))
     print(f"Training {summary['status']}.", flush=True)

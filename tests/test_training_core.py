@@ -60,14 +60,19 @@ def outputs(workdir):
 
 @pytest.mark.slow
 def test_finetuning_resumes_bitwise_after_sigkill(checkpoint, tmp_path):
+    """A run killed at a random moment and run again equals the straight run bitwise; the
+    runs after the first load their programs from the straight run's compilation cache."""
     write_task(tmp_path)
     straight = str(tmp_path / "straight")
-    proc = run_python(finetune_args(checkpoint, tmp_path, straight))
+    cache = f"--compilation_cache={tmp_path / 'cache'}"
+    proc = run_python(finetune_args(checkpoint, tmp_path, straight) + [cache])
     assert proc.returncode == 0, proc.stderr[-3000:]
     total = 18  # 3 epochs of 6 batches
+    programs = set(os.listdir(tmp_path / "cache"))
+    assert {p.split("-")[0] for p in programs} >= {"jit_train_step", "jit__predict"}
 
     resumed = str(tmp_path / "resumed")
-    first = start(finetune_args(checkpoint, tmp_path, resumed))
+    first = start(finetune_args(checkpoint, tmp_path, resumed) + [cache])
     # Kill at a random moment after the step-6 checkpoint (after an evaluation).
     assert wait_for(lambda: (latest_checkpoint(resumed) or 0) >= 6)
     import time
@@ -77,10 +82,11 @@ def test_finetuning_resumes_bitwise_after_sigkill(checkpoint, tmp_path):
     first.wait()
     killed_at = latest_checkpoint(resumed)
     assert killed_at is not None and killed_at < total
-    proc = run_python(finetune_args(checkpoint, tmp_path, resumed))
+    proc = run_python(finetune_args(checkpoint, tmp_path, resumed) + [cache])
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"Resumed from {os.path.join(resumed, 'checkpoints', str(killed_at))} at step " \
            f"{killed_at}" in proc.stdout
+    assert set(os.listdir(tmp_path / "cache")) == programs  # nothing compiled again
 
     a, b = train_losses(straight), train_losses(resumed)
     assert sorted(a) == sorted(b) == list(range(1, total + 1))
