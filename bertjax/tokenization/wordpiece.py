@@ -236,8 +236,8 @@ class WordPieceTokenizer(Tokenizer):
         return WordRecord(tuple(out.tokens), tuple(out.ids), tuple(out.offsets),
                           tuple(out.word_ids), n_words)
 
-    # The non-ASCII patterns, built on first use: scanning every code point takes ~0.5 s, which
-    # ASCII input never needs.
+    # The non-ASCII patterns, built on first use: they scan every Unicode code point, a
+    # noticeable part of a command's start that ASCII input never needs.
     @functools.cached_property
     def _drop_re(self) -> re.Pattern:
         return norm.bulk_patterns()[0]
