@@ -281,17 +281,18 @@ class WordPieceTokenizer(Tokenizer):
                      ) -> tf_text_backend.FastWordpieceBackend | None:
         """The tensorflow-text backend if the batch `texts` (`safe`: tf_text_backend.is_safe of
         each) should use it: enough safe texts, and enough safe text so far to pay for
-        starting it."""
-        self._safe_chars += sum(map(len, itertools.compress(texts, safe)))
-        if (self.tf_text_min_batch is None or sum(safe) < self.tf_text_min_batch
-                or not tf_text_backend.available()):
+        starting it. The characters are counted only until it is started."""
+        if self.tf_text_min_batch is None or not tf_text_backend.available():
             return None
+        enough_texts = sum(safe) >= self.tf_text_min_batch
         if self._tf_text is False:
+            self._safe_chars += sum(map(len, itertools.compress(texts, safe)))
             after = self.tf_text_after_chars
-            if self._safe_chars < (tf_text_backend.start_chars() if after is None else after):
+            if not enough_texts or self._safe_chars < (
+                    tf_text_backend.start_chars() if after is None else after):
                 return None
             self._tf_text = tf_text_backend.build(self._inv_vocab, self.do_lower_case)
-        return self._tf_text
+        return self._tf_text if enough_texts else None
 
     def _batch(self, texts, cache: _Cache, one, table) -> list[list]:
         texts = texts if isinstance(texts, list) else list(texts)
