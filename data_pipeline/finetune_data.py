@@ -1,13 +1,16 @@
 """Fine-tuning examples → token features → length-bucketed NumPy batches.
 
 Each example is tokenized once to its own length (truncated to max_seq_length, longer side
-first). Batches group examples of similar length: every example goes to the smallest bucket
-length (a power of two ≥ 16, and max_seq_length) that holds it, and each batch is padded only
-to its bucket's length — on GLUE most sequences are far shorter than 128, so a fixed length
-would spend most of the compute on padding. A handful of bucket lengths keeps the number of
-compiled shapes small. A bucket's leftover examples join the next bucket's batches, so only
-the last batch of an epoch is short; it is filled with weight-0 rows (static shapes: every
-host runs the same shapes at every step).
+first). A training batch is a uniform draw, as in a reference training loop: the examples in a
+random order cut into batches of `batch_size`, each padded only to the smallest bucket length
+(a power of two ≥ 16, and max_seq_length) that holds its longest example — on short texts a
+fixed length would spend most of the compute on padding, and a handful of bucket lengths keeps
+the number of compiled shapes small. `group_by_length` (config.train.group_by_length) instead
+batches examples of the same bucket together: less padding, but each batch is then a draw of
+one length only, which hurts short fine-tuning runs (tokens of short sentences weigh more in
+the mean, and the steps alternate between length groups; README, "Does it train like the
+reference?"). The last batch of an epoch may be short; it is filled
+with weight-0 rows (static shapes: every host runs the same shapes at every step).
 
 Unshuffled batches (evaluation, prediction: a forward pass only, compiled once per shape) use
 a finer grid of lengths (`prediction_buckets`: steps of 8 below 64) and more rows when short
@@ -170,21 +173,29 @@ def assign_buckets(lengths: np.ndarray, buckets: Sequence[int]) -> np.ndarray:
 
 
 def plan_batches(features: Features, batch_size: int, buckets: Sequence[int], *,
-                 shuffle: bool, seed: int = 0) -> list[tuple[int, np.ndarray]]:
+                 shuffle: bool, seed: int = 0, group_by_length: bool = False
+                 ) -> list[tuple[int, np.ndarray]]:
     """[(bucket length, example indices [<= batch_size])] — one epoch's global batches.
 
-    shuffle: examples within each bucket and the order of all batches, from `seed` (pass a
-    different seed each epoch); otherwise batches are in bucket then example order.
+    shuffle: the order of the examples (and with group_by_length, of the batches) from `seed`
+    (pass a different seed each epoch); otherwise the examples' order. Each batch's length is
+    the smallest bucket holding its longest example. group_by_length: batches of one bucket
+    each (a bucket's leftover examples join the next, longer bucket: only the very last batch
+    is partial).
     """
     rng = np.random.default_rng(seed)
-    assignment = assign_buckets(features.lengths, buckets)
+    lengths = features.lengths
+    if not group_by_length:
+        order = rng.permutation(len(lengths)) if shuffle else np.arange(len(lengths))
+        groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        longest = np.array([lengths[rows].max() for rows in groups], np.int64)
+        return [(buckets[b], rows) for b, rows in zip(assign_buckets(longest, buckets), groups)]
+    assignment = assign_buckets(lengths, buckets)
     plan, carry = [], np.zeros((0,), np.int64)
     for b, length in enumerate(buckets):
         members = np.flatnonzero(assignment == b)
         if shuffle:
             members = rng.permutation(members)
-        # A bucket's leftover (< batch_size) examples join the next, longer bucket rather than
-        # fill a batch of their own with weight-0 rows: only the very last batch is partial.
         members = np.concatenate([carry, members])
         full = len(members) // batch_size * batch_size
         for start in range(0, full, batch_size):
@@ -265,8 +276,8 @@ def make_batch(features: Features, length: int, indices: np.ndarray, batch_size:
 
 
 def batches(features: Features, batch_size: int, buckets: Sequence[int], *, shuffle: bool,
-            seed: int = 0, process_index: int = 0,
-            process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
+            seed: int = 0, process_index: int = 0, process_count: int = 1,
+            group_by_length: bool = False) -> Iterator[dict[str, np.ndarray]]:
     """One epoch of this host's batches (every host builds the same global plan); unshuffled:
     the prediction plan (`prediction_plan`, batches of `prediction_rows`)."""
     if not shuffle:
@@ -274,13 +285,16 @@ def batches(features: Features, batch_size: int, buckets: Sequence[int], *, shuf
             yield make_batch(features, length, indices, rows, process_index, process_count)
         return
     for length, indices in plan_batches(features, batch_size, buckets, shuffle=True,
-                                        seed=seed):
+                                        seed=seed, group_by_length=group_by_length):
         yield make_batch(features, length, indices, batch_size, process_index, process_count)
 
 
-def padding_fraction(features: Features, batch_size: int, buckets: Sequence[int]) -> float:
-    """Share of the token positions computed in one epoch that are padding or filler."""
-    plan = plan_batches(features, batch_size, buckets, shuffle=False)
+def padding_fraction(features: Features, batch_size: int, buckets: Sequence[int],
+                     group_by_length: bool = False) -> float:
+    """Share of the token positions computed in a training epoch (seed 0) that are padding or
+    filler."""
+    plan = plan_batches(features, batch_size, buckets, shuffle=True,
+                        group_by_length=group_by_length)
     computed = sum(length * batch_size for length, _ in plan)
     real = sum(int(s[:, 2].sum()) for s in features.sequences)
     computed *= features.sequences[0].shape[0]

@@ -36,9 +36,12 @@ def base_config() -> ml_collections.ConfigDict:
     config.model = ml_collections.ConfigDict(dict(
         dtype="auto", hidden_dropout_prob=0.1, attention_dropout_prob=0.1))
 
-    # grad_reduce_dtype: see experiments/pretrain.py.
+    # grad_reduce_dtype: see experiments/pretrain.py. group_by_length: training batches of one
+    # length bucket each (less padding) instead of uniform draws padded to their longest
+    # example's bucket (data_pipeline/finetune_data.py: it hurts short runs).
     config.train = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=3.0,
-                                                  grad_accum_steps=1, grad_reduce_dtype="float32"))
+                                                  grad_accum_steps=1, grad_reduce_dtype="float32",
+                                                  group_by_length=False))
     config.optimizer = common.optimizer(learning_rate=2e-5, name="adamw", schedule="from_peak")
     config.optimizer.warmup_proportion = 0.1
     # Evaluation on the dev set(s) every `every_steps` steps (0 = at the end of every epoch);

@@ -230,7 +230,7 @@ class _ToyTokenizer:
         return out
 
 
-def test_length_bucketing_wastes_little_and_covers_every_example():
+def test_training_batches_cover_every_example_and_group_by_length_wastes_little():
     rng = np.random.default_rng(0)
     # GLUE-like lengths: most sentences short, a long tail (some truncated at 128).
     lengths = np.clip(rng.lognormal(3.0, 0.8, 2000).astype(int), 1, 200)
@@ -241,21 +241,31 @@ def test_length_bucketing_wastes_little_and_covers_every_example():
     assert features.lengths.max() <= 128
     buckets = finetune_data.bucket_lengths(128)
     assert buckets == (16, 32, 64, 128)
-    seen = []
-    for batch in finetune_data.batches(features, 32, buckets, shuffle=True, seed=1):
-        real = batch["example_index"] >= 0
-        seen += list(batch["example_index"][real])
-        length = batch["input_ids"].shape[1]
-        longest = batch["input_mask"].sum(1).max()
-        # The smallest bucket that holds the batch's longest example.
-        assert longest <= length and length in buckets
-        np.testing.assert_array_equal(batch["weights"], real.astype(np.float32))
-        np.testing.assert_array_equal(batch["labels"][real], features.labels[batch[
-            "example_index"][real]])
-    assert sorted(seen) == list(range(2000))  # every example exactly once per epoch
-    bucketed = finetune_data.padding_fraction(features, 32, buckets)
+    for group in (False, True):
+        seen, spreads = [], []
+        for batch in finetune_data.batches(features, 32, buckets, shuffle=True, seed=1,
+                                           group_by_length=group):
+            real = batch["example_index"] >= 0
+            seen += list(batch["example_index"][real])
+            length = batch["input_ids"].shape[1]
+            rows = batch["input_mask"].sum(1)[real]
+            # The smallest bucket that holds the batch's longest example.
+            assert rows.max() <= length and length in buckets
+            assert length == buckets[0] or rows.max() > buckets[buckets.index(length) - 1]
+            spreads.append(np.unique(finetune_data.assign_buckets(rows, buckets)).size)
+            np.testing.assert_array_equal(batch["weights"], real.astype(np.float32))
+            np.testing.assert_array_equal(batch["labels"][real], features.labels[batch[
+                "example_index"][real]])
+        assert sorted(seen) == list(range(2000))  # every example exactly once per epoch
+        if group:  # one bucket a batch, but for the leftovers carried into the next bucket
+            assert sum(s > 1 for s in spreads) <= len(buckets) - 1
+        else:  # uniform draws: the epoch is one permutation, batches mix the lengths
+            np.testing.assert_array_equal(seen, np.random.default_rng(1).permutation(2000))
+            assert np.mean(spreads) > 2
+    grouped = finetune_data.padding_fraction(features, 32, buckets, group_by_length=True)
+    drawn = finetune_data.padding_fraction(features, 32, buckets)
     fixed = finetune_data.padding_fraction(features, 32, (128,))
-    assert bucketed < 0.5 * fixed, (bucketed, fixed)
+    assert grouped < 0.5 * fixed and drawn <= fixed, (grouped, drawn, fixed)
 
 
 def test_prediction_plan_shapes_depend_on_a_row_only():

@@ -92,6 +92,7 @@ class SequenceTask(Task):
         self.family, self.name = config.task.family, config.task.name
         self.min_bucket_length = config.min_bucket_length
         self.train_batch_size = config.train.batch_size
+        self.group_by_length = bool(config.train.get("group_by_length", False))
         self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head
 
     def read(self, config) -> Splits:
@@ -166,7 +167,8 @@ class SequenceTask(Task):
 
         return finetune_data.batches(features, batch_size, self.buckets, shuffle=shuffle,
                                      seed=seed, process_index=jax.process_index(),
-                                     process_count=jax.process_count())
+                                     process_count=jax.process_count(),
+                                     group_by_length=self.group_by_length)
 
     def batch_spec(self, batch_size: int, max_seq_length: int):
         tokens = (batch_size, max_seq_length)
@@ -184,7 +186,8 @@ class SequenceTask(Task):
     def describe(self, features) -> str:
         from data_pipeline import finetune_data
 
-        padding = finetune_data.padding_fraction(features, self.train_batch_size, self.buckets)
+        padding = finetune_data.padding_fraction(features, self.train_batch_size, self.buckets,
+                                                 self.group_by_length)
         return (f"; padding is {100 * padding:.1f}% of the train tokens computed "
                 f"(buckets {self.buckets})")
 

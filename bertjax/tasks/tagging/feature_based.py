@@ -203,7 +203,8 @@ class FeatureBasedTask(TokenClassificationTask):
 
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
         for length, indices in finetune_data.plan_batches(features, batch_size, self.buckets,
-                                                          shuffle=shuffle, seed=seed):
+                                                          shuffle=shuffle, seed=seed,
+                                                          group_by_length=self.group_by_length):
             yield self._batch(features, length, indices, batch_size)
 
     def _batch(self, features, length: int, indices, batch_size: int) -> dict[str, np.ndarray]:

@@ -182,9 +182,9 @@ def make_batch(features: TokenFeatures, length: int, indices: np.ndarray, batch_
 
 
 def batches(features: TokenFeatures, batch_size: int, buckets: Sequence[int], *, shuffle: bool,
-            seed: int = 0, process_index: int = 0,
-            process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
-    """One epoch of this host's batches, rows grouped by length (finetune_data's plans:
+            seed: int = 0, process_index: int = 0, process_count: int = 1,
+            group_by_length: bool = False) -> Iterator[dict[str, np.ndarray]]:
+    """One epoch of this host's batches (finetune_data's plans: shuffled, the training plan;
     unshuffled, the prediction plan)."""
     if not shuffle:
         for length, rows, indices in finetune_data.prediction_plan(features.lengths, batch_size,
@@ -192,5 +192,6 @@ def batches(features: TokenFeatures, batch_size: int, buckets: Sequence[int], *,
             yield make_batch(features, length, indices, rows, process_index, process_count)
         return
     for length, indices in finetune_data.plan_batches(features, batch_size, buckets,
-                                                      shuffle=True, seed=seed):
+                                                      shuffle=True, seed=seed,
+                                                      group_by_length=group_by_length):
         yield make_batch(features, length, indices, batch_size, process_index, process_count)

@@ -76,6 +76,7 @@ class TokenClassificationTask(Task):
         self.config = config
         self.min_bucket_length = config.min_bucket_length
         self.train_batch_size = config.train.batch_size
+        self.group_by_length = bool(config.train.get("group_by_length", False))
         self.scheme = config.task.label_scheme
         self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head
         self._features: dict[int, object] = {}  # id(examples) → features (write_outputs)
@@ -173,7 +174,8 @@ class TokenClassificationTask(Task):
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
         return token_features.batches(features, batch_size, self.buckets, shuffle=shuffle,
                                       seed=seed, process_index=jax.process_index(),
-                                      process_count=jax.process_count())
+                                      process_count=jax.process_count(),
+                                      group_by_length=self.group_by_length)
 
     def num_batches(self, features, batch_size: int) -> int:
         return len(finetune_data.plan_batches(features, batch_size, self.buckets, shuffle=False))
@@ -188,7 +190,7 @@ class TokenClassificationTask(Task):
 
     def describe(self, features) -> str:
         plan = finetune_data.plan_batches(features, self.train_batch_size, self.buckets,
-                                          shuffle=False)
+                                          shuffle=True, group_by_length=self.group_by_length)
         computed = sum(length * self.train_batch_size for length, _ in plan)
         padding = 1.0 - float(features.lengths.sum()) / max(computed, 1)
         return (f"; {len(self.labels)} labels; {len(features)} train rows, padding "

