@@ -197,3 +197,37 @@ def test_document_context_only_inside_documents_the_file_marks(tokenizer, tmp_pa
     assert {s.document for s in together} == {0}
     rows = token_features.encode(tokenizer, together, LABELS, 64, 64, True)
     assert [len(r) for r in rows.input_ids] == [min(64, sum(pieces) + 2)] * len(data)
+
+
+def test_sentences_alone_are_the_rows_transformers_builds(tmp_path):
+    """Unmarked sentences (tweets): bertjax's rows are `[CLS] sentence [SEP]` with the same
+    ids as transformers' fast tokenizer on the words, labels on the same first sub-tokens."""
+    import transformers
+
+    from bertjax.tokenization.loading import load_tokenizer
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "@", "#", ":", "/", ".", "!",
+             "user", "new", "york", "http", "t", "co", "##s", "##ing", "rock", "caf", "##e",
+             "go", "to", "lol"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    words = [["@user", "goes", "to", "New", "York", "!"],
+             ["Rocking", "#NewYork", "http://t.co", "lol", "😀"],
+             ["café", "rocks", "..."]]
+    tags = [["O", "O", "O", "B-LOC", "I-LOC", "O"], ["O", "B-LOC", "O", "O", "O"],
+            ["B-ORG", "O", "O"]]
+    ids = {"O": 0, "B-LOC": 1, "I-LOC": 2, "B-ORG": 3}
+    alone = [Sentence(tuple(w), tuple(t), f"t:{i}", i) for i, (w, t) in
+             enumerate(zip(words, tags))]
+    ours = token_features.encode(load_tokenizer(str(tmp_path / "vocab.txt"),
+                                                do_lower_case=True),
+                                 alone, ids, max_seq_length=64, stride=32,
+                                 document_context=True)
+    reference = transformers.BertTokenizerFast(str(tmp_path / "vocab.txt"), do_lower_case=True)
+    for row, (w, t) in enumerate(zip(words, tags)):
+        enc = reference(w, is_split_into_words=True)
+        assert ours.input_ids[row].tolist() == enc["input_ids"]
+        word_ids = enc.word_ids()
+        firsts = [p for p, k in enumerate(word_ids)
+                  if k is not None and (p == 0 or word_ids[p - 1] != k)]
+        assert np.flatnonzero(ours.label_ids[row] >= 0).tolist() == firsts
+        assert ours.label_ids[row][firsts].tolist() == [ids[x] for x in t]

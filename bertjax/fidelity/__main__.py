@@ -12,9 +12,9 @@ a plain transformers script (bertjax/fidelity/reference*.py, test extra), with t
 rows, learning rate, batch size, epochs, maximum length, 10% warmup, weight decay 0.01,
 clipping 1.0 and dropout 0.1; both report the official dev metric of their best epoch.
 fidelity.md and fidelity.json in --workdir give mean ± sd per side and the verdict: "within"
-when the difference of the means is inside 2 standard errors of it (plus half a point, so
-that identical seeds do not demand identical numbers), else "better" or "worse". Exit status
-1 when a family is worse.
+unless Welch's t-test tells the means apart at the 5% level (on the difference less half a
+point, so that seeds with next to no spread do not demand identical numbers), else "better"
+or "worse". Exit status 1 when a family is worse.
 
 --quick: one seed a side, 96 training and 48 dev rows, one epoch (the slow test's check
 that every side runs end to end; its numbers mean nothing).
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import math
 import pathlib
@@ -143,6 +144,9 @@ def define_flags() -> None:
                         "model.safetensors, vocab.txt): both sides start from it.")
     flags.DEFINE_string("data_dir", "data", "Where the Makefile's data targets wrote the "
                         "sources (rotten_tomatoes/, demo_corpus.txt, ropes/, pos/).")
+    flags.DEFINE_multi_string("override", [], "KEY=VALUE, repeatable: a config override of "
+                              "bertjax's side only (e.g. train.group_by_length=true), to "
+                              "measure what a setting does.")
     flags.DEFINE_bool("quick", False, "One seed, 96 training rows, one epoch: the code path "
                       "only.")
 
@@ -155,8 +159,10 @@ def _family_config(family: Family, quick: bool) -> tuple[Sizes, dict]:
 
 
 def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: int,
-                settings: dict, workdir: pathlib.Path, log) -> dict[str, float]:
-    """bertjax's command on the family's files; the best dev metrics of its results.json."""
+                settings: dict, workdir: pathlib.Path, log, extra: tuple[str, ...] = ()
+                ) -> dict[str, float]:
+    """bertjax's command on the family's files (`extra`: KEY=VALUE config overrides); the best
+    dev metrics of its results.json."""
     overrides = {"init_checkpoint": checkpoint, "seed": seed, "data.train": files["train"],
                  "data.validation": files["dev"],
                  "optimizer.learning_rate": settings["learning_rate"],
@@ -168,6 +174,7 @@ def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: in
                f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in overrides.items())]
     if family.name == "squad_v2":
         command.append("--config.task.version_2=true")
+    command += [f"--config.{item}" for item in extra]
     done = subprocess.run(command, capture_output=True, text=True)
     (workdir.parent / f"{workdir.name}.log").write_text(done.stdout + done.stderr)
     if done.returncode:
@@ -179,6 +186,24 @@ def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: in
     return best
 
 
+def reference_run(family: Family, files: dict[str, str], model: str, seed: int, settings: dict,
+                  cache: pathlib.Path, log) -> dict[str, float]:
+    """The transformers script's best dev metrics, kept in `cache` with the digest of its inputs
+    (files, model weights, settings, seed): a rerun that changes only bertjax's side (e.g.
+    --override) reuses them."""
+    digest = hashlib.sha256(json.dumps([family.name, seed, settings]).encode())
+    for path in sorted(files.values()) + [str(pathlib.Path(model) / "model.safetensors")]:
+        digest.update(pathlib.Path(path).read_bytes() if pathlib.Path(path).exists() else b"")
+    key = digest.hexdigest()
+    if cache.exists() and json.loads(cache.read_text()).get("key") == key:
+        metrics = json.loads(cache.read_text())["metrics"]
+    else:
+        metrics = family.reference(model, files, seed, settings, log)
+        cache.write_text(json.dumps({"key": key, "metrics": metrics}))
+    log(f"transformers seed {seed}: {json.dumps(metrics)}")
+    return metrics
+
+
 def summary(values: list[float]) -> tuple[float, float]:
     """(mean, sample standard deviation; 0 for one value)."""
     mean = sum(values) / len(values)
@@ -188,13 +213,23 @@ def summary(values: list[float]) -> tuple[float, float]:
 
 
 def verdict(ours: list[float], theirs: list[float], scale: float) -> str:
-    """"within" when |mean difference| <= 2 standard errors of it + 0.005 * scale, else
-    "better" or "worse" (bertjax's side against transformers'); no verdict from one seed."""
+    """"within" unless Welch's t-test tells the two sides' means apart at the 5% level (two
+    sided; the difference less 0.005 * scale, so that seeds with next to no spread do not
+    demand identical numbers), else "better" or "worse" (bertjax's side against
+    transformers'); no verdict from one seed."""
+    from scipy import stats
+
     if min(len(ours), len(theirs)) < 2:
         return "n/a (1 seed)"
     (m1, s1), (m2, s2) = summary(ours), summary(theirs)
-    error = math.sqrt(s1 ** 2 / len(ours) + s2 ** 2 / len(theirs))
-    if abs(m1 - m2) <= 2 * error + 0.005 * scale:
+    v1, v2 = s1 ** 2 / len(ours), s2 ** 2 / len(theirs)
+    excess = abs(m1 - m2) - 0.005 * scale
+    if excess <= 0:
+        return "within"
+    if v1 + v2 == 0:
+        return "better" if m1 > m2 else "worse"
+    dof = (v1 + v2) ** 2 / (v1 ** 2 / (len(ours) - 1) + v2 ** 2 / (len(theirs) - 1))
+    if excess <= stats.t.ppf(0.975, dof) * math.sqrt(v1 + v2):
         return "within"
     return "better" if m1 > m2 else "worse"
 
@@ -210,6 +245,8 @@ def report(rows: list[dict], seeds: int, minutes: float) -> str:
                      f"{row['train']} / {row['dev']} rows | {row['metric']} | {m1:.3f} ± "
                      f"{s1:.3f} | {m2:.3f} ± {s2:.3f} | {row['verdict']} |")
     notes = [f"- {r['family']}: {r['note']}" for r in rows if r["note"]]
+    if rows and rows[0]["overrides"]:
+        notes.append(f"- bertjax's side with {', '.join(rows[0]['overrides'])}")
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
@@ -244,6 +281,9 @@ def main(FLAGS) -> None:
         raise DataError(f"--model={FLAGS.model}: no config.json; run `make fidelity_model` or "
                         "give a Hugging Face BERT directory")
     seeds = 1 if FLAGS.quick else FLAGS.seeds
+    bad = [item for item in FLAGS.override if "=" not in item]
+    if bad:
+        raise ConfigError(f"--override={bad[0]}: give KEY=VALUE, e.g. train.group_by_length=true")
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint = convert_model(FLAGS.model, workdir)
     rows, start = [], time.perf_counter()
@@ -257,15 +297,16 @@ def main(FLAGS) -> None:
         ours, theirs = [], []
         for seed in range(seeds):
             best = bertjax_run(family, files, checkpoint, seed, settings,
-                               workdir / name / f"bertjax_{seed}", log)
+                               workdir / name / f"bertjax_{seed}", log, tuple(FLAGS.override))
             ours.append(float(best[family.metric]))
-            metrics = family.reference(FLAGS.model, files, seed, settings, log)
+            metrics = reference_run(family, files, FLAGS.model, seed, settings,
+                                    workdir / name / f"transformers_{seed}.json", log)
             theirs.append(float(metrics[family.metric]))
-            log(f"transformers seed {seed}: {json.dumps(metrics)}")
         scale = 100.0 if family.name.startswith("squad") else 1.0
         rows.append(dict(family=name, what=family.what, origin=family.origin,
                          metric=family.metric, train=sizes.train, dev=sizes.dev,
-                         settings=settings, bertjax=ours, transformers=theirs,
+                         settings=settings, overrides=list(FLAGS.override), bertjax=ours,
+                         transformers=theirs,
                          verdict=verdict(ours, theirs, scale), note=family.note))
         log(f"{rows[-1]['verdict']}: bertjax {summary(ours)}, transformers {summary(theirs)}")
         minutes = (time.perf_counter() - start) / 60

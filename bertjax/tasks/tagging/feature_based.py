@@ -202,9 +202,11 @@ class FeatureBasedTask(TokenClassificationTask):
                 f"{features.cache.directory}, encoder {self.encode_seconds:.1f}s)")
 
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
+        # Evaluation batches group rows by length (less padding; their order does not matter).
+        grouped = self.group_by_length or not shuffle
         for length, indices in finetune_data.plan_batches(features, batch_size, self.buckets,
                                                           shuffle=shuffle, seed=seed,
-                                                          group_by_length=self.group_by_length):
+                                                          group_by_length=grouped):
             yield self._batch(features, length, indices, batch_size)
 
     def _batch(self, features, length: int, indices, batch_size: int) -> dict[str, np.ndarray]:
