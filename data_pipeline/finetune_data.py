@@ -7,10 +7,10 @@ random order cut into batches of `batch_size`, each padded only to the smallest 
 fixed length would spend most of the compute on padding, and a handful of bucket lengths keeps
 the number of compiled shapes small. `group_by_length` (config.train.group_by_length) instead
 batches examples of the same bucket together: less padding, but each batch is then a draw of
-one length only, which hurts short fine-tuning runs (tokens of short sentences weigh more in
+one length only, which slows short fine-tuning runs (tokens of short sentences weigh more in
 the mean, and the steps alternate between length groups; README, "Does it train like the
-reference?"). The last batch of an epoch may be short; it is filled
-with weight-0 rows (static shapes: every host runs the same shapes at every step).
+reference?"). The last batch of an epoch may be short; it is filled with weight-0 rows (static
+shapes: every host runs the same shapes at every step).
 
 Unshuffled batches (evaluation, prediction: a forward pass only, compiled once per shape) use
 a finer grid of lengths (`prediction_buckets`: steps of 8 below 64) and more rows when short
@@ -188,6 +188,8 @@ def plan_batches(features: Features, batch_size: int, buckets: Sequence[int], *,
     if not group_by_length:
         order = rng.permutation(len(lengths)) if shuffle else np.arange(len(lengths))
         groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        if shuffle:  # the short last batch anywhere in the epoch (one bucket: as grouped)
+            groups = [groups[i] for i in rng.permutation(len(groups))]
         longest = np.array([lengths[rows].max() for rows in groups], np.int64)
         return [(buckets[b], rows) for b, rows in zip(assign_buckets(longest, buckets), groups)]
     assignment = assign_buckets(lengths, buckets)

@@ -38,7 +38,7 @@ def base_config() -> ml_collections.ConfigDict:
 
     # grad_reduce_dtype: see experiments/pretrain.py. group_by_length: training batches of one
     # length bucket each (less padding) instead of uniform draws padded to their longest
-    # example's bucket (data_pipeline/finetune_data.py: it hurts short runs).
+    # example's bucket (data_pipeline/finetune_data.py: it slows short runs).
     config.train = ml_collections.ConfigDict(dict(batch_size=32, num_epochs=3.0,
                                                   grad_accum_steps=1, grad_reduce_dtype="float32",
                                                   group_by_length=False))

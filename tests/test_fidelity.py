@@ -135,7 +135,7 @@ def write_hf_model(path, words):
     (path / "vocab.txt").write_text("\n".join(vocab) + "\n")
     config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=32,
                                      num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=64)
+                                     intermediate_size=64, max_position_embeddings=128)
     transformers.BertModel(config).save_pretrained(path)
     transformers.BertTokenizerFast(str(path / "vocab.txt"), do_lower_case=True
                                    ).save_pretrained(path)

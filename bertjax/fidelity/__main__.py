@@ -237,13 +237,14 @@ def verdict(ours: list[float], theirs: list[float], scale: float) -> str:
 def report(rows: list[dict], seeds: int, minutes: float) -> str:
     lines = [f"# Fidelity: bertjax's command against a transformers script ({seeds} seed(s) "
              f"a side, {minutes:.1f} min)", "",
-             "| family | data | metric | bertjax | transformers | verdict |",
-             "|---|---|---|---:|---:|---|"]
+             "| family | data | metric | bertjax | transformers | verdict | minutes |",
+             "|---|---|---|---:|---:|---|---:|"]
     for row in rows:
         (m1, s1), (m2, s2) = summary(row["bertjax"]), summary(row["transformers"])
         lines.append(f"| {row['family']} ({row['what']}) | {row['origin']}, "
                      f"{row['train']} / {row['dev']} rows | {row['metric']} | {m1:.3f} ± "
-                     f"{s1:.3f} | {m2:.3f} ± {s2:.3f} | {row['verdict']} |")
+                     f"{s1:.3f} | {m2:.3f} ± {s2:.3f} | {row['verdict']} | "
+                     f"{row.get('minutes', 0):.1f} |")
     notes = [f"- {r['family']}: {r['note']}" for r in rows if r["note"]]
     if rows and rows[0]["overrides"]:
         notes.append(f"- bertjax's side with {', '.join(rows[0]['overrides'])}")
@@ -294,7 +295,7 @@ def main(FLAGS) -> None:
         log = functools.partial(_log, name, workdir / name / "log.txt")
         log(f"{sizes.train} train / {sizes.dev} dev rows, {json.dumps(settings)}", mode="w")
 
-        ours, theirs = [], []
+        ours, theirs, began = [], [], time.perf_counter()
         for seed in range(seeds):
             best = bertjax_run(family, files, checkpoint, seed, settings,
                                workdir / name / f"bertjax_{seed}", log, tuple(FLAGS.override))
@@ -306,8 +307,8 @@ def main(FLAGS) -> None:
         rows.append(dict(family=name, what=family.what, origin=family.origin,
                          metric=family.metric, train=sizes.train, dev=sizes.dev,
                          settings=settings, overrides=list(FLAGS.override), bertjax=ours,
-                         transformers=theirs,
-                         verdict=verdict(ours, theirs, scale), note=family.note))
+                         transformers=theirs, verdict=verdict(ours, theirs, scale),
+                         minutes=(time.perf_counter() - began) / 60, note=family.note))
         log(f"{rows[-1]['verdict']}: bertjax {summary(ours)}, transformers {summary(theirs)}")
         minutes = (time.perf_counter() - start) / 60
         (workdir / "fidelity.json").write_text(json.dumps(rows, indent=1))
