@@ -171,18 +171,11 @@ def chunk_tags(tags: list[str]) -> list[str]:
 
 
 def pos_sentences(path: pathlib.Path) -> list[list[tuple[str, str]]]:
-    sentences, current = [], []
-    for line in _need(path, "pos_data").read_text(encoding="utf-8").splitlines():
-        if not line.strip():
-            if current:
-                sentences.append(current)
-            current = []
-            continue
-        word, tag = line.split("\t")
-        current.append((word, tag))
-    if current:
-        sentences.append(current)
-    return sentences
+    """[(word, POS tag)] of each sentence of a `word<TAB>tag` file (the tagging reader)."""
+    from bertjax.tasks.tagging.readers import read_columns
+
+    sentences = read_columns(str(_need(path, "pos_data")), scheme="none", target="none")
+    return [list(zip(s.words, s.tags)) for s in sentences]
 
 
 def chunks(source: pathlib.Path, out: pathlib.Path, sizes: Sizes, documents: bool
