@@ -7,6 +7,10 @@ import os
 # the lines this level does not reach). TF_CPP_MIN_LOG_LEVEL=0 shows them.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from bertjax import accelerators  # noqa: E402
+
+accelerators.skip_absent_tpu()  # before JAX starts a backend: no libtpu noise without a TPU
+
 __version__ = "0.1.0"
 
 

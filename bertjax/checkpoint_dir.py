@@ -340,6 +340,12 @@ def load_config(directory: str | epath.Path) -> BertConfig:
             hint = f"; convert it first: python -m bertjax.convert from_hf --input {directory}"
         elif (directory / "bert_config.json").exists():
             hint = "; convert it first: python -m bertjax.convert from_tf ... --output DIR"
+        elif (directory / "export" / PARAMS_DIR).exists():  # a pre-training workdir
+            hint = f"; it is a pre-training run: its model is {directory / 'export'}"
+        elif (directory / "checkpoints").exists():
+            hint = ("; it is a training run's workdir (a pre-training run writes its model to "
+                    "export/ when it finishes; a fine-tuning run: python -m bertjax.convert "
+                    f"to_hf --input {directory})")
         raise CheckpointError(f"{directory} is not a bertjax checkpoint (no {PARAMS_DIR}/){hint}")
     if not config_file.exists():
         raise CheckpointError(f"{config_file} does not exist")

@@ -24,38 +24,10 @@ from collections.abc import Callable, Sequence
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
-def _accelerator_attached() -> bool:
-    """Whether a Google (TPU), NVIDIA or AMD PCI device is attached (read from sysfs, without
-    starting JAX)."""
-    import glob
-
-    accelerators = {"0x1ae0", "0x10de", "0x1002"}
-    for path in glob.glob("/sys/bus/pci/devices/*/vendor"):
-        try:
-            with open(path) as f:
-                if f.read().strip() in accelerators:
-                    return True
-        except OSError:
-            continue
-    return False
-
-
-def _skip_absent_tpu() -> None:
-    """With libtpu installed (the `tpu` extra, for ahead-of-time TPU compiles), JAX tries a TPU
-    backend at start-up even on machines without one, and libtpu prints warnings meant for TPU
-    VMs. Where no accelerator is attached, JAX_PLATFORMS=cpu skips that probe; a JAX_PLATFORMS
-    set by the user wins."""
-    import importlib.util
-
-    if "JAX_PLATFORMS" in os.environ or importlib.util.find_spec("libtpu") is None:
-        return
-    if not _accelerator_attached():
-        os.environ["JAX_PLATFORMS"] = "cpu"
-
-
 # XLA:CPU allocates a step's temporary buffers afresh on every call; glibc maps them fresh and
 # the kernel zero-fills them 4 KiB page by page. Huge pages for malloc (glibc >= 2.35; older
-# ones ignore the tunable) make those faults rare (README, "Speed on CPU", has the speed-up).
+# ones ignore the tunable) make those faults rare (docs/performance.md, "Speed on CPU", has
+# the speed-up).
 MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
 
 
@@ -68,7 +40,7 @@ def _restart_with_malloc_tunable() -> None:
 
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if ("glibc.malloc.hugetlb" in tunables or not sys.platform.startswith("linux")
-            or platform.libc_ver()[0] != "glibc" or _accelerator_attached()):
+            or platform.libc_ver()[0] != "glibc" or accelerators.attached()):
         return
     env = dict(os.environ, GLIBC_TUNABLES=":".join(filter(None, [tunables, MALLOC_TUNABLE])))
     sys.stdout.flush()
@@ -76,10 +48,9 @@ def _restart_with_malloc_tunable() -> None:
     os.execve(sys.executable, sys.orig_argv, env)
 
 
-_skip_absent_tpu()
-
 from absl import app, flags, logging  # noqa: E402
 
+from bertjax import accelerators  # noqa: E402
 from bertjax.errors import BertjaxError, ConfigError  # noqa: E402
 
 
@@ -242,7 +213,7 @@ def split_cpu(count: int | None = None) -> int:
                               f"{preset}; give one of them")
         return 0
     platforms = os.environ.get("JAX_PLATFORMS", "")
-    if (platforms.split(",")[0] != "cpu") if platforms else _accelerator_attached():
+    if (platforms.split(",")[0] != "cpu") if platforms else accelerators.attached():
         return 0
     if count is None:
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
@@ -386,10 +357,12 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
             if isinstance(e.code, str):  # a failure the command reported in one line
                 exit_now(e.code, 1)
             raise
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             if show_tracebacks():
                 raise
-            exit_now("error: interrupted (Ctrl-C)", 130)
+            # Training's Ctrl-C says what it saved (loop.Interrupted); 130 as for any Ctrl-C,
+            # so a script's `pretrain && finetune` stops there.
+            exit_now(str(e) or "error: interrupted (Ctrl-C)", 130)
         except Exception as e:
             if show_tracebacks():
                 raise

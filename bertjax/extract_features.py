@@ -31,6 +31,7 @@ def define_flags() -> None:
     flags.DEFINE_string("layers", "-1,-2,-3,-4", "Encoder layers to output (-1 = last).")
     flags.DEFINE_integer("max_seq_length", 128, "Tokens per example, after WordPiece.")
     flags.DEFINE_integer("batch_size", 32, "Examples per compiled batch.")
+    flags.DEFINE_string("encoding", "utf-8", "The input file's text encoding, e.g. latin-1.")
     flags.DEFINE_bool("do_lower_case", None,
                       "Lower-case input; default: the checkpoint's tokenizer_config.json.")
     cli.define_cpu_devices_flag()
@@ -51,7 +52,7 @@ def main(argv: Sequence[str]) -> None:
 
     try:
         count = run(f.checkpoint, f.input_file, f.output_file, f.layers, f.max_seq_length,
-                    f.batch_size, f.do_lower_case, devices)
+                    f.batch_size, f.do_lower_case, devices, f.encoding)
     except (BertjaxError, ValueError) as e:  # CheckpointError, ConfigError, DataError; flags
         sys.exit(f"error: {e}")
     if count is not None:  # process 0 (the writer)

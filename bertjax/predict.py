@@ -12,7 +12,8 @@ masked-word predictions of a pre-trained checkpoint.
 
 --input: .csv / .tsv / .jsonl rows (classification, regression, multiple choice; field flags
 as the users'-files configs, default the run's config.data), SQuAD-layout .json or .jsonl
-{question, context[, id]} (SQuAD), CoNLL columns or .jsonl {tokens} (tagging). --output: one
+{question, context[, id]} (SQuAD), CoNLL columns or .jsonl {tokens} (tagging); UTF-8 unless
+--encoding names another (default: the run's config.data.encoding). --output: one
 JSON record a line in input order (classification: {id, label, probabilities}; regression:
 {id, score}; multiple choice: {id, choice, scores}; SQuAD: {id, answer, start, end, score,
 nbest[, null_odds, threshold]}; tagging: {id, tokens, tags}), or for tagging a `.conll` file
@@ -57,6 +58,8 @@ def define_flags() -> None:
     for name in FIELD_FLAGS:
         flags.DEFINE_string(name, None, f"Input field {name} (default: the run's config.data).")
     flags.DEFINE_enum("format", None, ["auto", "conll", "jsonl"], "Tagging input format.")
+    flags.DEFINE_string("encoding", None, "The input's text encoding, e.g. latin-1, cp1252 "
+                        "(default: the run's config.data.encoding, else utf-8).")
     flags.DEFINE_integer("token_column", None, "Tagging CoNLL input: the word column.")
     flags.DEFINE_integer("tag_column", None, "Tagging CoNLL input: the gold tag column.")
     flags.DEFINE_bool("dry_run", False, "With --workdir: compile the predict step for each "
@@ -123,7 +126,7 @@ def predict() -> None:
         if not f[name].value:
             sys.exit(f"error: --{name} is required")
     fields = {name: f[name].value for name in FIELD_FLAGS + ("format", "token_column",
-                                                             "tag_column")}
+                                                             "tag_column", "encoding")}
     devices = cli.turn_devices()
     predictor = (Predictor.from_workdir(f.workdir, f.batch_size, f.dtype, devices) if f.workdir
                  else Predictor.from_export(f.export, f.batch_size, f.dtype, devices))

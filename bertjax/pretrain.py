@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 
 from absl import flags
+from ml_collections import config_flags
 
 from bertjax import cli, validate
 
@@ -39,14 +40,21 @@ def main(argv):
     def make_job(config):
         return PretrainingJob(config, make_input_fn(config))
 
+    # The model's vocabulary size comes from config.vocab unless given on the command line
+    # (a different one is refused), in the dry run too: it fixes the embedding's rows.
+    given = "model.vocab_size" in config_flags.get_override_values(flags.FLAGS["config"])
+    taken = validate.vocab_size(config, given)
+    if taken:
+        print(f"config.model.vocab_size={taken}: the entries of config.vocab={config.vocab}",
+              flush=True)
     if flags.FLAGS.dry_run:
-        validate.pretraining(config, workdir=None)
+        validate.pretraining(config, workdir=None, vocab_size_given=given)
     if dry_run.from_flags(make_job, config):
         return
     cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
     # Config, every phase's data, vocab, init checkpoint and workdir: before any step or
     # file write (a bad phase-2 pattern must not surface after all of phase 1).
-    validate.pretraining(config, _WORKDIR.value)
+    validate.pretraining(config, _WORKDIR.value, vocab_size_given=given)
     cli.initialize_distributed(config)  # before anything touches a JAX backend
     cli.use_compilation_cache()
     summary = loop.train(make_job(config), config, _WORKDIR.value,

@@ -8,6 +8,7 @@ is missing at export, a model vocab smaller than the data's ids: "loss is nan at
 
   validate.pretraining(config, workdir)   python -m bertjax.pretrain
   validate.finetuning(config, workdir)    python -m bertjax.finetune / finetune_grid
+  validate.vocab_size(config, given)      config.model.vocab_size from config.vocab
 """
 
 from __future__ import annotations
@@ -131,6 +132,40 @@ def load_vocab(path: str, field: str = "config.vocab"):
         raise ConfigError(f"{field}: {e}") from None
 
 
+def vocab_entries(path: str, field: str = "config.vocab") -> int:
+    """Entries of the vocabulary at `path`: the rows the model's word embeddings must have.
+    For every vocabulary the tokenizer accepts (no empty or duplicate entry) this is the
+    export's count (checkpoint_dir.count_vocab), read as the run reads it (gs:// too)."""
+    return load_vocab(path, field).vocab_size
+
+
+def vocab_size(config, given: bool = False) -> int | None:
+    """config.model.vocab_size against config.vocab, before anything is compiled: the export
+    needs one word-embedding row per entry, so any other size trains a model that can never
+    be saved (nor resumed with the right size). Not `given` (on the command line) and still
+    the presets' size: set to the vocabulary's entries, which are returned; otherwise they
+    must be equal. Without config.vocab: nothing to check (None)."""
+    path = config.get("vocab")
+    if not path:
+        return None
+    from bertjax.models.config import BertConfig
+
+    entries = vocab_entries(path)
+    size = config.model.get("vocab_size")
+    if size == entries:
+        return None
+    if not given and size == BertConfig.vocab_size:  # the presets' size: left as it came
+        config.model.vocab_size = entries
+        return entries
+    raise ConfigError(f"config.vocab={path} has {entries} entries but config.model.vocab_size="
+                      f"{size} (the exported model needs one embedding row per entry); pass "
+                      f"--config.model.vocab_size={entries} or leave it out")
+
+
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+               "max_position_embeddings", "type_vocab_size")
+
+
 def check_init_checkpoint(directory: str, model=None, field: str = "config.init_checkpoint"):
     """A readable bertjax checkpoint directory whose sizes match `model` (when given)."""
     from bertjax.checkpoint_dir import load_config
@@ -142,13 +177,28 @@ def check_init_checkpoint(directory: str, model=None, field: str = "config.init_
     except (CheckpointError, ConfigError) as e:
         raise CheckpointError(f"{field}: {e}") from None
     if model is not None:
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+        for name in SIZE_FIELDS:
             if getattr(loaded, name) != getattr(model, name):
                 raise ConfigError(
                     f"{field}={directory}: model.{name} is {getattr(loaded, name)} there but "
                     f"config.model.{name}={getattr(model, name)} here")
     return loaded
+
+
+def check_checkpoint_vocab(directory: str, loaded, field: str = "config.init_checkpoint"):
+    """The checkpoint's own vocabulary (the fine-tuning tokenizer) fits its word embeddings:
+    fewer entries than rows is what bertjax.load_pretrained accepts (ids index the rows), more
+    would index past them. Checked here so the job stops before its data is read."""
+    from bertjax.checkpoint_dir import count_vocab, vocab_path
+
+    try:
+        entries = count_vocab(vocab_path(directory))
+    except CheckpointError:
+        return  # no single vocabulary there: load_pretrained names what it lacks
+    if entries > loaded.vocab_size:
+        raise CheckpointError(f"{field}={directory}: its vocabulary {vocab_path(directory)} "
+                              f"has {entries} entries but the model has {loaded.vocab_size} "
+                              "word-embedding rows (model.vocab_size)")
 
 
 # ------------------------------------------------------------------------------ TFRecords
@@ -270,11 +320,14 @@ def check_pretraining_data(config, model, vocab_hash: str | None = None) -> None
             _check_records(field, files, phase, static, packed, model.vocab_size)
 
 
-def pretraining(config, workdir: str | None) -> None:
+def pretraining(config, workdir: str | None, vocab_size_given: bool = False) -> None:
     """Everything `python -m bertjax.pretrain` can check before step 0 (workdir None: a dry
-    run, which writes nothing)."""
+    run, which writes nothing, but whose sizes must be the run's). config.model.vocab_size
+    may be set from config.vocab here (`vocab_size`)."""
     from bertjax.train.configs import packing_enabled, plan_phases
 
+    model_config(config.model)  # its own fields first, then their agreement with config.vocab
+    vocab_size(config, vocab_size_given)
     model = model_config(config.model)
     check_common(config)
 
@@ -291,9 +344,6 @@ def pretraining(config, workdir: str | None) -> None:
         tokenizer = load_vocab(config.vocab)
         vocab_hash = metadata.vocab_hash(
             tokenizer.convert_ids_to_tokens(list(range(tokenizer.vocab_size))))
-        if tokenizer.vocab_size > model.vocab_size:
-            raise ConfigError(f"config.vocab={config.vocab} has {tokenizer.vocab_size} tokens "
-                              f"but config.model.vocab_size={model.vocab_size}")
     check_pretraining_data(config, model, vocab_hash)
     if config.get("init_checkpoint"):
         check_init_checkpoint(config.init_checkpoint, model)
@@ -311,12 +361,18 @@ def finetuning(config, workdir: str | None) -> None:
     warmup = _number(config, "optimizer.warmup_proportion")
     if warmup is not None and not (isinstance(warmup, (int, float)) and 0 <= warmup <= 1):
         raise ConfigError(f"config.optimizer.warmup_proportion={warmup!r} must be in [0, 1]")
+    if "encoding" in (config.get("data") or {}):
+        paths.check_encoding(config.data.encoding, "config.data.encoding")
     if workdir is not None:
         check_workdir(workdir)
     if not config.get("init_checkpoint"):
         raise ConfigError("config.init_checkpoint is empty; give a bertjax checkpoint directory")
     loaded = check_init_checkpoint(config.init_checkpoint)
     model = model_config({**loaded.to_dict(), **dict(config.get("model") or {})})
+    # The checkpoint fixes the sizes (its params and its vocabulary): an override of one
+    # would fail on the params' shapes after the data is read.
+    check_init_checkpoint(config.init_checkpoint, model)
+    check_checkpoint_vocab(config.init_checkpoint, loaded)
     if config.max_seq_length > model.max_position_embeddings:
         raise ConfigError(f"config.max_seq_length={config.max_seq_length} exceeds the model's "
                           f"{model.max_position_embeddings} positions "

@@ -83,12 +83,8 @@ def _split_long(line: str) -> list[str]:
 
 def _lines(path: str) -> Iterator[tuple[int, str]]:
     """(1-based line number, decoded line without newline); bad UTF-8 → CorpusError."""
-    with paths.open(path, "rb") as f:
-        for number, raw in enumerate(f, 1):
-            try:
-                yield number, raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise CorpusError(f"{path}:{number}: invalid UTF-8 ({e.reason})") from None
+    for number, line in paths.text_lines(path, error=CorpusError, hint=None):
+        yield number, line.rstrip("\r\n")
 
 
 def read_reference(path: str) -> Iterator[Document]:
@@ -116,7 +112,7 @@ def read_plain(path: str) -> Iterator[Document]:
 
 def read_jsonl(path: str, text_key: str = "text") -> Iterator[Document]:
     """One JSON object per line with the document under `text_key`."""
-    for number, record in paths.jsonl_records(path, CorpusError):
+    for number, record in paths.jsonl_records(path, CorpusError, hint=None):
         if not isinstance(record.get(text_key), str):
             raise CorpusError(f"{path}:{number}: expected an object with a string {text_key!r}")
         doc = [s for piece in _split_long(record[text_key]) for s in split_sentences(piece)]

@@ -271,10 +271,12 @@ def warn_partial_use(cfg: CreateConfig, counts: dict) -> str | None:
     if not n:
         return None
     limit = cfg.max_seq_length - 3
-    used = min(1.0, n * limit * cfg.dupe_factor / tokens)
-    line = (f"{cfg.input}: {n} sentence(s) longer than {limit} tokens (a document on a single "
-            f"line? --input_format=plain splits sentences); at most {used:.1%} of their "
-            f"{tokens} tokens ({tokens / max(counts['tokens'], 1):.1%} of the corpus) are used")
+    used = min(1.0, n * limit / tokens)  # an instance holds `limit` tokens of one sentence
+    line = (f"{cfg.input}: {n} sentence(s) longer than {limit} tokens, {tokens / n:.0f} on "
+            f"average (a document on a single line? --input_format=plain splits sentences); "
+            f"an instance holds {limit} tokens of one, so each of the {cfg.dupe_factor} "
+            f"passes (--dupe_factor) uses at most {used:.1%} of their {tokens} tokens "
+            f"({tokens / max(counts['tokens'], 1):.1%} of the corpus)")
     logging.warning("%s", line)
     return line
 

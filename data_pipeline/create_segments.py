@@ -14,9 +14,9 @@ per row and packed, for rows of --max_seq_length and of each --report_seq_len, e
   packed N examples into M rows of 128: padding A% → B%
 
 Training reads the examples packed several to a row (`data_pipeline.packed_input`, which
-explains the packing; the README has the figures). Writing imports no TensorFlow (records are
-encoded by `tfrecords`), so spawned worker processes start fast; only the padding report reads
-the data back through tf.data.
+explains the packing; docs/pretraining.md has the figures). Writing imports no TensorFlow
+(records are encoded by `tfrecords`), so spawned worker processes start fast; only the padding
+report reads the data back through tf.data.
 """
 
 from __future__ import annotations

@@ -1,16 +1,18 @@
 """Fine-tuning examples → token features → length-bucketed NumPy batches.
 
 Each example is tokenized once to its own length (truncated to max_seq_length, longer side
-first). A training batch is a uniform draw, as in a reference training loop: the examples in a
-random order cut into batches of `batch_size`, each padded only to the smallest bucket length
-(a power of two ≥ 16, and max_seq_length) that holds its longest example — on short texts a
-fixed length would spend most of the compute on padding, and a handful of bucket lengths keeps
-the number of compiled shapes small. `group_by_length` (config.train.group_by_length) instead
+first). The run's bucket lengths are the powers of two ≥ 16 below max_seq_length, and
+max_seq_length. A training batch is a uniform draw, as in a reference training loop: the
+examples in a random order cut into batches of `batch_size`, each padded only to the smallest
+length of the finer grid (`prediction_buckets`: each bucket interval cut in quarters) that
+holds its longest example — on short texts a fixed length would spend most of the compute on
+padding; the longest row of a uniform draw sits in the tail of the lengths, so few of the
+grid's shapes are ever compiled. `group_by_length` (config.train.group_by_length) instead
 batches examples of the same bucket together: less padding, but each batch is then a draw of
 one length only, which slows short fine-tuning runs (tokens of short sentences weigh more in
-the mean, and the steps alternate between length groups; README, "Does it train like the
-reference?"). The last batch of an epoch may be short; it is filled with weight-0 rows (static
-shapes: every host runs the same shapes at every step).
+the mean, and the steps alternate between length groups; docs/reproducing.md, "Does it train
+like the reference?"). The last batch of an epoch may be short; it is filled with weight-0
+rows (static shapes: every host runs the same shapes at every step).
 
 Unshuffled batches (evaluation, prediction: a forward pass only, compiled once per shape) use
 a finer grid of lengths (`prediction_buckets`: steps of 8 below 64) and more rows when short
@@ -177,11 +179,11 @@ def plan_batches(features: Features, batch_size: int, buckets: Sequence[int], *,
                  ) -> list[tuple[int, np.ndarray]]:
     """[(bucket length, example indices [<= batch_size])] — one epoch's global batches.
 
-    shuffle: the order of the examples (and with group_by_length, of the batches) from `seed`
-    (pass a different seed each epoch); otherwise the examples' order. Each batch's length is
-    the smallest bucket holding its longest example. group_by_length: batches of one bucket
-    each (a bucket's leftover examples join the next, longer bucket: only the very last batch
-    is partial).
+    shuffle: the order of the examples (and the batches') from `seed` (pass a different seed
+    each epoch); otherwise the examples' order. Each batch's length is the smallest length of
+    `prediction_buckets(buckets)` holding its longest example. group_by_length: batches of one
+    bucket of `buckets` each (a bucket's leftover examples join the next, longer bucket: only
+    the very last batch is partial).
     """
     rng = np.random.default_rng(seed)
     lengths = features.lengths
@@ -190,8 +192,9 @@ def plan_batches(features: Features, batch_size: int, buckets: Sequence[int], *,
         groups = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
         if shuffle:  # the short last batch anywhere in the epoch (one bucket: as grouped)
             groups = [groups[i] for i in rng.permutation(len(groups))]
+        grid = prediction_buckets(buckets)
         longest = np.array([lengths[rows].max() for rows in groups], np.int64)
-        return [(buckets[b], rows) for b, rows in zip(assign_buckets(longest, buckets), groups)]
+        return [(grid[b], rows) for b, rows in zip(assign_buckets(longest, grid), groups)]
     assignment = assign_buckets(lengths, buckets)
     plan, carry = [], np.zeros((0,), np.int64)
     for b, length in enumerate(buckets):
@@ -292,12 +295,12 @@ def batches(features: Features, batch_size: int, buckets: Sequence[int], *, shuf
 
 
 def padding_fraction(features: Features, batch_size: int, buckets: Sequence[int],
-                     group_by_length: bool = False) -> float:
-    """Share of the token positions computed in a training epoch (seed 0) that are padding or
-    filler."""
+                     group_by_length: bool = False) -> tuple[float, list[int]]:
+    """(share of the token positions computed in a training epoch (seed 0) that are padding or
+    filler, the distinct batch lengths of that epoch)."""
     plan = plan_batches(features, batch_size, buckets, shuffle=True,
                         group_by_length=group_by_length)
     computed = sum(length * batch_size for length, _ in plan)
     real = sum(int(s[:, 2].sum()) for s in features.sequences)
     computed *= features.sequences[0].shape[0]
-    return 1.0 - real / max(computed, 1)
+    return 1.0 - real / max(computed, 1), sorted({length for length, _ in plan})

@@ -23,8 +23,8 @@ document's text to A), though they can be packed too.
    that no longer fits starts the next example, which leaves a gap of about half a sentence
    per example; `--whole_sentences=false` cuts the text every max_seq_length - 2 tokens
    instead (sentences may straddle two examples, as the reference generator's random
-   truncation also does), so only a document's last example is short. The README has the
-   padding each option leaves on the demo corpus.
+   truncation also does), so only a document's last example is short. docs/pretraining.md
+   ("No NSP") has the padding each option leaves on the demo corpus.
 
    Unmasked pair data of `create_pretraining_data --masking=dynamic` is read too (each pair
    one example, NSP labels ignored). Records may be shorter than the rows (128-token
@@ -45,7 +45,7 @@ document's text to A), though they can be packed too.
    and lets blocks be packed in parallel, for a few more part-full rows. Where each example
    goes is decided from the lengths alone (`first_fit`, a NumPy loop over lengths), then the
    tokens move in one gather: several times the rows/s of a tf.data scan carrying the open
-   rows' tokens one example a step (README).
+   rows' tokens one example a step (docs/pretraining.md, "No NSP").
 
    Masking runs over a whole row: 15% of its real tokens (capped at max_predictions: use 20
    for 128-token rows and 80 for 512, which a full row needs). Every example ends with [SEP],

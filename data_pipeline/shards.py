@@ -19,12 +19,12 @@ MakeShard = Callable[[Any, int, Any], dict]  # (config, shard, tokenizer) → th
 
 
 @contextlib.contextmanager
-def output_directory(path: str, owned: bool = True):
-    """Creates `path` for a run's shards; when the run fails (a bad line deep in the corpus)
-    and `path` is new and `owned` (no other task writes there), it is removed again with
-    whatever was written."""
+def output_directory(path: str, owned: bool = True, flag: str = "--output_dir"):
+    """Creates `path` (given by `flag`) for a run's shards; when the run fails (a bad line
+    deep in the corpus) and `path` is new and `owned` (no other task writes there), it is
+    removed again with whatever was written."""
     created = owned and not paths.exists(path)
-    paths.makedirs(path)
+    paths.makedirs(path, flag)
     try:
         yield
     except BaseException:

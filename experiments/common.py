@@ -43,13 +43,18 @@ def optimizer(learning_rate: float, name: str, schedule: str) -> ml_collections.
         b2=0.999, eps=1e-6, clip_norm=1.0))
 
 
-def checkpoint(every_steps: int, max_to_keep: int = 3) -> ml_collections.ConfigDict:
+def checkpoint(every_steps: int, max_to_keep: int = 3, every_minutes: float = 15.0
+               ) -> ml_collections.ConfigDict:
     """Checkpoints under workdir/checkpoints: every `every_steps` steps and at the end; the
     last `max_to_keep` are kept (plus the best by dev metric when a job evaluates one).
+    every_minutes: also once this long has passed since the last save (0: never), so a slow
+    run (a laptop, 5,000 steps apart) loses at most that much to a crash; such a checkpoint is
+    kept only until the next save. An async save costs seconds, 15 minutes of steps far more.
     timeout_s: the longest an asynchronous save may take (orbax's barrier after the writes);
     where one process's writes fail, the others learn it after this long."""
     return ml_collections.ConfigDict(dict(every_steps=every_steps, max_to_keep=max_to_keep,
-                                          async_save=True, timeout_s=1200))
+                                          every_minutes=float(every_minutes), async_save=True,
+                                          timeout_s=1200))
 
 
 def distributed() -> ml_collections.ConfigDict:
@@ -58,6 +63,12 @@ def distributed() -> ml_collections.ConfigDict:
     line naming it (JAX's own heartbeat timeout, the fallback, is twice that), and how long a
     finishing process waits for the others."""
     return ml_collections.ConfigDict(dict(timeout_s=300))
+
+
+# config.data.encoding of every fine-tuning config: the text encoding of the users' data files
+# (CSV / TSV / JSONL / CoNLL / SQuAD JSON), e.g. latin-1 or cp1252 for files saved by older
+# tools; "utf-8" also reads a file that starts with a BOM.
+DATA_ENCODING = "utf-8"
 
 
 def profile() -> ml_collections.ConfigDict:

@@ -29,7 +29,7 @@ def base_config() -> ml_collections.ConfigDict:
     # Data: a local directory (official layout) or TFDS; files: see finetune_files.py.
     config.data = ml_collections.ConfigDict(dict(
         dir="", tfds=False, tfds_data_dir="", train="", validation="", test="", text_a="",
-        text_b="", label="label", choices="", labels=""))
+        text_b="", label="label", choices="", labels="", encoding=common.DATA_ENCODING))
 
     # Overrides of the checkpoint's config.json: compute dtype ("auto": bfloat16 on TPU/GPU,
     # float32 on CPU, as in pre-training; an explicit dtype is honoured everywhere) and dropout.

@@ -26,6 +26,7 @@ labels are those of the training file unless given (--config.data.labels=O,B-PER
 
 import ml_collections
 
+from experiments import common
 from experiments.glue import base_config
 
 NAMES = ("conll2003", "files")
@@ -43,6 +44,7 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
         labels="",  # comma-separated, or a file of one label a line; "" = the train tags
         document_context=True,  # each sentence with its marked document's neighbours
         stride=64,  # long sentences: windows of max_seq_length - 2 pieces every `stride`
+        encoding=common.DATA_ENCODING,  # the files' text encoding
     )
     data.update(overrides)
     return ml_collections.ConfigDict(data)

@@ -102,7 +102,10 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     # A bertjax checkpoint directory (bertjax.load_pretrained) to start from, params only:
     # continued pre-training, or phase 2 from a finished phase-1 export.
     config.init_checkpoint = ""
-    config.vocab = ""  # vocab.txt / SentencePiece model of the data (needed by dynamic masking)
+    # vocab.txt / SentencePiece model of the data (needed by dynamic masking and the export).
+    # Its entries are the model's vocab_size: taken when model.vocab_size is left at 30522,
+    # else they must agree (bertjax.validate.vocab_size), in --dry_run too.
+    config.vocab = ""
 
     config.mesh = common.mesh()
     config.distributed = common.distributed()

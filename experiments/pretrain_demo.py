@@ -11,12 +11,12 @@ from experiments import pretrain
 
 def get_config(arg: str = "tiny"):
     config = pretrain.get_config(arg)
-    config.model.vocab_size = 8000  # the demo WordPiece vocabulary (the demo checks it)
     config.model.dtype = "float32"
     config.vocab = "data/demo/vocab/vocab.txt"
     # Sized to pre-train in minutes on 2 CPU cores, chosen by a sweep of recipes on held-out
-    # pairs (README, "Two commands", has the figures): held-out MLM accuracy jumps once the
-    # model starts to use its context, and this recipe brings that jump much earlier.
+    # pairs (docs/pretraining.md, "The demo recipe", has the figures): held-out MLM accuracy
+    # jumps once the model starts to use its context, and this recipe brings that jump much
+    # earlier.
     #  - 40% of the tokens masked, not 15% (Wettig et al., 2023, "Should You Mask 15% in
     #    Masked Language Modeling?"): more predictions per sequence for little more time.
     #  - FFN width 128 instead of 512: the MLM output layer dominates the step at this size,

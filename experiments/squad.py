@@ -20,6 +20,7 @@ dev, `test_`-prefixed ones for data.test.
 
 import ml_collections
 
+from experiments import common
 from experiments.glue import base_config
 
 VERSIONS = ("v1", "v2", "files")
@@ -37,7 +38,7 @@ def get_config(arg: str = "v1") -> ml_collections.ConfigDict:
         null_threshold=ml_collections.config_dict.placeholder(float),
         num_workers=1))  # > 1: feature conversion in that many forked processes
     config.data = ml_collections.ConfigDict(dict(train="", validation="", test="",
-                                                 tfds_data_dir=""))
+                                                 tfds_data_dir="", encoding=common.DATA_ENCODING))
     config.optimizer.learning_rate = 5e-5
     config.train.batch_size = 48 if arg == "v2" else 32
     config.train.num_epochs = 2.0 if arg == "v2" else 3.0

@@ -10,6 +10,7 @@ The compile tests need libtpu (the `tpu` and `test` extras) and skip without it.
 """
 
 import importlib.util
+import re
 
 import pytest
 from conftest import run_python
@@ -115,13 +116,13 @@ def _make_job(config):
 
 
 def _compile(name: str, batch_size: int, mesh: dict, preset="tiny", phase="phase1",
-             exact=True, **model):
+             exact=True, progress=lambda line: None, **model):
     from bertjax.train import dry_run
 
     slice_ = topology.parse(name)
     job, config = _pretraining_job(preset, batch_size, mesh, phase, **model)
     [cost], _ = dry_run.compile_stages(_make_job, config, slice_, topology.devices(slice_),
-                                       exact=exact)
+                                       exact=exact, progress=progress)
     return job, cost
 
 
@@ -134,7 +135,11 @@ SMALL = dict(num_layers=1, hidden_size=64, intermediate_size=128, num_heads=2, v
 def test_tiny_train_step_compiles_for_4_chips_and_memory_grows_with_the_batch():
     import jax
 
-    _, small = _compile("v5litepod-4", 16, {"data": 4}, **SMALL)
+    lines = []
+    _, small = _compile("v5litepod-4", 16, {"data": 4}, progress=lines.append, **SMALL)
+    # A line before and after the compile (minutes at BERT's sizes): never silent that long.
+    assert lines[0] == "  compiling phase1 (128 tokens, 1 layers unrolled) ..."
+    assert re.fullmatch(r"    done in \d+ s \(elapsed \d+:\d\d\)", lines[1]) and len(lines) == 2
     job, large = _compile("v5litepod-4", 32, {"data": 4}, **SMALL)
     for cost in (small, large):
         assert cost.fits and cost.total_bytes <= cost.hbm_bytes == 16 * 1024**3

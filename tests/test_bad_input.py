@@ -297,6 +297,8 @@ def corpus_case(name, *needles, files=None, **flags):
     CASES.append(pytest.param("corpus", make, needles, (ValueError,), id=f"corpus-{name}"))
 
 
+corpus_case("output_dir_a_file", "--output_dir=", "/taken: a file is in the way",
+            files={"taken": "x"}, output_dir="{t}/taken")
 corpus_case("empty_corpus", "empty.txt: no documents", "nothing written",
             files={"empty.txt": ""}, input="{t}/empty.txt")
 corpus_case("blank_lines_only", "blank.txt: no documents", files={"blank.txt": "\n\n  \n"},
@@ -488,7 +490,8 @@ files_case("regression_text", "train.csv:2: regression label 'high' is not a num
            kind="regression", train="text,label\nthe cat,high\n")
 files_case("missing_file", "config.data.train:", "nope.csv does not exist")
 files_case("missing_column", "train.csv:2: missing column 'label'", train="text,label\nthe cat\n")
-files_case("no_text_column", "train.csv:2: missing column 'text'",
+files_case("no_text_column", "train.csv:2: no column 'text' (config.data.text_a, predict "
+           "--text_a); the file's columns: sentence, label",
            train="sentence,label\nthe cat,pos\n")
 files_case("jsonl_not_json", "train.jsonl:2: invalid JSON", ext="jsonl",
            train='{"text": "a", "label": "pos"}\n{oops\n')
@@ -497,6 +500,13 @@ files_case("empty_file", "train.csv: empty file", train="")
 files_case("label_not_declared", "train.csv:3: label 'meh' is not one of ['neg', 'pos']",
            train="text,label\nthe cat,pos\nthe dog,meh\n", **{"data.labels": "neg,pos"})
 files_case("empty_text", "train.csv:2: empty text in column 'text'", train="text,label\n ,pos\n")
+# A Latin-1 file (tests/test_encoding.py: every reader, and config.data.encoding=latin-1).
+LATIN1_HINT = "save the file as UTF-8 or give its encoding, e.g. --config.data.encoding=latin-1"
+files_case("latin1_csv", "train.csv:3: invalid UTF-8 (byte 0xe9 at column 4)", LATIN1_HINT,
+           train="text,label\nthe cat,pos\ncafé,neg\n".encode("latin-1"))
+files_case("latin1_jsonl", "train.jsonl:2: invalid UTF-8 (byte 0xe9 at column 14)", LATIN1_HINT,
+           ext="jsonl", train='{"text": "a", "label": "pos"}\n{"text": "café", "label": "neg"}\n'
+           .encode("latin-1"))
 
 
 @case("finetune_files", "glue_missing_train", "train.tsv: no such file")
@@ -516,6 +526,22 @@ def _(w, t):
 
     _write(f"{t}/train.txt", "EU B-ORG\nrejects\n")
     return lambda: readers.read_columns(f"{t}/train.txt")
+
+
+@case("finetune_files", "conll_latin1", "train.txt:2: invalid UTF-8 (byte 0xe9 at column 4)")
+def _(w, t):
+    from bertjax.tasks.tagging import readers
+
+    _write(f"{t}/train.txt", "EU B-ORG\ncafé O\n".encode("latin-1"))
+    return lambda: readers.read_columns(f"{t}/train.txt")
+
+
+@case("finetune_files", "squad_latin1", "train.json:2: invalid UTF-8 (byte 0xe9 at column")
+def _(w, t):
+    from bertjax.tasks.squad import readers
+
+    _write(f"{t}/train.json", '{"data": [\n{"title": "café"}]}'.encode("latin-1"))
+    return lambda: readers.read_squad_json(f"{t}/train.json")
 
 
 @case("finetune_files", "squad_not_json", "train.json: not valid JSON")
@@ -546,6 +572,16 @@ def _(w, t):
 def _(w, t):
     os.makedirs(f"{t}/empty")
     return _pretrain(w, init_checkpoint=f"{t}/empty")
+
+
+@case("checkpoints", "init_pretraining_workdir", "is not a bertjax checkpoint (no params/); "
+      "it is a pre-training run: its model is", "/run/export")
+def _(w, t):
+    import shutil
+
+    os.makedirs(f"{t}/run/checkpoints")
+    shutil.copytree(w["ckpt"], f"{t}/run/export")
+    return _finetune(w, init_checkpoint=f"{t}/run")
 
 
 @case("checkpoints", "init_other_size", f"model.vocab_size is {len(VOCAB)} there but",
@@ -726,8 +762,9 @@ def test_a_one_line_document_is_warned_with_the_share_used(tmp_path, caplog):
     assert meta["counts"]["long_sentences"] == 1
     assert meta["counts"]["long_sentence_tokens"] == 2000
     line = cpd.warn_partial_use(cfg, meta["counts"])
-    # 2 passes x (32 - 3) tokens of the 2000: 2.9%; the sentence is 2000 of 2006 corpus tokens.
-    assert f"{2 * (SEQ - 3) / 2000:.1%} of their 2000 tokens" in line
+    # Each pass (32 - 3) tokens of the 2000: 1.4%; the sentence is 2000 of 2006 corpus tokens.
+    assert (f"each of the 2 passes (--dupe_factor) uses at most {(SEQ - 3) / 2000:.1%} of "
+            "their 2000 tokens") in line
     assert "(99.7% of the corpus)" in line
     assert line in caplog.text
 

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_python
 
-from bertjax import cli
+from bertjax import accelerators, cli
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc"
-    or cli._accelerator_attached(), reason="the restart is for glibc machines without an "
+    or accelerators.attached(), reason="the restart is for glibc machines without an "
     "accelerator")
 
 PRINT_TUNABLES = ("import os; from bertjax import cli; "

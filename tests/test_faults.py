@@ -701,3 +701,18 @@ def test_transient_checkpoint_array_write_errors_are_retried(fault_fs, four_step
     assert_restores_as(workdir, four_steps, [int(step) for step in saved if int(step) <= 4])
     if steps > 4:  # beyond the reference: it restores
         assert checkpoints.read_params(str(workdir), steps)["w"].shape == (4, 2)
+
+
+def test_steps_per_second_and_the_eta_start_after_the_first_step(tmp_path, monkeypatch):
+    """The first step's call compiles (seconds to minutes): the throughput clock restarts
+    once it returns, so the first ETA is that of the steps, not of the compile."""
+    from bertjax.train import metrics as metrics_lib
+
+    resets = []
+    reset = metrics_lib.Throughput.reset
+    monkeypatch.setattr(metrics_lib.Throughput, "reset",
+                        lambda self, step: (resets.append(step), reset(self, step))[1])
+    config = make_config(every=1000)
+    config.log_every_steps = 2  # each measure (steps 2, 4) restarts the clock too
+    run(tmp_path / "run", 4, config)
+    assert resets == [0, 1, 2, 4]

@@ -54,14 +54,16 @@ def test_sentence_pairs_follow_or_come_from_another_article(tmp_path):
 
 def write_squad(path, paragraphs=30):
     """Paragraphs "background ... \nstory ...: alpha<p> beat beta<p>.", 3 questions each whose
-    answer is alpha<p>."""
+    answer is alpha<p> (in the situation) and one whose answer is in the background."""
     out = []
     for p in range(paragraphs):
         prefix = f"background {p} of group{p % 5}\nstory {p}: "
         answer = {"text": f"alpha{p}", "answer_start": len(prefix)}
-        out.append({"context": prefix + f"alpha{p} beat beta{p}.",
-                    "qas": [{"id": f"q{p}_{i}", "question": f"who won {i}?",
-                             "answers": [answer]} for i in range(3)]})
+        out.append({"context": prefix + f"alpha{p} beat beta{p}.", "qas": [
+            {"id": f"q{p}_bg", "question": "which group?",
+             "answers": [{"text": f"group{p % 5}", "answer_start": prefix.index("group")}]},
+            *({"id": f"q{p}_{i}", "question": f"who won {i}?", "answers": [answer]}
+              for i in range(3))]})
     path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": out}]}))
 
 
@@ -72,6 +74,8 @@ def test_ropes_v2_moves_every_third_question_to_a_context_without_its_answer(tmp
     questions = [(p["context"], q) for article in json.load(open(files["train"]))["data"]
                  for p in article["paragraphs"] for q in p["qas"]]
     assert len(questions) == 60
+    # The situations alone: no background, so no question answered there.
+    assert all(c.startswith("story") and not q["id"].endswith("_bg") for c, q in questions)
     impossible = [(c, q) for c, q in questions if q["is_impossible"]]
     assert len(impossible) == 20
     for context, qa in questions:

@@ -184,7 +184,8 @@ def test_user_files_csv_tsv_jsonl_and_errors(tmp_path):
         assert [(e.text_a, e.text_b, e.label) for e in examples] == [
             ("great film", "movies", 1), ("dull, slow", "movies", 0)]
     write(str(tmp_path / "bad.jsonl"), [json.dumps(rows[0]), json.dumps({"review": "x"})])
-    with pytest.raises(DataError, match=r"bad.jsonl:2: missing column 'stars'"):
+    with pytest.raises(DataError, match=r"bad.jsonl:2: no column 'stars' \(config.data.label, "
+                       r"predict --label\); the file's columns: review"):
         readers.read_file(str(tmp_path / "bad.jsonl"), "classification", text_a="review",
                        label="stars", labels=("neg", "pos"))
     write(str(tmp_path / "bad.csv"), ["review,stars", "fine,pos", ",neg"])
@@ -249,9 +250,11 @@ def test_training_batches_cover_every_example_and_group_by_length_wastes_little(
             seen += list(batch["example_index"][real])
             length = batch["input_ids"].shape[1]
             rows = batch["input_mask"].sum(1)[real]
-            # The smallest bucket that holds the batch's longest example.
-            assert rows.max() <= length and length in buckets
-            assert length == buckets[0] or rows.max() > buckets[buckets.index(length) - 1]
+            # The smallest length that holds the batch's longest example: of the buckets when
+            # grouped, of the finer grid for uniform draws.
+            lengths = buckets if group else finetune_data.prediction_buckets(buckets)
+            assert rows.max() <= length and length in lengths
+            assert length == lengths[0] or rows.max() > lengths[lengths.index(length) - 1]
             spreads.append(np.unique(finetune_data.assign_buckets(rows, buckets)).size)
             np.testing.assert_array_equal(batch["weights"], real.astype(np.float32))
             np.testing.assert_array_equal(batch["labels"][real], features.labels[batch[
@@ -265,10 +268,15 @@ def test_training_batches_cover_every_example_and_group_by_length_wastes_little(
             drawn = finetune_data.plan_batches(features, 32, buckets, shuffle=True, seed=1)
             assert {tuple(rows) for _, rows in drawn} == batches
             assert np.mean(spreads) > 2
-    grouped = finetune_data.padding_fraction(features, 32, buckets, group_by_length=True)
-    drawn = finetune_data.padding_fraction(features, 32, buckets)
-    fixed = finetune_data.padding_fraction(features, 32, (128,))
-    assert grouped < 0.5 * fixed and drawn <= fixed, (grouped, drawn, fixed)
+    grouped, _ = finetune_data.padding_fraction(features, 32, buckets, group_by_length=True)
+    drawn, used = finetune_data.padding_fraction(features, 32, buckets)
+    longest = [features.lengths[rows].max() for _, rows in
+               finetune_data.plan_batches(features, 32, buckets, shuffle=True)]
+    coarse = 1 - features.lengths.sum() / (  # the same draws padded to the buckets only
+        32 * np.asarray(buckets)[finetune_data.assign_buckets(np.array(longest), buckets)].sum())
+    fixed, _ = finetune_data.padding_fraction(features, 32, (128,))
+    assert len(used) <= 6  # the longest rows of uniform draws hit a few lengths of the grid
+    assert grouped < 0.5 * fixed and drawn < coarse <= fixed, (grouped, drawn, coarse, fixed)
 
 
 def test_prediction_plan_shapes_depend_on_a_row_only():

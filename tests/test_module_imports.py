@@ -1,8 +1,8 @@
 """Import direction.
 
 Statically, over every import of the source (those inside functions too), the rules of the
-house (README, "Design rules"): imports run downhill, `bertjax.models` ← `bertjax.train` ←
-`bertjax.tasks` ← command modules; `data_pipeline` never imports `bertjax.tasks`,
+house (docs/architecture.md, "Design rules"): imports run downhill, `bertjax.models` ←
+`bertjax.train` ← `bertjax.tasks` ← command modules; `data_pipeline` never imports `bertjax.tasks`,
 `bertjax.train`, `bertjax.models` or a command; no module imports a `python -m bertjax...`
 command (a data_pipeline writer may use another's functions), and nothing in the library
 imports `bertjax/demos`, `bertjax/benchmarks` or `experiments`; no two modules import each
@@ -14,7 +14,10 @@ torch when imported. Their errors are `bertjax.errors` classes."""
 
 import ast
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -160,3 +163,30 @@ def test_error_classes_are_the_errors_module_ones():
 
     assert ConversionError is mapping_error is errors.CheckpointError
     assert VocabError is TrainError is errors.DataError
+
+
+@pytest.mark.parametrize("first", ["bertjax", "jax"])
+def test_the_library_on_a_cpu_writes_nothing_to_stderr(first):
+    """With libtpu installed (the test extra) and no accelerator: `import bertjax` (before or
+    after `import jax`), a computation and a model's forward pass print no TPU start-up noise
+    (JAX_PLATFORMS unset, as in a user's Python)."""
+    from bertjax import accelerators
+
+    if accelerators.attached():
+        pytest.skip("an accelerator is attached: JAX may start its backend")
+    second = "jax" if first == "bertjax" else "bertjax"
+    code = (f"import {first}, {second}\n"
+            "import jax.numpy as jnp\n"
+            "from bertjax.models.bert import BertModel\n"
+            "from bertjax.models.config import BertConfig\n"
+            "cfg = BertConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2, "
+            "intermediate_size=32, max_position_embeddings=16)\n"
+            "ids = jnp.ones((1, 8), jnp.int32)\n"
+            "params = BertModel(cfg).init(jax.random.PRNGKey(0), ids)\n"
+            "print(jax.devices()[0].platform)\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "cpu"
+    assert done.stderr == ""

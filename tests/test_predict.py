@@ -11,6 +11,7 @@ BertForMaskedLM for fill-mask. Bad input is one `error:` line.
 import csv
 import json
 import os
+import pathlib
 import random
 import threading
 
@@ -272,6 +273,28 @@ def test_classification_equals_exported_transformers_model(classification_run, t
         r["probabilities"] for r in ours]
 
 
+def test_a_moved_run_predicts_as_before(classification_run, tmp_path):
+    """export.json names the vocabulary the run keeps beside it: a copied or moved workdir
+    predicts without the init checkpoint's directory."""
+    import shutil
+
+    from bertjax import Predictor
+
+    workdir = classification_run["workdir"]
+    record = json.loads((workdir / "export.json").read_text())
+    assert record["vocab"] == "vocab.txt" and (workdir / "vocab.txt").exists()
+    moved = tmp_path / "moved"
+    shutil.copytree(workdir, moved)
+    texts = [row[1] for row in csv.reader(open(classification_run["test"]))][1:6]
+    expected = Predictor.from_workdir(str(workdir))(texts)
+    source = pathlib.Path(record["init_checkpoint"]) / "vocab.txt"
+    source.rename(source.with_suffix(".away"))  # the run's origin is gone
+    try:
+        assert Predictor.from_workdir(str(moved))(texts) == expected
+    finally:
+        source.with_suffix(".away").rename(source)
+
+
 def test_export_without_a_task_record_says_what_to_pass(tmp_path, checkpoint):
     from bertjax import Predictor
 
@@ -365,7 +388,7 @@ def test_bad_inputs_of_a_finished_run(classification_run, tmp_path):
     with pytest.raises(DataError, match="no examples"):
         predictor.predict_file(str(tmp_path / "header.jsonl"))
     (tmp_path / "other.csv").write_text("sentence\nfiller1 good\n")
-    with pytest.raises(DataError, match="missing column 'text'"):
+    with pytest.raises(DataError, match="no column 'text' .* the file's columns: sentence"):
         predictor.predict_file(str(tmp_path / "other.csv"))
     assert predictor.predict_file(str(tmp_path / "other.csv"), {"text_a": "sentence"})[1][0][
         "id"] == "0"

@@ -60,3 +60,37 @@ def test_mnli_matched_and_mismatched_prefixes():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="labels"):
         metrics.accuracy([1, 0], [1])
+
+
+def test_one_class_for_every_example_is_warned(caplog):
+    """A run that predicts one class (or no entity) for every dev example says so; mixed
+    predictions say nothing."""
+    import logging
+    import types
+
+    from bertjax.tasks import get_task
+    from experiments.finetune_files import get_config as files_config
+    from experiments.ner import get_config as ner_config
+
+    task = get_task(files_config("classification"))
+    task._declare("classification", ("neg", "pos"), ("accuracy",))
+    features = types.SimpleNamespace(labels=np.array([0, 1, 1, 0]))
+    with caplog.at_level(logging.WARNING):
+        task.metrics({"prediction": np.array([1, 1, 1, 1])}, features, "dev")
+    assert "dev: every example is predicted pos" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        assert task.metrics({"prediction": np.array([0, 1, 1, 1])}, features,
+                            "dev")["accuracy"] == 0.75
+    assert caplog.text == ""
+
+    tagger = get_task(ner_config("files"))
+    tagger._declare(("O", "B-PER", "I-PER"))
+    gold = [["B-PER", "I-PER", "O"], ["O", "O"]]
+    for predicted, warned in (([["O"] * 3, ["O"] * 2], True),
+                              ([["B-PER", "O", "O"], ["O", "O"]], False)):
+        tagger.sentence_tags = lambda p, f, out=predicted: (gold, out)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            tagger.metrics({}, None, "dev")
+        assert ("dev: no entity is predicted (its tags hold 1)" in caplog.text) == warned

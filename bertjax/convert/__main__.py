@@ -165,7 +165,7 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes."""
     from bertjax.convert import huggingface
     from bertjax.models import layout
-    from bertjax.tasks.predict import TASK_FILE, read_finished_run, task_record
+    from bertjax.tasks.predict import TASK_FILE, read_finished_run, run_vocab, task_record
     from bertjax.train.checkpoints import read_params
 
     record, step = read_finished_run(workdir, ConversionError, "--input")
@@ -181,7 +181,7 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
 
     def write():
         notes = huggingface.write_hf_checkpoint(
-            args.output, config, params, epath.Path(record["vocab"]), record["do_lower_case"],
+            args.output, config, params, run_vocab(workdir, record), record["do_lower_case"],
             architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
             problem_type=record.get("problem_type"), extra_config=record.get("extra_config"))
         if architecture != "BertModel":  # the task record: bertjax.Predictor.from_export

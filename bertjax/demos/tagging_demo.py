@@ -20,7 +20,8 @@ learning rate (2e-3) and more updates (batch 16, 8 epochs). The feature-based Bi
 units per direction at this scale, so that its epoch on CPU costs less than a fine-tuning
 epoch. The frozen features of this barely pre-trained encoder carry little beyond the word
 pieces, so the BiLSTM must learn the lexicon itself, which a wider BiLSTM and more epochs do,
-too slowly for a CPU demo. The README has the measured accuracies and times.
+too slowly for a CPU demo. docs/finetuning.md ("Token classification") has the measured
+accuracies and times.
 """
 
 from __future__ import annotations

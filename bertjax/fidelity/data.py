@@ -6,8 +6,9 @@
   BBC News articles (`make corpus`, one sentence a line, a blank line between articles):
     sentence pairs (is the second sentence the one that follows the first, or one of another
     article?) and multiple choice (which of four sentences follows: SWAG's form);
-  ROPES (`make ropes`, SQuAD v1.1 layout): extractive QA v1.1, and v2.0 with a third of the
-    questions moved to another background's paragraph that does not hold the answer;
+  ROPES (`make ropes`, SQuAD v1.1 layout): extractive QA v1.1 over the situation paragraphs,
+    and v2.0 with a third of the questions moved to another situation that does not hold the
+    answer;
   Penn Treebank tags of the OANC sample (`make pos_data`): proper-noun and number chunks as
     IOB2 entities (NAME, NUM), sentences in the corpus order, without document marks (each
     sentence alone, as tweets) and with one -DOCSTART- line on top (the file one document).
@@ -117,32 +118,42 @@ def sentence_pairs(corpus: pathlib.Path, out: pathlib.Path, sizes: Sizes, choice
     return files
 
 
-def _questions(path: pathlib.Path, n: int) -> list[tuple[dict, dict]]:
-    """(paragraph, question) pairs of a SQuAD file, the first `n`."""
+def _questions(path: pathlib.Path, n: int) -> list[tuple[str, dict]]:
+    """(situation, question) pairs of a ROPES file in SQuAD layout, the first `n` whose
+    answers all lie in the situation (the context's second part, after the background
+    paragraph and a newline: 95% of them), answer offsets moved into the situation."""
     data = json.loads(_need(path, "ropes").read_text(encoding="utf-8"))["data"]
-    out = [(p, q) for article in data for p in article["paragraphs"] for q in p["qas"]]
+    out = []
+    for paragraph in (p for article in data for p in article["paragraphs"]):
+        background, _, situation = paragraph["context"].partition("\n")
+        shift = len(background) + 1
+        for q in paragraph["qas"]:
+            if situation and all(a["answer_start"] >= shift for a in q["answers"]):
+                answers = [dict(a, answer_start=a["answer_start"] - shift) for a in q["answers"]]
+                out.append((situation, dict(q, answers=answers)))
     return out[:n]
 
 
 def ropes(source: pathlib.Path, out: pathlib.Path, sizes: Sizes, version_2: bool
           ) -> dict[str, str]:
-    """The first questions of ROPES train / dev as SQuAD files; version_2: every third
-    question moved to the paragraph of another background whose context lacks the answer
-    ("is_impossible", no answers)."""
+    """The first questions of ROPES train / dev as SQuAD files, each paragraph the situation
+    that holds the answer (without ROPES's background paragraph: a third of the tokens, so
+    that 128-token windows hold most questions and the longer ones take two); version_2:
+    every third question moved to another situation that lacks the answer ("is_impossible",
+    no answers)."""
     files = {}
     for split, n in (("train", sizes.train), ("dev", sizes.dev)):
         pairs = _questions(source / f"{split}.json", n)
-        contexts = sorted({p["context"] for p, _ in pairs})
+        contexts = sorted({c for c, _ in pairs})
         rng = random.Random(f"ropes-{split}")
         paragraphs: dict[str, list[dict]] = {}
-        for k, (paragraph, question) in enumerate(pairs):
-            context, qa = paragraph["context"], dict(question)
+        for k, (context, question) in enumerate(pairs):
+            qa = dict(question)
             if version_2:
                 qa["is_impossible"] = False
                 if k % 3 == 2:
                     answers = {a["text"].lower() for a in qa["answers"]}
-                    candidates = [c for c in contexts
-                                  if c.split("\n")[0] != context.split("\n")[0]
+                    candidates = [c for c in contexts if c != context
                                   and not any(a in c.lower() for a in answers)]
                     if candidates:
                         context = rng.choice(candidates)

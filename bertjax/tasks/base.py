@@ -304,16 +304,22 @@ class FineTuningJob:
             predicted = self.predictions(params, features, runner)
             multihost.write_from_main(functools.partial(
                 self.task.write_outputs, predicted, self.splits.test[name], name, workdir, log))
-        write_json(workdir / EXPORT_FILE, self.export_record())
+        self.write_export(workdir)
 
-    def export_record(self) -> dict[str, Any]:
+    def write_export(self, workdir: epath.Path) -> None:
+        """export.json, and the vocabulary beside it: the record names it relative to the
+        workdir, so a moved or copied run still predicts and converts."""
         from bertjax import checkpoint_dir
 
+        vocab = checkpoint_dir.vocab_path(self.config.init_checkpoint)
+        multihost.write_from_main(lambda: (workdir / vocab.name).write_bytes(vocab.read_bytes()))
+        write_json(workdir / EXPORT_FILE, self.export_record(vocab.name))
+
+    def export_record(self, vocab: str) -> dict[str, Any]:
         checkpoint = self.config.init_checkpoint
         if "://" not in checkpoint:
             checkpoint = os.path.abspath(checkpoint)
-        return {**self.task.hf_head(), "model": self.model_config.to_dict(),
-                "vocab": str(checkpoint_dir.vocab_path(checkpoint)),
+        return {**self.task.hf_head(), "model": self.model_config.to_dict(), "vocab": vocab,
                 "do_lower_case": self.do_lower_case, "init_checkpoint": checkpoint,
                 "task": self.task.state()}
 

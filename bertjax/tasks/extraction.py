@@ -175,9 +175,10 @@ def _chunks(lines: Iterable[str], size: int) -> Iterator[list[str]]:
 
 def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2,-3,-4",
         max_seq_length: int = 128, batch_size: int = 32,
-        do_lower_case: bool | None = None, devices: Sequence[jax.Device] | None = None) -> int:
+        do_lower_case: bool | None = None, devices: Sequence[jax.Device] | None = None,
+        encoding: str = paths.DEFAULT_ENCODING) -> int:
     """Writes `output_file`; returns the number of examples. devices: whole batches on each in
-    turn (FeatureExtractor), instead of sharded over every device."""
+    turn (FeatureExtractor), instead of sharded over every device. encoding: the input's."""
     from bertjax.checkpoint_dir import load_pretrained
 
     # The files first: a missing input or output directory must not cost a model load.
@@ -186,29 +187,38 @@ def run(checkpoint: str, input_file: str, output_file: str, layers: str = "-1,-2
         raise ValueError(f"--output_file={output_file}: no such directory {out_dir}")
     if not os.path.isfile(input_file):
         raise ValueError(f"--input_file={input_file}: no such file")
+    paths.check_encoding(encoding, "--encoding")
+    paths.check_text(input_file, encoding, _HINT)  # a bad byte must not cost a model load
     config, params, tokenizer = load_pretrained(checkpoint, do_lower_case=do_lower_case)
     extractor = FeatureExtractor(config, params, tokenizer, parse_layers(layers, config.num_layers),
                                  max_seq_length, batch_size, devices)
     if not multihost.is_main():
         # On a multi-host run every process computes its share of each batch (and receives
         # every feature), and process 0 writes them.
-        with _open(input_file, "--input_file") as source:
+        with _open(input_file, "--input_file", encoding=encoding) as source:
             for _ in extractor(line.rstrip("\n") for line in source):
                 pass
-    return multihost.write_from_main(lambda: _write(extractor, input_file, output_file))
+    return multihost.write_from_main(
+        lambda: _write(extractor, input_file, output_file, encoding))
 
 
-def _open(path: str, flag: str, mode: str = "r"):
+_HINT = "--encoding=latin-1"  # the command's option naming another encoding
+
+
+def _open(path: str, flag: str, mode: str = "r", encoding: str = paths.DEFAULT_ENCODING):
     try:
+        if mode == "r":
+            return paths.open_text(path, encoding, hint=_HINT)
         return paths.open(path, mode, encoding="utf-8")
     except OSError as e:
         raise ValueError(f"{flag}={path}: {e.strerror}") from None
 
 
-def _write(extractor: FeatureExtractor, input_file: str, output_file: str) -> int:
+def _write(extractor: FeatureExtractor, input_file: str, output_file: str,
+           encoding: str = paths.DEFAULT_ENCODING) -> int:
     """Streams the features of `input_file` into `output_file`; returns the example count."""
     count = 0
-    with _open(input_file, "--input_file") as source, \
+    with _open(input_file, "--input_file", encoding=encoding) as source, \
             _open(output_file, "--output_file", "w") as sink:
         # The reference reads until EOF, so a trailing newline adds no example.
         for example in extractor(line.rstrip("\n") for line in source):

@@ -68,9 +68,11 @@ def read_finished_run(workdir: str | epath.Path, error: type[Exception] = Checkp
     if config_file.exists():
         recorded = paths.read_json_object(config_file, error)
         if "phases" in recorded or "task" not in recorded:
+            export = workdir / "export"
+            use = (f"python -m bertjax.convert to_hf --input {export}" if flag == "--input"
+                   else f"python -m bertjax.predict fill_mask --checkpoint={export}")
             raise error(f"{flag} {workdir} is a pre-training run, not a fine-tuning one; its "
-                        f"model is the checkpoint directory {workdir / 'export'} "
-                        "(fill_mask --checkpoint=DIR)")
+                        f"model is the checkpoint directory {export} ({use})")
     unfinished = (f"{flag} {workdir}: no {{}}: the fine-tuning run has not finished or predates "
                   "export.json; run its command again (a finished run only rewrites its "
                   "outputs)")
@@ -149,8 +151,16 @@ def load_workdir(workdir: str, dtype: str | None = None) -> TrainedModel:
         fields["dtype"] = configs.compute_dtype(dtype)
     model_config = BertConfig.from_dict(fields)
     params = layout.to_layout(read_params(str(workdir), step), model_config.scan_layers)
-    tokenizer = load_tokenizer(record["vocab"], do_lower_case=record["do_lower_case"])
+    tokenizer = load_tokenizer(str(run_vocab(workdir, record)),
+                               do_lower_case=record["do_lower_case"])
     return TrainedModel(str(workdir), config, task, model_config, params, tokenizer, step)
+
+
+def run_vocab(workdir: str | epath.Path, record: dict) -> epath.Path:
+    """The vocabulary of a finished run: export.json names it relative to the workdir (runs
+    before that: an absolute path)."""
+    vocab = record["vocab"]
+    return epath.Path(vocab) if "://" in vocab else epath.Path(workdir) / vocab
 
 
 # ---------------------------------------------------------------------------------------------
@@ -468,6 +478,7 @@ class Predictor:
             raise DataError(f"{path}: no such file")
         merged = {**dict(self.trained.config.get("data", {})),
                   **{k: v for k, v in (fields or {}).items() if v is not None}}
+        paths.check_encoding(merged.get("encoding") or paths.DEFAULT_ENCODING, "--encoding")
         examples, labelled = self.task.read_inputs(path, merged)
         features, predictions, records = self._records(examples)
         metrics = self.task.metrics(predictions, features, "input") if labelled else None
@@ -491,10 +502,13 @@ class Predictor:
             raise DataError(f"{path}: no such file")
         merged = {**dict(self.trained.config.get("data", {})),
                   **{k: v for k, v in (fields or {}).items() if v is not None}}
+        paths.check_encoding(merged.get("encoding") or paths.DEFAULT_ENCODING, "--encoding")
         total, real, computed = 0, 0, 0
         with tempfile.TemporaryDirectory() as directory:
             for chunk, start in input_chunks(self.task, path, chunk_rows, merged, directory):
-                examples, labelled = self.task.read_inputs(chunk, merged)
+                # The chunks are written in UTF-8, whatever the input's encoding.
+                examples, labelled = self.task.read_inputs(chunk, {**merged,
+                                                                   "encoding": "utf-8"})
                 features, predictions, tokens = self.engine.run(examples)
                 try:
                     records = self.task.records(predictions, features, examples)
@@ -643,15 +657,15 @@ def _write_chunk(directory: str, number: int, suffix: str, write) -> str:
     return chunk
 
 
-def _csv_chunks(path: str, rows: int, id_field: str, directory: str, fill_empty: bool = True
-                ) -> Iterator[tuple[str, int]]:
+def _csv_chunks(path: str, rows: int, id_field: str, directory: str, fill_empty: bool = True,
+                encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
     """CSV / TSV chunks, the header repeated; a row without an id (the column absent, or with
     `fill_empty` its cell empty) gets its 0-based row number in the whole file (what the
     one-shot reader gives it)."""
     import csv
 
     delimiter = "\t" if path.lower().endswith(".tsv") else ","
-    with paths.open(path, encoding="utf-8-sig", newline="") as f:
+    with paths.open_text(path, encoding, newline="") as f:
         reader = csv.reader(f, delimiter=delimiter)
         header = next((h for h in reader if h and any(x.strip() for x in h)), None)
         if header is None:
@@ -684,8 +698,8 @@ def _csv_chunks(path: str, rows: int, id_field: str, directory: str, fill_empty:
             yield flush(), start
 
 
-def _jsonl_chunks(path: str, rows: int, id_field: str | None, directory: str
-                  ) -> Iterator[tuple[str, int]]:
+def _jsonl_chunks(path: str, rows: int, id_field: str | None, directory: str,
+                  encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
     """JSONL chunks; an object without `id_field` gets its 0-based number in the whole file."""
     start, buffer, number = 0, [], 0
 
@@ -693,7 +707,7 @@ def _jsonl_chunks(path: str, rows: int, id_field: str | None, directory: str
         return _write_chunk(directory, number, ".jsonl",
                             lambda out: out.writelines(dump(r) + "\n" for r in buffer))
 
-    for _, record in paths.jsonl_records(path, DataError):
+    for _, record in paths.jsonl_records(path, DataError, encoding):
         if id_field and id_field not in record:
             record = {**record, id_field: start + len(buffer)}
         buffer.append(record)
@@ -704,7 +718,8 @@ def _jsonl_chunks(path: str, rows: int, id_field: str | None, directory: str
         yield flush(), start
 
 
-def _conll_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, int]]:
+def _conll_chunks(path: str, rows: int, directory: str, encoding: str = paths.DEFAULT_ENCODING
+                  ) -> Iterator[tuple[str, int]]:
     """CoNLL chunks of at least `rows` sentences, cut only where a document starts
     (-DOCSTART-): a sentence's document context stays what the whole file gives it."""
     start, lines, sentences, number, in_sentence = 0, [], 0, 0, False
@@ -712,7 +727,7 @@ def _conll_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, i
     def flush():
         return _write_chunk(directory, number, ".conll", lambda out: out.writelines(lines))
 
-    with paths.open(path, encoding="utf-8") as f:
+    with paths.open_text(path, encoding) as f:
         for raw in f:
             fields = raw.split()
             if fields and fields[0] == "-DOCSTART-" and sentences >= rows:
@@ -728,7 +743,8 @@ def _conll_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, i
         yield flush(), start
 
 
-def _tagging_jsonl_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, int]]:
+def _tagging_jsonl_chunks(path: str, rows: int, directory: str,
+                          encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
     """JSONL tagging chunks of at least `rows` sentences, cut only where a document starts (a
     line without a "document" field, or with another value than the line before)."""
     start, buffer, number, previous = 0, [], 0, None
@@ -737,7 +753,7 @@ def _tagging_jsonl_chunks(path: str, rows: int, directory: str) -> Iterator[tupl
         return _write_chunk(directory, number, ".jsonl",
                             lambda out: out.writelines(dump(r) + "\n" for r in buffer))
 
-    for _, record in paths.jsonl_records(path, DataError):
+    for _, record in paths.jsonl_records(path, DataError, encoding):
         document = record["document"] if "document" in record else object()  # alone
         if len(buffer) >= rows and document != previous:
             yield flush(), start
@@ -748,13 +764,14 @@ def _tagging_jsonl_chunks(path: str, rows: int, directory: str) -> Iterator[tupl
         yield flush(), start
 
 
-def json_array_items(path: str, key: str, block: int = 1 << 20) -> Iterator[Any]:
+def json_array_items(path: str, key: str, block: int = 1 << 20,
+                     encoding: str = paths.DEFAULT_ENCODING) -> Iterator[Any]:
     """The items of the array `key` of the JSON object in `path`, one at a time, reading
     `block` characters at a time (a file larger than memory, e.g. SQuAD's {"data": [...]});
     the object's other values are read and dropped."""
     decoder = json.JSONDecoder()
     state = {"buffer": "", "pos": 0, "eof": False, "block": block}
-    handle = paths.open(path, encoding="utf-8")
+    handle = paths.open_text(path, encoding)
 
     def more() -> bool:
         text = handle.read(state["block"])
@@ -813,7 +830,8 @@ def json_array_items(path: str, key: str, block: int = 1 << 20) -> Iterator[Any]
         take("}")
 
 
-def _squad_json_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[str, int]]:
+def _squad_json_chunks(path: str, rows: int, directory: str,
+                       encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
     """SQuAD-layout .json chunks of whole paragraphs holding at least `rows` questions (an
     article's paragraphs may fall in two chunks: each question is predicted by itself)."""
     start, buffer, questions, number = 0, [], 0, 0
@@ -822,7 +840,7 @@ def _squad_json_chunks(path: str, rows: int, directory: str) -> Iterator[tuple[s
         return _write_chunk(directory, number, ".json",
                             lambda out: out.write(dump({"data": buffer})))
 
-    for article in json_array_items(path, "data"):
+    for article in json_array_items(path, "data", encoding=encoding):
         if not isinstance(article, dict):
             raise DataError(f"{path}: data[] holds {type(article).__name__}, not articles")
         for paragraph in article.get("paragraphs") or ():
@@ -840,21 +858,24 @@ def input_chunks(task: Task, path: str, rows: int, fields: dict[str, Any], direc
     """(chunk file of about `rows` rows, its first row's 0-based number in `path`), in order;
     each chunk is written to `directory` and can be read by `task.read_inputs`. Chunks end
     where the one-shot reading would give each row the same input (a tagging document's
-    context, a SQuAD paragraph)."""
+    context, a SQuAD paragraph). `path` is read in fields["encoding"] (default UTF-8); the
+    chunks are UTF-8."""
     lower = path.lower()
+    encoding = fields.get("encoding") or paths.DEFAULT_ENCODING
     if hasattr(task, "conll_text"):  # tagging
         fmt = fields.get("format") or "auto"
         if fmt == "jsonl" or (fmt == "auto" and lower.endswith((".jsonl", ".json"))):
-            return _tagging_jsonl_chunks(path, rows, directory)
-        return _conll_chunks(path, rows, directory)
+            return _tagging_jsonl_chunks(path, rows, directory, encoding)
+        return _conll_chunks(path, rows, directory, encoding)
     if lower.endswith(".json") and hasattr(task, "doc_stride"):  # SQuAD layout
-        return _squad_json_chunks(path, rows, directory)
+        return _squad_json_chunks(path, rows, directory, encoding)
     if lower.endswith(".csv") and getattr(task, "family", "") == "swag":  # SWAG's ids
-        return _csv_chunks(path, rows, "fold-ind", directory, fill_empty=False)
+        return _csv_chunks(path, rows, "fold-ind", directory, fill_empty=False,
+                           encoding=encoding)
     if lower.endswith((".csv", ".tsv")):
-        return _csv_chunks(path, rows, fields.get("id") or "id", directory)
+        return _csv_chunks(path, rows, fields.get("id") or "id", directory, encoding=encoding)
     if lower.endswith(".jsonl"):
-        return _jsonl_chunks(path, rows, fields.get("id") or "id", directory)
+        return _jsonl_chunks(path, rows, fields.get("id") or "id", directory, encoding)
     raise DataError(f"--input={path}: streaming (--chunk_rows) reads .csv, .tsv, .jsonl, "
                     "SQuAD-layout .json, CoNLL or JSONL tagging files")
 

@@ -10,6 +10,7 @@ Every bad input stops with one line naming the file or flag.
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 
@@ -46,7 +47,7 @@ def _train(args) -> str:
     if args.vocab_size <= 0:
         raise train.TrainError(f"--vocab_size must be positive, got {args.vocab_size}")
     lines = train.read_lines(train.expand_inputs(args.input))
-    paths.makedirs(args.output)
+    paths.makedirs(args.output, "--output")
     if args.model_type == "wordpiece":
         vocab = train.train_wordpiece(lines, args.vocab_size, lowercase=args.lowercase)
         from bertjax.tokenization.wordpiece import WordPieceTokenizer
@@ -72,12 +73,13 @@ def _tokenize(args) -> str:
         args.do_lower_case = False
     tok = load_tokenizer(args.vocab, args.do_lower_case)
     input_file = args.input[0]
+    lines = paths.text_lines(input_file, error=ValueError, hint=None)
     try:
-        src = paths.open(input_file, "rb")
+        first = next(lines, None)  # opens the file
     except OSError as e:
         raise ValueError(f"--input {input_file}: {e.strerror}") from None
     n = 0
-    with src, paths.open(args.output, "w", encoding="utf-8") as dst:
+    with paths.open(args.output, "w", encoding="utf-8") as dst:
         batch: list[str] = []
 
         def flush():
@@ -86,12 +88,8 @@ def _tokenize(args) -> str:
                 dst.write(json.dumps({"tokens": tokens, "ids": ids}, ensure_ascii=False) + "\n")
             batch.clear()
 
-        for n, raw in enumerate(src, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(
-                    f"{input_file}:{n}: invalid UTF-8 at byte {e.start} of the line") from None
+        for number, line in itertools.chain([first] if first else [], lines):
+            n = number
             batch.append(line.rstrip("\r\n"))
             if len(batch) >= BATCH:
                 flush()

@@ -47,13 +47,8 @@ def expand_inputs(patterns: Iterable[str]) -> list[str]:
 def read_lines(files: Iterable[str]) -> Iterator[str]:
     """Lines of UTF-8 text files; invalid UTF-8 is an error naming the file and line."""
     for path in files:
-        with paths.open(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                try:
-                    yield raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise TrainError(f"{path}:{n}: invalid UTF-8 at byte {e.start} of the line"
-                                     ) from None
+        for _, line in paths.text_lines(path, error=TrainError, hint=None):
+            yield line
 
 
 def count_words(lines: Iterable[str], lowercase: bool) -> collections.Counter:

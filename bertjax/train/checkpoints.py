@@ -30,11 +30,17 @@ resumes exactly with the default threefry keys, and is refused in one line with 
 
 Preemption: on a multi-process run the JAX distributed runtime turns SIGTERM (how TPU VMs
 announce preemption) into a sync point that every process reaches at the same step
-(`reached_preemption`). A single process has no runtime to do that, so SIGTERM sets a flag.
+(`reached_preemption`). A single process has no runtime to do that, so SIGTERM sets a flag;
+so does Ctrl-C (SIGINT) while the loop trains (`ctrl_c_saves`): the loop saves and stops.
+
+Stop-gaps: a checkpoint saved because time passed (config.checkpoint.every_minutes) is kept
+only while it is the newest (`_LatestN`), so it never takes the place of one kept by steps
+(a grid exports those).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -42,6 +48,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -247,6 +254,22 @@ class _Pending:
         return state
 
 
+@dataclasses.dataclass
+class _LatestN:
+    """orbax's LatestN over the checkpoints that are not `stopgaps`; a stop-gap is kept while
+    it is the newest (the run resumes from it), and deleted by the next save."""
+
+    n: int
+    stopgaps: set[int]
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        regular = [c.step for c in checkpoints if c.step not in self.stopgaps]
+        kept = set(regular[-self.n:] if self.n > 0 else [])
+        if checkpoints:
+            kept.add(checkpoints[-1].step)
+        return [c.step in kept for c in checkpoints]
+
+
 class Checkpointer:
     def __init__(self, workdir: str, max_to_keep: int = 3, async_save: bool = True,
                  best_metric: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -256,7 +279,8 @@ class Checkpointer:
         # wait there for `timeout_s`, then all share their outcome (`_agreed`).
         self.agree_timeout_s = timeout_s + distributed_timeout_s
         ignore_late_callbacks()
-        policies = [checkpoint_managers.LatestN(max_to_keep)]
+        self._stopgaps: set[int] = set()  # steps saved by time (`save(stopgap=True)`)
+        policies = [_LatestN(max_to_keep, self._stopgaps)]
         if best_metric:
             policies.append(checkpoint_managers.BestN(
                 get_metric_fn=lambda m: m[best_metric], n=1,
@@ -274,12 +298,37 @@ class Checkpointer:
         self._failed = False
         self._abandoned = False
         self._sigterm = False
+        self._ctrl_c = False
         self._previous_handler = None
         if jax.process_count() == 1:
             self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame):
         self._sigterm = True
+
+    def _on_sigint(self, signum, frame):
+        if self._ctrl_c:  # the second: quit now, unsaved
+            raise KeyboardInterrupt
+        self._ctrl_c = True
+
+    @contextlib.contextmanager
+    def ctrl_c_saves(self):
+        """Within: the first Ctrl-C (SIGINT) asks for a save and a stop at the next step, as
+        SIGTERM does; a second raises KeyboardInterrupt at once. The previous handler comes
+        back after (the library runs in notebooks, whose interrupt is SIGINT). Only on a single
+        process, from the main thread: SIGINT reaches only the process it is sent to, and the
+        others would wait for it in the step's collectives (a multi-process run stops on
+        SIGTERM, `reached_preemption`; Ctrl-C there stays Python's KeyboardInterrupt)."""
+        if jax.process_count() > 1 or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield
+        finally:
+            # None: a handler not set from Python; Python's own is the nearest to it.
+            signal.signal(signal.SIGINT, signal.default_int_handler if previous is None
+                          else previous)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -289,8 +338,16 @@ class Checkpointer:
         """SIGTERM seen by this (single) process; no collective call, safe at any moment."""
         return self._sigterm
 
+    @property
+    def ctrl_c_received(self) -> bool:
+        """Ctrl-C seen within `ctrl_c_saves`; like `sigterm_received`."""
+        return self._ctrl_c
+
+    def stop_requested(self) -> bool:
+        return self._sigterm or self._ctrl_c
+
     def reached_preemption(self, step: int) -> bool:
-        return self._sigterm or self.manager.reached_preemption(step)
+        return self.stop_requested() or self.manager.reached_preemption(step)
 
     def _save_error(self, step: int | None, error: BaseException) -> CheckpointError:
         self._failed = True
@@ -303,10 +360,14 @@ class Checkpointer:
             "again to resume")
 
     def save(self, step: int, state: Any, meta: dict[str, Any], iterator: Any,
-             metrics: dict[str, float] | None = None) -> None:
+             metrics: dict[str, float] | None = None, stopgap: bool = False) -> None:
         """Starts saving `step` (async: finished in the background). An earlier async save's
         lasting error surfaces here or at `wait`, as a CheckpointError; where it failed
-        transiently, this save is made at once and stands in for it."""
+        transiently, this save is made at once and stands in for it. stopgap: kept only while
+        the newest (a save by time); every process must say the same."""
+        if stopgap:  # recorded in its meta too: a run resumed from it still deletes it
+            self._stopgaps.add(step)
+            meta = {**meta, "stopgap": True}
         earlier = self._outcome()
         attempt = self._attempt(step, state, meta, iterator, metrics)
         if earlier is not None:
@@ -417,6 +478,8 @@ class Checkpointer:
                                           meta=ocp.args.JsonRestore())))
         state = jax.tree.map(functools.partial(typed_key, self._path(step)), restored["state"],
                              target)
+        if restored["meta"].get("stopgap"):
+            self._stopgaps.add(step)
         return state, dict(restored["meta"])
 
     def restore_data(self, step: int, iterator: Any) -> None:
@@ -492,6 +555,7 @@ class Checkpointer:
         not raised again (it would hide the first report)."""
         if self._abandoned:
             logging.getLogger("absl").removeFilter(self._log_filter)
+            self._restore_sigterm()
             return
         try:
             if not self._failed:
@@ -503,8 +567,12 @@ class Checkpointer:
                 if not self._failed:
                     raise
             logging.getLogger("absl").removeFilter(self._log_filter)
-            if self._previous_handler is not None:
-                signal.signal(signal.SIGTERM, self._previous_handler)
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
 
 
 def read_params(workdir: str, step: int) -> Any:

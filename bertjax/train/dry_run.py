@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -478,12 +479,26 @@ def _stage_cost(stage, full: _Step, measured: Measure | str, slice_: topology_li
 
 
 def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.Slice,
-                   devices, exact: bool = False, until_misfit: bool = False
+                   devices, exact: bool = False, until_misfit: bool = False,
+                   progress: Callable[[str], None] = lambda line: None
                    ) -> tuple[list[StageCost], str]:
     """Each stage's train step on the slice, with its layers unrolled → (costs, how they were
     obtained). By default the steps of FIT_LAYERS and FIT_LAYERS + 1 layers are compiled and
     every figure extrapolated linearly to the model's layers; exact: the full step is compiled.
-    until_misfit: longest sequences first, stopping at the first stage that does not fit."""
+    until_misfit: longest sequences first, stopping at the first stage that does not fit.
+    progress: gets a line before and after each compile (they take minutes on a CPU)."""
+    began = time.time()
+
+    def compiled(step: _Step, stage) -> Measure | str:
+        layers_ = step.job.model_config.num_layers
+        progress(f"  compiling {stage.name} ({stage.tokens_per_example} tokens, {layers_} "
+                 "layers unrolled) ...")
+        start = time.time()
+        result = step.compile(stage.name, slice_)
+        progress(f"    done in {time.time() - start:.0f} s (elapsed "
+                 f"{_clock(time.time() - began)})")
+        return result
+
     full = _Step.build(make_job(layer_config(config, None)), config, devices)
     layers = full.job.model_config.num_layers
     first = FIT_LAYERS
@@ -502,14 +517,18 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
     costs = []
     for stage in stages:
         if exact:
-            result = full.compile(stage.name, slice_)
+            result = compiled(full, stage)
         else:  # an out-of-memory compile ends the stage's compiles
-            result, _ = calibrated(lambda n, s=stage: variants[n - first].compile(s.name, slice_),
-                                   layers)
+            result, _ = calibrated(lambda n, s=stage: compiled(variants[n - first], s), layers)
         costs.append(_stage_cost(stage, full, result, slice_))
         if until_misfit and not costs[-1].fits:
             break
     return costs, method
+
+
+def _clock(seconds: float) -> str:
+    """`m:ss`."""
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
 
 
 def _duration(seconds: float | None) -> str:
@@ -645,7 +664,12 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
         print_fn("  (the config scans its layers; compiled unrolled here: a scanned step's time "
                  "is not costed right by XLA, and its temporaries are larger)")
     start = time.time()
-    costs, method = compile_stages(make_job, config, slice_, devices, exact=exact)
+    def progress(line: str) -> None:
+        print_fn(line)
+        sys.stdout.flush()
+
+    costs, method = compile_stages(make_job, config, slice_, devices, exact=exact,
+                                   progress=progress)
     print_fn("Train step per chip (TPU compiler; step time: the compiler's per-op estimates "
              f"summed; {method}):")
     for line in stage_table(costs, slice_) + notes(costs, slice_) + fit_hints(costs, job):

@@ -17,7 +17,11 @@ line. On a multi-process run the processes tell each other before every step whe
 batch came (`multihost.statuses`: a few round trips to the coordination service), so
 every process names the stalled one instead of waiting for it in the step's collectives; a
 preemption (SIGTERM to any one process) stops them all at the same step (orbax's
-`reached_preemption`).
+`reached_preemption`). On a single process, Ctrl-C once training runs saves and stops too, then
+raises `Interrupted` (a KeyboardInterrupt: a script or notebook cell stops as on any Ctrl-C);
+a second Ctrl-C quits unsaved. Besides every `config.checkpoint.every_steps` steps, a run saves
+once `config.checkpoint.every_minutes` have passed since its last save (process 0's clock, so
+every process saves the same step), kept until the next save (a stop-gap, checkpoints.py).
 
 The job's interface (duck-typed; see bertjax/tasks/pretraining/job.py and bertjax/tasks/base.py):
   model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
@@ -64,8 +68,18 @@ from bertjax.train import workdir as workdir_lib
 from bertjax.train.checkpoints import DEFAULT_TIMEOUT_S, Checkpointer
 
 DEFAULT_INPUT_TIMEOUT_S = 600.0
-SIGTERM_GRACE_S = 5.0  # after SIGTERM, how long a pending batch may still take
+SIGTERM_GRACE_S = 5.0  # after SIGTERM (or Ctrl-C), how long a pending batch may still take
 _POLL_S = 0.1
+clock = time.monotonic  # of time-based saves (a test's fake clock replaces it)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped training after saving `step` (None: stopped unsaved, while waiting for
+    the input); the message says where the run stands. Commands print it as their last line."""
+
+    def __init__(self, message: str, step: int | None):
+        super().__init__(message)
+        self.step = step
 
 
 @dataclasses.dataclass
@@ -206,7 +220,8 @@ class _InputStalled(Exception):
 class InputWatch:
     """Takes batches from `inputs` in a background thread, one when asked (none ahead, so the
     input's saved position stays that of the training step), while the caller keeps checking
-    `stop_requested` (SIGTERM) and the time; Ctrl-C interrupts the wait."""
+    `stop_requested` (SIGTERM, or Ctrl-C once training runs) and the time; before that,
+    Ctrl-C interrupts the wait."""
 
     def __init__(self, inputs: Iterator, timeout_s: float, stop_requested: Callable[[], bool]):
         self.inputs, self.timeout_s, self.stop_requested = inputs, timeout_s, stop_requested
@@ -266,6 +281,7 @@ class _Run:
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
     last_saved: int | None = None
     start_time: float = 0.0  # time.time() when the first stage starts
+    saved_at: float = 0.0  # `clock()` at the last save (or the start): time-based saves
 
     def start(self, tx) -> tuple[Any, dict[str, Any]]:
         """(state, {stage name: its input at the resumed step}): the newest checkpoint that
@@ -302,18 +318,21 @@ class _Run:
         """Trains `stage` from the state's step to its end; (state, "done" | "preempted")."""
         config, checkpointer = self.config, self.checkpointer
         timeout = float(config.get("train", {}).get("input_timeout_s", DEFAULT_INPUT_TIMEOUT_S))
-        watch = InputWatch(inputs, timeout, lambda: checkpointer.sigterm_received)
+        watch = InputWatch(inputs, timeout, checkpointer.stop_requested)
         throughput = metrics_lib.Throughput(stage.flops_per_example, peak)
-        step = int(state.step)
+        step = first = int(state.step)
         throughput.reset(step)
         self.log(stage.description)
+        ctrl_c = contextlib.ExitStack()
         try:
             while step < stage.end:
+                if step == first + 1:  # compiled: Ctrl-C saves from here (before, it quits)
+                    ctrl_c.enter_context(checkpointer.ctrl_c_saves())
                 try:
                     batch, stalled = watch.next(), False
                 except _InputStalled:
                     batch, stalled = None, True
-                stalled_on = self.stalled_processes(stage, step, stalled, timeout)
+                stalled_on, save_due = self.agree_before_step(stage, step, stalled, timeout)
                 if stalled_on:
                     where = (f" on process {', '.join(map(str, stalled_on))}"
                              if jax.process_count() > 1 else "")
@@ -322,42 +341,55 @@ class _Run:
                         f"(config.train.input_timeout_s) before step {step + 1}; stopping "
                         f"without saving (last checkpoint: {_kept(self.last_saved)})")
                 if batch is None:
-                    self.log(f"SIGTERM while waiting for the input of step {step + 1}: exiting "
-                             f"without saving (last checkpoint: {_kept(self.last_saved)})")
+                    # The input has moved on (its batch is pending): its position would not fit.
+                    line = (f"while waiting for the input of step {step + 1}: exiting without "
+                            f"saving (last checkpoint: {_kept(self.last_saved)})")
+                    if not checkpointer.sigterm_received:
+                        raise Interrupted(f"Ctrl-C {line}", None)
+                    self.log(f"SIGTERM {line}")
                     return state, "preempted"
                 self.profiler.before(step + 1)
-                state, metrics = self.train_steps[stage.name](state,
-                                                              self.runner.to_global(batch))
+                state, metrics = self.train_steps[stage.name](state, self.runner.to_global(batch))
                 step += 1
+                if step == first + 1:  # steps/s and the ETA count steps, not the compile
+                    throughput.reset(step)
                 self.profiler.after(step, metrics)
-                if self.after_step(stage, step, state, metrics, inputs, throughput):
+                if self.after_step(stage, step, state, metrics, inputs, throughput, save_due):
                     return state, "preempted"
             return state, "done"
         finally:
+            ctrl_c.close()
             watch.close()
 
-    def stalled_processes(self, stage: Stage, step: int, stalled: bool, timeout: float
-                          ) -> list[int]:
-        """The processes whose input gave no batch for step + 1 (`stalled`: this one's). On a
-        multi-process run every process learns them at once, instead of waiting in the
-        step's collectives for a process that is not coming."""
+    def agree_before_step(self, stage: Stage, step: int, stalled: bool, timeout: float
+                          ) -> tuple[list[int], bool]:
+        """(the processes whose input gave no batch for step + 1 (`stalled`: this one's),
+        whether step + 1 saves because time passed: process 0 decides). On a multi-process run
+        every process learns both at once: it names a stalled process instead of waiting in
+        the step's collectives for it, and saves the same step as the others."""
+        due = time_to_save(self.config, self.saved_at, clock())
         if jax.process_count() == 1:
-            return [0] if stalled else []
+            return ([0] if stalled else []), due
         # A stalled process joins after its own timeout; one that died ends the job sooner
         # (the coordination service's heartbeat timeout, config.distributed.timeout_s).
         wait = timeout + _distributed_timeout_s(self.config)
         tag = f"input/{stage.name}/{step + 1}"
-        shared = multihost.statuses(tag, "stalled" if stalled else "ok", wait)
-        return [i for i, status in enumerate(shared) if status == "stalled"]
+        status = ("stalled" if stalled else "ok") + (" save" if due else "")
+        shared = multihost.statuses(tag, status, wait)
+        return ([i for i, s in enumerate(shared) if s.split()[0] == "stalled"],
+                shared[0].endswith(" save"))
 
-    def after_step(self, stage: Stage, step: int, state, metrics, inputs, throughput) -> bool:
-        """Logging, evaluation and checkpointing after `step`; True once preempted (saved)."""
+    def after_step(self, stage: Stage, step: int, state, metrics, inputs, throughput,
+                   save_due: bool = False) -> bool:
+        """Logging, evaluation and checkpointing after `step`; True once preempted (saved).
+        save_due: time to save (`time_to_save`). Raises Interrupted once saved after Ctrl-C."""
         config, job, checkpointer = self.config, self.job, self.checkpointer
         at_end = step == stage.end
         log_now = step % config.log_every_steps == 0 or at_end
         eval_now = bool(stage.eval_every) and (step % stage.eval_every == 0 or at_end)
         preempted = checkpointer.reached_preemption(step)
-        save_now = step % config.checkpoint.every_steps == 0 or at_end or eval_now or preempted
+        kept = step % config.checkpoint.every_steps == 0 or at_end or eval_now or preempted
+        save_now = kept or save_due
         if log_now or save_now:
             host = _host_metrics(metrics)
             if not math.isfinite(host["loss"]):
@@ -382,12 +414,20 @@ class _Run:
             self.history.append({"step": step, **results})
             self.log(f"eval at step {step}: " + json.dumps(
                 {k: round(v, 4) for k, v in results.items()}))
+        ctrl_c = preempted and checkpointer.ctrl_c_received and not checkpointer.sigterm_received
+        path = checkpointer.directory / str(step)
+        if ctrl_c:
+            self.log(f"Ctrl-C: saving step {step} to {path} (Ctrl-C again to quit without "
+                     "saving)")
         if save_now:
             checkpointer.save(step, state, {"stage": stage.name, "history": self.history},
-                              inputs, metrics=results)
-            self.last_saved = step
+                              inputs, metrics=results, stopgap=not kept)
+            self.last_saved, self.saved_at = step, clock()
         if preempted:
             checkpointer.wait()
+            if ctrl_c:
+                raise Interrupted(f"Ctrl-C: saved step {step} to {path}; run the same command "
+                                  "to resume", step)
             self.log(f"SIGTERM: saved step {step}; exiting so the run can resume")
         return preempted
 
@@ -413,6 +453,13 @@ class _Run:
         return summary
 
 
+def time_to_save(config, saved_at: float, now: float) -> bool:
+    """Whether config.checkpoint.every_minutes (0 or absent: never) have passed since
+    `saved_at` (seconds, as `now`)."""
+    minutes = float(config.checkpoint.get("every_minutes", 0) or 0)
+    return minutes > 0 and now - saved_at >= minutes * 60
+
+
 def _distributed_timeout_s(config) -> float:
     """config.distributed.timeout_s: how long a process waits for the others' outcome."""
     return float(config.get("distributed", {}).get("timeout_s", 300))
@@ -422,7 +469,8 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     """Runs (or resumes) `job` in `workdir`.
 
     Returns {"status": "done" | "preempted", "total_steps", "history", and with a best metric:
-    "primary_metric", "best_step", "best"}.
+    "primary_metric", "best_step", "best"}. Ctrl-C once steps run raises `Interrupted` after
+    saving (single process; a second Ctrl-C: a plain KeyboardInterrupt, unsaved).
     """
     workdir_path = epath.Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
@@ -452,7 +500,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
         state, ready_inputs = run.start(tx)
         workdir_lib.write_json(workdir_path / workdir_lib.CONFIG_FILE, config_record)
         peak = flops_lib.peak_flops_per_device(jax.devices()[0].device_kind)
-        run.start_time = time.time()
+        run.start_time, run.saved_at = time.time(), clock()
         for stage in job.stages:
             if int(state.step) >= stage.end:
                 continue
@@ -466,6 +514,10 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
                         "history": run.history}
         run.checkpointer.wait()
         return run.finish(state)
+    except KeyboardInterrupt as e:
+        if run.checkpointer.ctrl_c_received and not isinstance(e, Interrupted):
+            run.checkpointer.abandon()  # a second Ctrl-C: quit without finishing the save
+        raise
     except Exception as e:
         if multihost.lost_process(e) is not None:
             run.checkpointer.abandon()  # its pending save waits for the lost process

@@ -3,8 +3,9 @@ or TFDS `glue/<task>`), SWAG (official CSV files) and users' own CSV / TSV / JSO
 
 Readers return lists of `Example` (text pairs) or `ChoiceExample` (multiple choice), the input
 types of data_pipeline/finetune_data.py; labels are class ids (int, an index into the task's
-label names), floats (regression) or None (test sets). Bad input stops with one line naming
-the file and line: a missing column, an empty text, a label outside the label set. The
+label names), floats (regression) or None (test sets). Files are read in `encoding`
+(config.data.encoding, default UTF-8). Bad input stops with one line naming the file and line:
+a byte not of the encoding, a missing column, an empty text, a label outside the label set. The
 official GLUE files are tab-separated without quoting (the texts contain bare quote
 characters), CoLA's train/dev files have no header, and QQP's train / dev files have rows with
 missing fields, which the reference skips (so does this reader). TensorFlow (TFDS) is imported
@@ -121,9 +122,10 @@ def glue_task(name: str) -> GlueTask:
 # Rows of delimited files
 
 
-def _open_rows(path: str, delimiter: str, quoting: int) -> Iterator[tuple[int, list[str]]]:
+def _open_rows(path: str, delimiter: str, quoting: int, encoding: str = paths.DEFAULT_ENCODING
+               ) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) for every non-blank record of a CSV/TSV file."""
-    with paths.open(path, encoding="utf-8-sig", newline="") as f:
+    with paths.open_text(path, encoding, newline="") as f:
         reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
         for fields in reader:
             if fields and any(x.strip() for x in fields):
@@ -178,12 +180,13 @@ def task_directory(data_dir: str, task: GlueTask) -> str:
     return sub if paths.isdir(sub) else data_dir
 
 
-def read_glue_file(path: str, task: GlueTask, labelled: bool) -> list[Example]:
+def read_glue_file(path: str, task: GlueTask, labelled: bool,
+                   encoding: str = paths.DEFAULT_ENCODING) -> list[Example]:
     """One official GLUE TSV file: train/dev (`labelled`) or test (no labels, an index)."""
     if not paths.exists(path):
         raise DataError(f"{path}: no such file (expected the official GLUE {task.directory} "
                         "layout)")
-    rows = _open_rows(path, "\t", csv.QUOTE_NONE)
+    rows = _open_rows(path, "\t", csv.QUOTE_NONE, encoding)
     has_header = task.header or not labelled
     header = [h.strip() for h in next(rows)[1]] if has_header else None
     if labelled:
@@ -219,16 +222,18 @@ def read_glue_file(path: str, task: GlueTask, labelled: bool) -> list[Example]:
     return examples
 
 
-def read_glue(data_dir: str, task: GlueTask) -> dict[str, list[Example]]:
+def read_glue(data_dir: str, task: GlueTask, encoding: str = paths.DEFAULT_ENCODING
+              ) -> dict[str, list[Example]]:
     """{"train": ..., <dev split names>: ..., <test submission names>: ...} from a directory."""
     directory = task_directory(data_dir, task)
-    splits = {"train": read_glue_file(paths.join(directory, "train.tsv"), task, True)}
+    splits = {"train": read_glue_file(paths.join(directory, "train.tsv"), task, True, encoding)}
     for split in task.dev:
-        splits[split.name] = read_glue_file(paths.join(directory, split.file), task, True)
+        splits[split.name] = read_glue_file(paths.join(directory, split.file), task, True,
+                                            encoding)
     for split in task.test:
         path = paths.join(directory, split.file)
         if paths.exists(path):  # test sets are optional (no submission without them)
-            splits[split.name] = read_glue_file(path, task, False)
+            splits[split.name] = read_glue_file(path, task, False, encoding)
     return splits
 
 
@@ -280,12 +285,13 @@ def read_glue_tfds(task: GlueTask, data_dir: str | None = None) -> dict[str, lis
 SWAG_ENDINGS = ("ending0", "ending1", "ending2", "ending3")
 
 
-def read_swag_file(path: str, labelled: bool) -> list[ChoiceExample]:
+def read_swag_file(path: str, labelled: bool, encoding: str = paths.DEFAULT_ENCODING
+                   ) -> list[ChoiceExample]:
     """Context = sent1; each choice's second segment = sent2 + " " + ending_i (the paper's
     `[CLS] context [SEP] ending [SEP]`, where sent2 starts every ending)."""
     if not paths.exists(path):
         raise DataError(f"{path}: no such file (expected the official SWAG CSV)")
-    rows = _open_rows(path, ",", csv.QUOTE_MINIMAL)
+    rows = _open_rows(path, ",", csv.QUOTE_MINIMAL, encoding)
     header = [h.strip() for h in next(rows)[1]]
     needed = ("sent1", "sent2", *SWAG_ENDINGS) + (("label",) if labelled else ())
     cols = {k: _column(header, k, path) for k in needed}
@@ -303,12 +309,13 @@ def read_swag_file(path: str, labelled: bool) -> list[ChoiceExample]:
     return examples
 
 
-def read_swag(data_dir: str) -> dict[str, list[ChoiceExample]]:
-    splits = {"train": read_swag_file(paths.join(data_dir, "train.csv"), True),
-              "dev": read_swag_file(paths.join(data_dir, "val.csv"), True)}
+def read_swag(data_dir: str, encoding: str = paths.DEFAULT_ENCODING
+              ) -> dict[str, list[ChoiceExample]]:
+    splits = {"train": read_swag_file(paths.join(data_dir, "train.csv"), True, encoding),
+              "dev": read_swag_file(paths.join(data_dir, "val.csv"), True, encoding)}
     test = paths.join(data_dir, "test.csv")
     if paths.exists(test):
-        splits["test"] = read_swag_file(test, False)
+        splits["test"] = read_swag_file(test, False, encoding)
     return splits
 
 
@@ -316,13 +323,14 @@ def read_swag(data_dir: str) -> dict[str, list[ChoiceExample]]:
 # Users' own files: CSV, TSV or JSONL with configurable columns
 
 
-def _records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
+def _records(path: str, encoding: str = paths.DEFAULT_ENCODING
+             ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line, {column: value}) for a .csv, .tsv or .jsonl file (type from the extension)."""
     if not paths.exists(path):
         raise DataError(f"{path}: no such file")
     lower = path.lower()
     if lower.endswith((".jsonl", ".json")):
-        yield from paths.jsonl_records(path, DataError)
+        yield from paths.jsonl_records(path, DataError, encoding)
         return
     if lower.endswith(".tsv"):
         delimiter = "\t"
@@ -330,7 +338,7 @@ def _records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
         delimiter = ","
     else:
         raise DataError(f"{path}: unknown file type; use .csv, .tsv or .jsonl")
-    rows = _open_rows(path, delimiter, csv.QUOTE_MINIMAL)
+    rows = _open_rows(path, delimiter, csv.QUOTE_MINIMAL, encoding)
     try:
         header = [h.strip() for h in next(rows)[1]]
     except StopIteration:
@@ -346,27 +354,31 @@ def _records(path: str) -> Iterator[tuple[int, dict[str, Any]]]:
         yield line, dict(zip(header, fields))
 
 
-def _get(record: dict[str, Any], column: str, path: str, line: int) -> Any:
+def _get(record: dict[str, Any], column: str, path: str, line: int, field: str) -> Any:
+    """record[column]; `field`: the setting that names the column (config.data.<field>, and
+    predict's --<field>), for the error."""
     if column not in record or record[column] is None:
-        raise DataError(f"{path}:{line}: missing column {column!r}")
+        raise DataError(f"{path}:{line}: no column {column!r} (config.data.{field}, predict "
+                        f"--{field}); the file's columns: {', '.join(map(str, record))}")
     return record[column]
 
 
-def first_record(path: str) -> dict[str, Any]:
+def first_record(path: str, encoding: str = paths.DEFAULT_ENCODING) -> dict[str, Any]:
     """The first row of a user file as {column: value} (a CSV / TSV header-only file: its
     columns, empty values), to tell labelled from unlabelled files."""
-    for _, record in _records(path):
+    for _, record in _records(path, encoding):
         return record
     if path.lower().endswith((".csv", ".tsv")):
         header = next(_open_rows(path, "\t" if path.lower().endswith(".tsv") else ",",
-                                 csv.QUOTE_MINIMAL))[1]
+                                 csv.QUOTE_MINIMAL, encoding))[1]
         return {h.strip(): "" for h in header}
     raise DataError(f"{path}: no examples")
 
 
 def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str = "label",
               choices: Sequence[str] = (), labels: Sequence[str] | None = None,
-              labelled: bool = True, id_column: str = "") -> list[Example] | list[ChoiceExample]:
+              labelled: bool = True, id_column: str = "", encoding: str = paths.DEFAULT_ENCODING
+              ) -> list[Example] | list[ChoiceExample]:
     """Examples of `kind` (classification | regression | multiple_choice) from a user file.
 
     classification: `labels` are the label names (ids follow their order); multiple_choice:
@@ -375,20 +387,21 @@ def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str
     is its `id_column` value where the row has one, else its 0-based row number.
     """
     examples = []
-    for line, record in _records(path):
+    for line, record in _records(path, encoding):
         where = f"{path}:{line}"
         row_id = record.get(id_column) if id_column else None
         index = str(len(examples)) if row_id is None or row_id == "" else str(row_id)
-        raw = str(_get(record, label, path, line)) if labelled else None
+        raw = str(_get(record, label, path, line, "label")) if labelled else None
         if kind == "multiple_choice":
-            context = _text(str(_get(record, text_a, path, line)), text_a, path, line)
-            endings = tuple(_text(str(_get(record, c, path, line)), c, path, line)
+            context = _text(str(_get(record, text_a, path, line, "text_a")), text_a, path, line)
+            endings = tuple(_text(str(_get(record, c, path, line, "choices")), c, path, line)
                             for c in choices)
             y = label_id(raw, [str(i) for i in range(len(choices))], where) if labelled else None
             examples.append(ChoiceExample(where, context, endings, y, index))
             continue
-        a = _text(str(_get(record, text_a, path, line)), text_a, path, line)
-        b = _text(str(_get(record, text_b, path, line)), text_b, path, line) if text_b else None
+        a = _text(str(_get(record, text_a, path, line, "text_a")), text_a, path, line)
+        b = (_text(str(_get(record, text_b, path, line, "text_b")), text_b, path, line)
+             if text_b else None)
         if not labelled:
             y = None
         elif kind == "regression":
@@ -406,11 +419,12 @@ def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str
     return examples
 
 
-def infer_labels(path: str, label: str) -> tuple[str, ...]:
+def infer_labels(path: str, label: str, encoding: str = paths.DEFAULT_ENCODING
+                 ) -> tuple[str, ...]:
     """The sorted distinct values of column `label` (numeric order when all are integers)."""
     values = set()
-    for line, record in _records(path):
-        value = str(_get(record, label, path, line)).strip()
+    for line, record in _records(path, encoding):
+        value = str(_get(record, label, path, line, "label")).strip()
         if not value:  # would become a class of its own
             raise DataError(f"{path}:{line}: empty label in column {label!r}")
         values.add(value)

@@ -14,8 +14,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+from absl import logging
 from etils import epath
 
+from bertjax import paths
 from bertjax.errors import ConfigError, DataError
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
 from bertjax.tasks.base import Splits, Task, hf_head
@@ -100,13 +103,14 @@ class SequenceTask(Task):
         from bertjax.tasks.classification import readers
 
         family, data = config.task.family, config.data
+        encoding = data.get("encoding") or paths.DEFAULT_ENCODING
         self.glue = family == "glue"
         if family == "glue":
             task = readers.glue_task(config.task.name)
             if data.tfds:
                 splits = readers.read_glue_tfds(task, data.tfds_data_dir or None)
             elif data.dir:
-                splits = readers.read_glue(data.dir, task)
+                splits = readers.read_glue(data.dir, task, encoding)
             else:
                 raise ConfigError("config.data.dir is empty; give the GLUE data directory "
                                   "(official layout) or set config.data.tfds=true")
@@ -118,7 +122,7 @@ class SequenceTask(Task):
             if not data.dir:
                 raise ConfigError("config.data.dir is empty; give the directory holding SWAG's "
                                   "train.csv, val.csv (and test.csv)")
-            splits = readers.read_swag(data.dir)
+            splits = readers.read_swag(data.dir, encoding)
             self._declare("multiple_choice", ("0", "1", "2", "3"), ("accuracy",))
             return Splits(splits["train"], {"dev": splits["dev"]},
                           {"test": splits["test"]} if "test" in splits else {})
@@ -137,10 +141,10 @@ class SequenceTask(Task):
         labels = None
         if kind == "classification":
             labels = (tuple(x for x in data.labels.split(",") if x) if data.labels
-                      else readers.infer_labels(data.train, data.label))
+                      else readers.infer_labels(data.train, data.label, encoding))
         read = functools.partial(readers.read_file, kind=kind, text_a=data.text_a,
                                  text_b=data.text_b, label=data.label, choices=choices,
-                                 labels=labels)
+                                 labels=labels, encoding=encoding)
         label_names = {"classification": labels, "regression": (),
                        "multiple_choice": tuple(str(i) for i in range(len(choices)))}[kind]
         metric_names = ("pearson", "spearman") if kind == "regression" else ("accuracy",)
@@ -186,10 +190,10 @@ class SequenceTask(Task):
     def describe(self, features) -> str:
         from data_pipeline import finetune_data
 
-        padding = finetune_data.padding_fraction(features, self.train_batch_size, self.buckets,
-                                                 self.group_by_length)
-        return (f"; padding is {100 * padding:.1f}% of the train tokens computed "
-                f"(buckets {self.buckets})")
+        padding, lengths = finetune_data.padding_fraction(
+            features, self.train_batch_size, self.buckets, self.group_by_length)
+        return (f"; padding is {100 * padding:.1f}% of the train tokens computed (batch "
+                f"lengths {', '.join(map(str, lengths))})")
 
     def hf_head(self):
         if self.kind == "multiple_choice":
@@ -226,7 +230,15 @@ class SequenceTask(Task):
                 "probabilities": jax.nn.softmax(logits, axis=-1)}
 
     def metrics(self, predictions, features, split: str) -> dict[str, float]:
-        return metrics_lib.compute(self.metric_names, features.labels, predictions["prediction"])
+        predicted = np.asarray(predictions["prediction"])
+        if self.kind != "regression" and len(set(predicted.tolist())) == 1 < len(
+                set(np.asarray(features.labels).tolist())):
+            name = (self.label_names[int(predicted[0])] if self.kind == "classification"
+                    else f"choice {int(predicted[0])}")
+            logging.warning("%s: every example is predicted %s (its labels hold several): the "
+                            "model does not tell the classes apart yet; more steps, another "
+                            "learning rate or more data may help", split, name)
+        return metrics_lib.compute(self.metric_names, features.labels, predicted)
 
     # ---- predictions from a finished run (tasks/predict.py)
 
@@ -257,9 +269,10 @@ class SequenceTask(Task):
         readers = readers_module()
         fields = {**fields, **{k: v for k, v in self.default_fields().items()
                                if not fields.get(k)}}
-        labelled = fields["label"] in readers.first_record(path)
+        encoding = fields.get("encoding") or paths.DEFAULT_ENCODING
+        labelled = fields["label"] in readers.first_record(path, encoding)
         if self.family == "swag" and path.lower().endswith(".csv"):
-            return readers.read_swag_file(path, labelled), labelled
+            return readers.read_swag_file(path, labelled, encoding), labelled
         if not fields.get("text_a"):
             raise ConfigError("--text_a: name the column holding the text")
         choices = tuple(c for c in fields.get("choices", "").split(",") if c)
@@ -269,7 +282,7 @@ class SequenceTask(Task):
         examples = readers.read_file(
             path, self.kind, text_a=fields["text_a"], text_b=fields.get("text_b", ""),
             label=fields["label"], choices=choices, labels=self.label_names,
-            labelled=labelled, id_column=fields.get("id") or "id")
+            labelled=labelled, id_column=fields.get("id") or "id", encoding=encoding)
         return examples, labelled
 
     def examples(self, items):

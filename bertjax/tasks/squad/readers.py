@@ -1,7 +1,8 @@
 """SQuAD v1.1 / v2.0 readers: the official JSON layout (`data → paragraphs → qas`, also
 users' own files) and the TFDS `squad/v1.1` / `squad/v2.0` splits, as `SquadExample`s (one per
-question). Every answer is checked against the context characters at its `answer_start`; bad
-input is one line naming the file (or split) and the question.
+question). Files are read in `encoding` (config.data.encoding, default UTF-8). Every answer is
+checked against the context characters at its `answer_start`; bad input is one line naming
+the file (or split) and the question, or the line of a byte not of the encoding.
 
 TensorFlow is imported only by `read_squad_tfds`.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from bertjax import paths
 from bertjax.errors import ConfigError, DataError
 
 
@@ -86,30 +88,25 @@ def parse_squad(data: dict, source: str, require_answers: bool = True) -> list[S
     return examples
 
 
-def read_squad_json(path: str, require_answers: bool = True) -> list[SquadExample]:
+def read_squad_json(path: str, require_answers: bool = True,
+                    encoding: str = paths.DEFAULT_ENCODING) -> list[SquadExample]:
     """Examples of an official-layout SQuAD JSON file (v1.1 or v2.0, or users' own)."""
-    from etils import epath
-
-    file = epath.Path(path)
-    if not file.exists():
+    if not paths.exists(path):
         raise DataError(f"{path}: no such file")
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
+        data = json.loads(paths.read_text(path, encoding))
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e})") from e
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: not UTF-8 ({e})") from e
     return parse_squad(data, path, require_answers)
 
 
 def read_questions_jsonl(path: str, question: str = "question", context: str = "context",
-                         id_field: str = "id") -> list[SquadExample]:
+                         id_field: str = "id", encoding: str = paths.DEFAULT_ENCODING
+                         ) -> list[SquadExample]:
     """Unanswered questions of a JSONL file, one {question, context[, id]} object a line (the
     id defaults to the 0-based line number among the questions)."""
-    from bertjax import paths
-
     examples = []
-    for number, record in paths.jsonl_records(path, DataError):
+    for number, record in paths.jsonl_records(path, DataError, encoding):
         where = f"{path}:{number}"
         text = _field(record, question, str, where)
         passage = _field(record, context, str, where)
@@ -159,8 +156,9 @@ def read_squad_tfds(name: str, split: str, data_dir: str | None = None) -> list[
     return examples
 
 
-def read_squad(spec: str, split: str, data_dir: str | None = None) -> list[SquadExample]:
+def read_squad(spec: str, split: str, data_dir: str | None = None,
+               encoding: str = paths.DEFAULT_ENCODING) -> list[SquadExample]:
     """A local JSON file, or `tfds:squad/v2.0` (split: `train` or `validation`)."""
     if spec.startswith("tfds:"):
         return read_squad_tfds(spec[len("tfds:"):], split, data_dir)
-    return read_squad_json(spec)
+    return read_squad_json(spec, encoding=encoding)

@@ -21,6 +21,7 @@ import numpy as np
 
 from bertjax.errors import ConfigError, DataError
 from bertjax.models.squad import BertForQuestionAnswering
+from bertjax.paths import DEFAULT_ENCODING
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.squad import features as squad_features
 from bertjax.tasks.squad import metrics as squad_metrics
@@ -129,7 +130,8 @@ class SquadTask(Task):
 
         def read(field: str, split: str):
             source, split = _parse_source(data[field], split)
-            examples = readers.read_squad(source, split, data.get("tfds_data_dir") or None)
+            examples = readers.read_squad(source, split, data.get("tfds_data_dir") or None,
+                                          data.get("encoding") or DEFAULT_ENCODING)
             if not self.version_2:
                 bad = next((e for e in examples if e.is_impossible), None)
                 if bad is not None:
@@ -242,12 +244,13 @@ class SquadTask(Task):
         """Questions of an official-layout SQuAD .json file (answers optional) or of a .jsonl
         file of {question, context[, id]} objects (`fields`: question, context, id);
         labelled when every question has answers (or is_impossible)."""
+        encoding = fields.get("encoding") or DEFAULT_ENCODING
         if path.lower().endswith(".jsonl"):
             examples = readers.read_questions_jsonl(
                 path, fields.get("question") or "question", fields.get("context") or "context",
-                fields.get("id") or "id")
+                fields.get("id") or "id", encoding)
             return examples, False
-        examples = readers.read_squad_json(path, require_answers=False)
+        examples = readers.read_squad_json(path, require_answers=False, encoding=encoding)
         labelled = all(e.answers or e.is_impossible for e in examples)
         if labelled and not self.version_2 and any(e.is_impossible for e in examples):
             raise DataError(f"{path}: has unanswerable questions but the model is SQuAD v1.1")

@@ -4,7 +4,8 @@
 Files are read in their own scheme (schemes.py), checked against it, and converted to the
 scheme the model predicts.
 
-Bad input stops with one line naming file and line (`DataError`): ragged columns, a tag that
+Files are read in `encoding` (config.data.encoding, default UTF-8). Bad input stops with one
+line naming file and line (`DataError`): a byte not of the encoding, ragged columns, a tag that
 is not in the label set, a tag that breaks the declared scheme (e.g. an I- tag starting a chunk
 in an iob2 file), an empty sentence, a JSON line that is not an object.
 """
@@ -75,7 +76,8 @@ def _check_scheme(scheme: str, target: str) -> None:
 
 def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
                  scheme: str = "iob1", target: str = "iob2", labelled: bool = True,
-                 first_document: int = 0) -> list[Sentence]:
+                 first_document: int = 0, encoding: str = paths.DEFAULT_ENCODING
+                 ) -> list[Sentence]:
     """A CoNLL column file: one token a line (columns split by tabs if the line has any,
     otherwise by whitespace), a blank line after each sentence, `-DOCSTART-` lines between
     documents (CoNLL-2003: `token POS chunk NER`, token_column 0, tag_column -1 = 3).
@@ -93,7 +95,7 @@ def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
     width = None
     started = marked = False
     try:
-        handle = paths.open(path, encoding="utf-8")
+        handle = paths.open_text(path, encoding)
     except OSError as e:
         raise DataError(f"{path}: {e.strerror}") from None
     with handle:
@@ -140,14 +142,15 @@ def read_columns(path: str, *, token_column: int = 0, tag_column: int = -1,
 
 def read_jsonl(path: str, *, tokens_key: str = "tokens", tags_key: str = "tags",
                scheme: str = "iob2", target: str = "iob2", labelled: bool = True,
-               first_document: int = 0) -> list[Sentence]:
+               first_document: int = 0, encoding: str = paths.DEFAULT_ENCODING
+               ) -> list[Sentence]:
     """One JSON object a line: {"tokens": [...], "tags": [...]} and optionally "document" (any
     value): consecutive lines with the same value form a document; a line without the field
     is a document by itself (no document context)."""
     _check_scheme(scheme, target)
     builder = _Builder(path, scheme, target, labelled, document=first_document)
     previous_document = None
-    for number, record in paths.jsonl_records(path, DataError):
+    for number, record in paths.jsonl_records(path, DataError, encoding):
         if not isinstance(record.get(tokens_key), list):
             raise DataError(f"{path}:{number}: no list field {tokens_key!r}")
         words = [str(w) for w in record[tokens_key]]
@@ -184,17 +187,18 @@ def read_file(path: str, *, fmt: str = "auto", **kwargs) -> list[Sentence]:
     raise DataError(f"{path}: format {fmt!r} is not one of conll | jsonl | auto")
 
 
-def has_tags(path: str, fmt: str, tokens_key: str = "tokens", tags_key: str = "tags") -> bool:
+def has_tags(path: str, fmt: str, tokens_key: str = "tokens", tags_key: str = "tags",
+             encoding: str = paths.DEFAULT_ENCODING) -> bool:
     """Whether a file's first sentence carries tags: a JSONL `tags_key` field, or a CoNLL
     token line with a column besides the token's (unlabelled CoNLL: one word a line)."""
     if fmt == "jsonl":
-        for number, record in paths.jsonl_records(path, DataError):
+        for number, record in paths.jsonl_records(path, DataError, encoding):
             if not isinstance(record.get(tokens_key), list):
                 raise DataError(f"{path}:{number}: no list field {tokens_key!r}")
             return tags_key in record
         raise DataError(f"{path}: no sentences")
     try:
-        handle = paths.open(path, encoding="utf-8")
+        handle = paths.open_text(path, encoding)
     except OSError as e:
         raise DataError(f"{path}: {e.strerror}") from None
     with handle:

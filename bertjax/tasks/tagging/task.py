@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from absl import logging
 from etils import epath
 
 from bertjax.errors import ConfigError, DataError
 from bertjax.models.tagging import BertForTokenClassification
+from bertjax.paths import DEFAULT_ENCODING, read_text
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.tagging import features as token_features
 from bertjax.tasks.tagging import readers
@@ -85,6 +87,7 @@ class TokenClassificationTask(Task):
 
     def read(self, config) -> Splits:
         data = config.data
+        encoding = data.get("encoding") or DEFAULT_ENCODING
         if self.scheme not in SCHEMES:
             raise ConfigError(f"config.task.label_scheme={self.scheme!r} is not one of "
                               f"{' | '.join(SCHEMES)}")
@@ -104,11 +107,11 @@ class TokenClassificationTask(Task):
                     tag_column=data.tag_column, tokens_key=data.tokens_key,
                     tags_key=data.tags_key, scheme=data.scheme, target=self.scheme,
                     labelled=name != "test" or data.test_labelled,
-                    first_document=first_document)
+                    first_document=first_document, encoding=encoding)
                 first_document = splits[name][-1].document + 1
         labels = readers.infer_labels(splits["train"], self.scheme)
         if data.labels and epath.Path(data.labels).is_file():  # one label a line (POS: ",")
-            labels = tuple(x for x in epath.Path(data.labels).read_text().split("\n") if x)
+            labels = tuple(x for x in read_text(data.labels, encoding).split("\n") if x)
         elif data.labels:
             labels = tuple(x for x in data.labels.split(",") if x)
         if not labels:
@@ -233,6 +236,10 @@ class TokenClassificationTask(Task):
         out = {"accuracy": token_accuracy(gold, predicted)}
         if self.scheme != "none":
             scores = entity_scores(gold, predicted)
+            if scores["overall"]["predicted"] == 0 < scores["overall"]["gold"]:
+                logging.warning("%s: no entity is predicted (its tags hold %d): the model does "
+                                "not find the entities yet; more steps, another learning rate "
+                                "or more data may help", split, scores["overall"]["gold"])
             out.update({k: scores["overall"][k] for k in ("f1", "precision", "recall")})
             out.update({f"{t}_f1": scores[t]["f1"] if t in scores else 0.0
                         for t in self.types})
@@ -254,14 +261,15 @@ class TokenClassificationTask(Task):
         fmt = fields.get("format", "auto")
         if fmt == "auto":
             fmt = "jsonl" if path.endswith((".jsonl", ".json")) else "conll"
+        encoding = fields.get("encoding") or DEFAULT_ENCODING
         labelled = readers.has_tags(path, fmt, fields.get("tokens_key", "tokens"),
-                                    fields.get("tags_key", "tags"))
+                                    fields.get("tags_key", "tags"), encoding)
         sentences = readers.read_file(
             path, fmt=fmt, token_column=fields.get("token_column", 0),
             tag_column=fields.get("tag_column", -1), tokens_key=fields.get("tokens_key",
                                                                            "tokens"),
             tags_key=fields.get("tags_key", "tags"), scheme=fields.get("scheme", self.scheme),
-            target=self.scheme, labelled=labelled)
+            target=self.scheme, labelled=labelled, encoding=encoding)
         if labelled:
             readers.check_labels(sentences, self.labels)
         return sentences, labelled
