@@ -178,3 +178,20 @@ def test_quick_run_trains_both_sides_and_writes_the_report(tmp_path):
         results = json.loads((work / row["family"] / "bertjax_0" / "results.json").read_text())
         assert results["best"][row["metric"]] == row["bertjax"][0]
     assert "| classification" in (work / "fidelity.md").read_text()
+
+
+def test_every_familys_settings_pass_bertjaxs_checks():
+    """The settings each side is given are ones bertjax's command accepts (a SQuAD window must
+    hold the doc stride after the longest question)."""
+    from bertjax.fidelity.__main__ import FAMILIES, _family_config
+    from bertjax.tasks.squad.features import check_limits
+    from experiments.squad import get_config as squad_config
+
+    task = squad_config("files").task
+    for family in FAMILIES.values():
+        for quick in (False, True):
+            sizes, settings = _family_config(family, quick)
+            assert sizes.train > sizes.dev > 0 and settings["epochs"] >= 1
+            if "doc_stride" in settings:
+                check_limits(settings["max_seq_length"], settings["doc_stride"],
+                             task.max_query_length)

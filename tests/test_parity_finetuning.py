@@ -23,7 +23,10 @@ def one_bucket(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["classification", "regression", "multiple_choice", "squad",
                                   "tagging"])
-def test_family_follows_transformers(kind, tmp_path):
+def test_family_follows_transformers(kind, tmp_path, monkeypatch):
+    # 2e-4 keeps multiple choice's 300-step row out of chaos (ft.LEARNING_RATES); over 20
+    # steps it barely moves the loss, 3e-4 does.
+    monkeypatch.setitem(ft.LEARNING_RATES, "multiple_choice", 3e-4)
     row = ft.run_family(kind, STEPS, tmp_path)
     assert len(row.ours["loss"]) == len(row.theirs["loss"]) == STEPS
     assert row.max_rel_diff() <= 1e-4, row.max_rel_diff()

