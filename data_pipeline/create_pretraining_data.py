@@ -272,9 +272,11 @@ def warn_partial_use(cfg: CreateConfig, counts: dict) -> str | None:
         return None
     limit = cfg.max_seq_length - 3
     used = min(1.0, n * limit / tokens)  # an instance holds `limit` tokens of one sentence
+    hint = (" (a document on a single line? --input_format=plain splits sentences)"
+            if tokens / n > 2 * limit else "")
     line = (f"{cfg.input}: {n} sentence(s) longer than {limit} tokens, {tokens / n:.0f} on "
-            f"average (a document on a single line? --input_format=plain splits sentences); "
-            f"an instance holds {limit} tokens of one, so each of the {cfg.dupe_factor} "
+            f"average{hint}; an instance holds {limit} tokens of one, so each of the "
+            f"{cfg.dupe_factor} "
             f"passes (--dupe_factor) uses at most {used:.1%} of their {tokens} tokens "
             f"({tokens / max(counts['tokens'], 1):.1%} of the corpus)")
     logging.warning("%s", line)

@@ -766,6 +766,7 @@ def test_a_one_line_document_is_warned_with_the_share_used(tmp_path, caplog):
     assert (f"each of the 2 passes (--dupe_factor) uses at most {(SEQ - 3) / 2000:.1%} of "
             "their 2000 tokens") in line
     assert "(99.7% of the corpus)" in line
+    assert "2000 on average (a document on a single line?" in line  # far past an instance
     assert line in caplog.text
 
 
