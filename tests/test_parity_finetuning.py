@@ -92,13 +92,26 @@ def test_summed_span_loss_fails_the_row(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_dropout_seed_bands_overlap(tmp_path):
-    row = ft.run_dropout(STEPS, tmp_path, seeds=(0, 1, 2))
-    assert len(row.ours_seeds) == len(row.theirs_seeds) == 3
+def test_dropout_seeds_agree(tmp_path):
+    row = ft.run_dropout(STEPS, tmp_path, seeds=(0, 1, 2, 3))
+    assert len(row.ours_seeds) == len(row.theirs_seeds) == 4
     # Dropout is on: seeds give different curves on each side.
-    assert len({round(c[5], 6) for c in row.ours_seeds}) == 3
-    assert len({round(c[5], 6) for c in row.theirs_seeds}) == 3
-    assert row.passed(), row.seed_inside()
+    assert len({round(c[5], 6) for c in row.ours_seeds}) == 4
+    assert len({round(c[5], 6) for c in row.theirs_seeds}) == 4
+    assert row.passed(), row.seed_t()
+
+
+@pytest.mark.slow
+def test_dropout_expectation_sees_attention_dropout_left_out(tmp_path):
+    row = ft.run_dropout_expectation(300, tmp_path / "same", draws=200)
+    assert row.passed(), row.seed_t()
+    task, vocab_size, _ = ft.task_batches("classification", tmp_path / "slip", 1)
+    rate = ft.DROPOUT_PROBE_RATE
+    no_attention = task.model(ft.harness.small_config(
+        vocab_size, hidden_dropout_prob=rate, attention_dropout_prob=0.0))
+    slip = ft.run_dropout_expectation(300, tmp_path / "slip", draws=200,
+                                     our_model=no_attention)
+    assert not slip.passed() and min(slip.seed_t()) < -ft.harness.SEED_T, slip.seed_t()
 
 
 @pytest.mark.parametrize("kind,config", [

@@ -14,7 +14,7 @@ API changes (for the row modules):
     Unboxed params are replicated. The history also has "grad_norm" and "learning_rate".
   - `train_torch` history also has "grad_norm" (before clipping) and "learning_rate".
   - `torch_model("BertLMHeadModel", ...)` exports the BertForMaskedLM tensors (same layout).
-  - `Row.passed()` for seed rows: see `seed_band`.
+  - `Row.passed()` for seed rows: see `Row.seed_t`.
   - `Row.param_tolerance` (default inf): also a bound on `max_param_diff()`. A weight decay
     applied to LayerNorm moves the loss by ~1e-6 relative over 20 steps (far under 1e-4) but
     the LayerNorm gains by lr * weight_decay per step, which this bound sees.
@@ -47,8 +47,13 @@ _TIED = {
 # the same q·b to every score of a query), so both sides see rounding noise there, which Adam
 # normalises into full-size steps. Reported, but left out of Row.max_param_diff.
 GRADIENT_FREE = ("attention.self.key.bias",)
-SEED_SMOOTHING = 10  # steps of moving average before comparing seed curves
-SEED_INSIDE = 0.95  # fraction of steps a mean curve must lie inside the other side's band
+SEED_SMOOTHING = 10  # steps of moving average of the plotted seed bands
+SEED_WINDOWS = 3  # a seed row's steps are cut into this many windows, compared one by one
+# The largest |Welch t| allowed between the sides in any window. With 8 seeds a side, two
+# sets of seeds of one framework exceed 4 in about 1 window in 1,000 (t with ~14 degrees of
+# freedom); a band rule (each mean inside the other's 3-seed spread at 95% of the steps) failed
+# bertjax against itself in 3 of 6 pairs of seed sets, transformers in 2 of 6.
+SEED_T = 4.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,10 +61,9 @@ SEED_INSIDE = 0.95  # fraction of steps a mean curve must lie inside the other s
 
 
 def seed_band(curves: Sequence[Sequence[float]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, low, high) of seed curves [seeds, steps], each smoothed by a trailing moving
-    average of SEED_SMOOTHING steps. The band is min..max over seeds widened to mean ± 3 sd,
-    the seeds' variance pooled over 3 × SEED_SMOOTHING neighbouring steps (3 seeds alone give
-    an sd that is often far too small at a single step)."""
+    """(mean, low, high) of seed curves [seeds, steps] for the plot, each smoothed by a
+    trailing moving average of SEED_SMOOTHING steps. The band is min..max over seeds widened
+    to mean ± 3 sd, the seeds' variance pooled over 3 × SEED_SMOOTHING neighbouring steps."""
     smoothed = np.stack([_moving_average(np.asarray(c, np.float64), SEED_SMOOTHING)
                          for c in curves])
     mean = smoothed.mean(0)
@@ -76,9 +80,22 @@ def _moving_average(x: np.ndarray, window: int) -> np.ndarray:
     return (cumsum[1:] - cumsum[np.arange(1, len(x) + 1) - counts]) / counts
 
 
-def _inside(mean: np.ndarray, low: np.ndarray, high: np.ndarray) -> float:
-    n = min(len(mean), len(low))
-    return float(np.mean((mean[:n] >= low[:n]) & (mean[:n] <= high[:n])))
+def welch_t(a: np.ndarray, b: np.ndarray) -> float:
+    """Welch's t of the means of two samples [n] (a − b; 0 when both are constant and equal)."""
+    se = np.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
+    diff = float(np.mean(a) - np.mean(b))
+    return float(diff / se) if se > 0 else (0.0 if diff == 0 else math.copysign(math.inf, diff))
+
+
+def window_t(ours: Sequence[Sequence[float]], theirs: Sequence[Sequence[float]],
+             windows: int) -> list[float]:
+    """Welch's t (ours − theirs) per window: the steps [steps] of the curves [seeds, steps] cut
+    into `windows` equal runs, each seed's mean loss over a run one sample."""
+    a, b = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    n = min(a.shape[1], b.shape[1])
+    edges = np.linspace(0, n, windows + 1).round().astype(int)
+    return [welch_t(a[:, lo:hi].mean(1), b[:, lo:hi].mean(1))
+            for lo, hi in zip(edges[:-1], edges[1:], strict=True)]
 
 
 @dataclasses.dataclass
@@ -95,6 +112,8 @@ class Row:
     param_tolerance: float = math.inf
     ours_seeds: list[list[float]] = dataclasses.field(default_factory=list)
     theirs_seeds: list[list[float]] = dataclasses.field(default_factory=list)
+    seed_windows: int = SEED_WINDOWS
+    x_label: str = "step"  # what a seed curve runs over ("batch": one value per batch)
 
     @property
     def seeded(self) -> bool:
@@ -122,16 +141,15 @@ class Row:
                   if not any(free in k for free in GRADIENT_FREE)]
         return max(values) if values else math.nan
 
-    def seed_inside(self) -> tuple[float, float]:
-        """(fraction of steps ours' mean is inside theirs' band, and the reverse)."""
-        ours, theirs = seed_band(self.ours_seeds), seed_band(self.theirs_seeds)
-        return _inside(ours[0], *theirs[1:]), _inside(theirs[0], *ours[1:])
+    def seed_t(self) -> list[float]:
+        """Seed rows: Welch's t of the two sides per window (`window_t`)."""
+        return window_t(self.ours_seeds, self.theirs_seeds, self.seed_windows)
 
     def passed(self) -> bool:
-        """Exact rows: both loss tolerances (a NaN fails) and param_tolerance. Seed rows: each
-        side's mean curve inside the other's band (`seed_band`) at SEED_INSIDE of the steps."""
+        """Exact rows: both loss tolerances (a NaN fails) and param_tolerance. Seed rows: the
+        sides' seed means within SEED_T standard errors of each other in every window."""
         if self.seeded:
-            return min(self.seed_inside()) >= SEED_INSIDE
+            return bool(max(abs(t) for t in self.seed_t()) <= SEED_T)
         first, every = self.max_rel_diff(first=50), self.max_rel_diff()
         params_ok = not self.param_rel_diff or self.max_param_diff() <= self.param_tolerance
         return bool(first <= self.tolerances[0] and every <= self.tolerances[1] and params_ok)

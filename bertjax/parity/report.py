@@ -8,9 +8,10 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from etils import epath
 
-from bertjax.parity.harness import Row, seed_band
+from bertjax.parity.harness import SEED_T, Row, seed_band
 
 FIRST = 50  # steps of the first, tighter tolerance
 MARKDOWN = "parity.md"
@@ -29,9 +30,8 @@ def summary(row: Row) -> dict[str, Any]:
                               "param_tolerance": row.param_tolerance, "passed": row.passed(),
                               "note": row.note, "max_param_diff": row.max_param_diff()}
     if row.seeded:
-        ours_in, theirs_in = row.seed_inside()
-        record.update(seeds=len(row.ours_seeds), ours_inside_theirs=ours_in,
-                      theirs_inside_ours=theirs_in, max_rel_loss_diff_first=math.nan,
+        record.update(seeds=len(row.ours_seeds), windows=row.seed_windows,
+                      welch_t=row.seed_t(), max_rel_loss_diff_first=math.nan,
                       max_rel_loss_diff_all=math.nan)
     else:
         record.update(max_rel_loss_diff_first=row.max_rel_diff(first=FIRST),
@@ -41,7 +41,7 @@ def summary(row: Row) -> dict[str, Any]:
 
 def markdown_table(rows: Sequence[Row]) -> str:
     """One line per row: steps, max |Δloss|/loss over the first 50 and all steps, max
-    parameter Δ, verdict (seed rows: the share of steps inside the other side's band)."""
+    parameter Δ, verdict (seed rows: the largest Welch t of the sides over the windows)."""
     lines = [
         f"| job | reference | steps | max Δloss/loss, first {FIRST} | max Δloss/loss, all "
         "| max param Δ | tolerances | verdict |",
@@ -51,9 +51,11 @@ def markdown_table(rows: Sequence[Row]) -> str:
     for row in rows:
         s = summary(row)
         if row.seeded:
-            first = f"{s['seeds']} seeds: ours in theirs {s['ours_inside_theirs']:.0%}"
-            every = f"theirs in ours {s['theirs_inside_ours']:.0%}"
-            tolerance = "seed spread"
+            first = (f"{s['seeds']} masks a side, {s['windows']} batches"
+                     if row.x_label == "batch" else
+                     f"{s['seeds']} seeds a side, {s['windows']} windows of steps")
+            every = "max \\|t\\| " + f"{max(abs(t) for t in s['welch_t']):.2f}"
+            tolerance = f"Welch \\|t\\| ≤ {SEED_T:g}"
         else:
             first, every = _num(s["max_rel_loss_diff_first"]), _num(s["max_rel_loss_diff_all"])
             tolerance = f"{row.tolerances[0]:.0e} / {row.tolerances[1]:.0e}"
@@ -85,7 +87,15 @@ def plot(rows: Sequence[Row], path: epath.Path) -> None:
     for ax in axes.flat[len(rows):]:
         ax.set_visible(False)
     for ax, row in zip(axes.flat, rows, strict=False):
-        if row.seeded:
+        if row.seeded and row.x_label == "batch":
+            for curves, name, color, shift in ((row.theirs_seeds, "reference", "tab:orange",
+                                                0.1), (row.ours_seeds, "bertjax", "tab:blue",
+                                                       -0.1)):
+                draws = np.asarray(curves)
+                ax.errorbar(np.arange(draws.shape[1]) + shift, draws.mean(0),
+                            yerr=3 * draws.std(0, ddof=1) / np.sqrt(len(draws)), fmt="o",
+                            color=color, label=f"{name} (mean of {len(draws)} draws ± 3 se)")
+        elif row.seeded:
             for curves, name, color in ((row.theirs_seeds, "reference", "tab:orange"),
                                         (row.ours_seeds, "bertjax", "tab:blue")):
                 mean, low, high = seed_band(curves)
@@ -95,7 +105,7 @@ def plot(rows: Sequence[Row], path: epath.Path) -> None:
             ax.plot(row.theirs["loss"], color="tab:orange", lw=3, alpha=0.6, label="reference")
             ax.plot(row.ours["loss"], color="tab:blue", lw=1, ls="--", label="bertjax")
         ax.set_title(("" if row.passed() else "FAIL: ") + row.job, fontsize=9)
-        ax.set_xlabel("step")
+        ax.set_xlabel(row.x_label)
         ax.set_ylabel("loss")
         ax.legend(fontsize=7)
     fig.tight_layout()
