@@ -2,11 +2,9 @@
 the verdict, and (slow) one quick run of both sides end to end."""
 
 import json
-import os
 import random
 import subprocess
 import sys
-import threading
 
 import pytest
 
@@ -197,32 +195,3 @@ def test_every_familys_settings_pass_bertjaxs_checks():
             if "doc_stride" in settings:
                 check_limits(settings["max_seq_length"], settings["doc_stride"],
                              task.max_query_length)
-
-
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
-def test_the_sides_run_at_once_each_on_its_half_of_the_cores():
-    from bertjax.fidelity.__main__ import run_sides, split_cores
-
-    before = os.sched_getaffinity(0)
-    ours_cores, their_cores = split_cores()
-    assert ours_cores | their_cores == before and not ours_cores & their_cores
-    started = threading.Event()
-    seen = {}
-
-    def ours(cores):
-        seen["ours"] = cores
-        started.set()
-        return [1.0]
-
-    def theirs(threads):
-        # bertjax's side runs while this one does (it would time out one after the other).
-        seen["overlap"] = started.wait(timeout=60)
-        seen["theirs"] = (threads, os.sched_getaffinity(0))
-        return [2.0]
-
-    assert run_sides(ours, theirs, (ours_cores, their_cores)) == ([1.0], [2.0])
-    assert seen == {"ours": ours_cores, "overlap": True,
-                    "theirs": (len(their_cores), their_cores)}
-    assert os.sched_getaffinity(0) == before  # the harness's thread gets its cores back
-    # No split: one side after the other, on every core.
-    assert run_sides(lambda cores: [cores], lambda threads: [threads], None) == ([None], [None])

@@ -23,13 +23,11 @@ that every side runs end to end; its numbers mean nothing).
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import functools
 import hashlib
 import json
 import math
-import os
 import pathlib
 import subprocess
 import sys
@@ -56,34 +54,34 @@ class Family:
     settings: dict  # learning_rate, batch_size, epochs, max_seq_length
     sizes: Sizes
     build: Callable[[pathlib.Path, pathlib.Path, Sizes], dict[str, str]]
-    reference: Callable[..., dict[str, float]]  # (model_dir, files, seed, settings, log, threads)
+    reference: Callable[..., dict[str, float]]  # (model_dir, files, seed, settings, log)
     note: str = ""
     same_reference_as: str = ""  # a family whose transformers rows are this one's: its results
 
 
 def _sequence(kind: str, text_a: str, text_b: str | None = None, choices=()):
-    def run(model_dir, files, seed, settings, log, threads):
+    def run(model_dir, files, seed, settings, log):
         from bertjax.fidelity import reference
 
         return reference.sequence_classification(
             model_dir, files["train"], files["dev"], kind=kind, text_a=text_a, text_b=text_b,
-            choices=choices, seed=seed, log=log, threads=threads, **settings)
+            choices=choices, seed=seed, log=log, **settings)
     return run
 
 
-def _tagging(model_dir, files, seed, settings, log, threads):
+def _tagging(model_dir, files, seed, settings, log):
     from bertjax.fidelity import reference
 
     return reference.token_classification(model_dir, files["train"], files["dev"], seed=seed,
-                                          log=log, threads=threads, **settings)
+                                          log=log, **settings)
 
 
 def _squad(version_2: bool):
-    def run(model_dir, files, seed, settings, log, threads):
+    def run(model_dir, files, seed, settings, log):
         from bertjax.fidelity import reference_squad
 
         return reference_squad.run(model_dir, files["train"], files["dev"], seed=seed,
-                                   version_2=version_2, log=log, threads=threads, **settings)
+                                   version_2=version_2, log=log, **settings)
     return run
 
 
@@ -101,31 +99,31 @@ CONLL = dict(format="conll", token_column=0, tag_column=-1)
 FAMILIES = {f.name: f for f in (
     Family("classification", "single sentence, 2 classes (sign of the raters' mean)", RT,
            "accuracy", "experiments/finetune_files.py:classification",
-           dict(text_a="text"), SHORT, Sizes(800, 300),
+           dict(text_a="text"), SHORT, Sizes(600, 300),
            lambda src, out, n: data.rotten_tomatoes(src / "rotten_tomatoes", out, n, False),
            _sequence("classification", "text")),
     Family("regression", "single sentence, the raters' mean score", RT, "pearson",
            "experiments/finetune_files.py:regression", dict(text_a="text"), SHORT,
-           Sizes(800, 300),
+           Sizes(600, 300),
            lambda src, out, n: data.rotten_tomatoes(src / "rotten_tomatoes", out, n, True),
            _sequence("regression", "text")),
     Family("pair", "sentence pair: the next sentence, or one of another article", BBC,
            "accuracy", "experiments/finetune_files.py:classification",
-           dict(text_a="first", text_b="second"), PAIRS, Sizes(800, 300),
+           dict(text_a="first", text_b="second"), PAIRS, Sizes(600, 250),
            lambda src, out, n: data.sentence_pairs(src / "demo_corpus.txt", out, n),
            _sequence("classification", "first", "second")),
     Family("multiple_choice", "which of 4 sentences follows (SWAG's form)", BBC, "accuracy",
            "experiments/finetune_files.py:multiple_choice",
            dict(text_a="context", choices=",".join(CHOICES)),
-           dict(PAIRS, batch_size=16, max_seq_length=96), Sizes(300, 150),
+           dict(PAIRS, batch_size=16, max_seq_length=96), Sizes(200, 120),
            lambda src, out, n: data.sentence_pairs(src / "demo_corpus.txt", out, n, 4),
            _sequence("multiple_choice", "context", choices=CHOICES)),
     Family("squad_v1", "extractive QA, SQuAD v1.1 layout (situations, 128-token windows)",
            ROPES, "f1",
-           "experiments/squad.py:files", dict(), QA, Sizes(400, 150),
+           "experiments/squad.py:files", dict(), QA, Sizes(300, 120),
            lambda src, out, n: data.ropes(src / "ropes", out, n, False), _squad(False)),
     Family("squad_v2", "extractive QA, SQuAD v2.0 (a third unanswerable)", ROPES, "best_f1",
-           "experiments/squad.py:files", dict(), QA, Sizes(400, 150),
+           "experiments/squad.py:files", dict(), QA, Sizes(300, 120),
            lambda src, out, n: data.ropes(src / "ropes", out, n, True), _squad(True)),
     Family("tagging", "proper-noun / number chunks, sentences alone (no document marks)", OANC,
            "f1", "experiments/ner.py:files", CONLL, TAGS, Sizes(600, 250),
@@ -166,11 +164,10 @@ def _family_config(family: Family, quick: bool) -> tuple[Sizes, dict]:
 
 
 def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: int,
-                settings: dict, workdir: pathlib.Path, log, extra: tuple[str, ...] = (),
-                cores: frozenset[int] | None = None) -> dict[str, float]:
-    """bertjax's command on the family's files (`extra`: KEY=VALUE config overrides; `cores`:
-    the CPU cores it may use, default all of this process's); the best dev metrics of its
-    results.json."""
+                settings: dict, workdir: pathlib.Path, log, extra: tuple[str, ...] = ()
+                ) -> dict[str, float]:
+    """bertjax's command on the family's files (`extra`: KEY=VALUE config overrides); the best
+    dev metrics of its results.json."""
     overrides = {"init_checkpoint": checkpoint, "seed": seed, "data.train": files["train"],
                  "data.validation": files["dev"],
                  "optimizer.learning_rate": settings["learning_rate"],
@@ -185,8 +182,7 @@ def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: in
     if family.name == "squad_v2":
         command.append("--config.task.version_2=true")
     command += [f"--config.{item}" for item in extra]
-    pin = None if cores is None else functools.partial(os.sched_setaffinity, 0, cores)
-    done = subprocess.run(command, capture_output=True, text=True, preexec_fn=pin)
+    done = subprocess.run(command, capture_output=True, text=True)
     (workdir.parent / f"{workdir.name}.log").write_text(done.stdout + done.stderr)
     if done.returncode:
         raise RuntimeError(f"{family.name}: bertjax's command failed (exit {done.returncode}); "
@@ -197,80 +193,22 @@ def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: in
     return best
 
 
-def _reference_key(family: Family, files: dict[str, str], model: str, seed: int,
-                   settings: dict) -> str:
-    """The digest of a transformers run's inputs: files, model weights, settings, seed."""
+def reference_run(family: Family, files: dict[str, str], model: str, seed: int, settings: dict,
+                  cache: pathlib.Path, log) -> dict[str, float]:
+    """The transformers script's best dev metrics, kept in `cache` with the digest of its inputs
+    (files, model weights, settings, seed): a rerun that changes only bertjax's side (e.g.
+    --override) reuses them."""
     digest = hashlib.sha256(json.dumps([family.name, seed, settings]).encode())
     for path in sorted(files.values()) + [str(pathlib.Path(model) / "model.safetensors")]:
         digest.update(pathlib.Path(path).read_bytes() if pathlib.Path(path).exists() else b"")
-    return digest.hexdigest()
-
-
-def cached_reference(cache: pathlib.Path, key: str) -> dict[str, float] | None:
+    key = digest.hexdigest()
     if cache.exists() and json.loads(cache.read_text()).get("key") == key:
-        return json.loads(cache.read_text())["metrics"]
-    return None
-
-
-def reference_run(family: Family, files: dict[str, str], model: str, seed: int, settings: dict,
-                  cache: pathlib.Path, log, threads: int | None = None) -> dict[str, float]:
-    """The transformers script's best dev metrics, kept in `cache` with the digest of its inputs
-    (`_reference_key`): a rerun that changes only bertjax's side (e.g. --override) reuses
-    them. threads: torch's, default this thread's cores."""
-    key = _reference_key(family, files, model, seed, settings)
-    metrics = cached_reference(cache, key)
-    if metrics is None:
-        threads = threads or len(os.sched_getaffinity(0))
-        metrics = family.reference(model, files, seed, settings, log, threads)
+        metrics = json.loads(cache.read_text())["metrics"]
+    else:
+        metrics = family.reference(model, files, seed, settings, log)
         cache.write_text(json.dumps({"key": key, "metrics": metrics}))
     log(f"transformers seed {seed}: {json.dumps(metrics)}")
     return metrics
-
-
-def bertjax_seeds(family: Family, files: dict[str, str], checkpoint: str, settings: dict,
-                  workdir: pathlib.Path, log, extra: tuple[str, ...], seeds: int,
-                  cores: frozenset[int] | None) -> list[float]:
-    """`bertjax_run` for seeds 0.., one after the other: their official metric."""
-    return [float(bertjax_run(family, files, checkpoint, seed, settings,
-                              workdir / f"bertjax_{seed}", log, extra, cores)[family.metric])
-            for seed in range(seeds)]
-
-
-def reference_seeds(reference: Family, metric: str, files: dict[str, str], model: str,
-                    settings: dict, caches: list[pathlib.Path], log,
-                    threads: int | None) -> list[float]:
-    """`reference_run` for seeds 0.. (seed i cached in caches[i]): their official metric."""
-    return [float(reference_run(reference, files, model, seed, settings, cache, log,
-                                threads)[metric]) for seed, cache in enumerate(caches)]
-
-
-def split_cores() -> tuple[frozenset[int], frozenset[int]] | None:
-    """(bertjax's cores, the reference's) when the sides can run side by side: this process's
-    cores halved, bertjax taking the larger half; None on one core."""
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < 2:
-        return None
-    half = (len(cores) + 1) // 2
-    return frozenset(cores[:half]), frozenset(cores[half:])
-
-
-def run_sides(ours: Callable[[frozenset[int] | None], list[float]],
-              theirs: Callable[[int | None], list[float]], split) -> tuple[list, list]:
-    """(ours(cores), theirs(threads)): side by side on `split`'s halves of the cores (ours in
-    a thread driving its subprocesses, theirs in this thread, pinned to its half), else one
-    after the other on every core."""
-    if split is None:
-        return ours(None), theirs(None)
-    our_cores, their_cores = split
-    everything = os.sched_getaffinity(0)
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        future = pool.submit(ours, our_cores)
-        os.sched_setaffinity(0, their_cores)  # this thread only: torch computes on it
-        try:
-            theirs_result = theirs(len(their_cores))
-        finally:
-            os.sched_setaffinity(0, everything)
-        return future.result(), theirs_result
 
 
 def summary(values: list[float]) -> tuple[float, float]:
@@ -368,17 +306,14 @@ def main(FLAGS) -> None:
         reference = FAMILIES[family.same_reference_as or name]
         reference_files = files if reference is family else reference.build(
             pathlib.Path(FLAGS.data_dir), workdir / reference.name / "data", sizes)
-        caches = [workdir / reference.name / f"transformers_{seed}.json" for seed in range(seeds)]
-        uncached = [cached_reference(cache, _reference_key(reference, reference_files,
-                                                           FLAGS.model, seed, settings)) is None
-                    for seed, cache in enumerate(caches)]
-
-        began = time.perf_counter()
-        ours_fn = functools.partial(bertjax_seeds, family, files, checkpoint, settings,
-                                    workdir / name, log, tuple(FLAGS.override), seeds)
-        theirs_fn = functools.partial(reference_seeds, reference, family.metric,
-                                      reference_files, FLAGS.model, settings, caches, log)
-        ours, theirs = run_sides(ours_fn, theirs_fn, split_cores() if any(uncached) else None)
+        ours, theirs, began = [], [], time.perf_counter()
+        for seed in range(seeds):
+            best = bertjax_run(family, files, checkpoint, seed, settings,
+                               workdir / name / f"bertjax_{seed}", log, tuple(FLAGS.override))
+            ours.append(float(best[family.metric]))
+            metrics = reference_run(reference, reference_files, FLAGS.model, seed, settings,
+                                    workdir / reference.name / f"transformers_{seed}.json", log)
+            theirs.append(float(metrics[family.metric]))
         scale = 100.0 if family.name.startswith("squad") else 1.0
         rows.append(dict(family=name, what=family.what, origin=family.origin,
                          metric=family.metric, train=sizes.train, dev=sizes.dev,
