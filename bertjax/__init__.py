@@ -20,8 +20,12 @@ def __getattr__(name):
         from bertjax.checkpoint_dir import load_pretrained
 
         return load_pretrained
-    if name in ("Predictor", "FillMask"):
-        from bertjax.tasks import predict
+    if name == "Predictor":
+        from bertjax.serving.predictor import Predictor
 
-        return getattr(predict, name)
+        return Predictor
+    if name == "FillMask":
+        from bertjax.serving.fill_mask import FillMask
+
+        return FillMask
     raise AttributeError(f"module 'bertjax' has no attribute {name!r}")

@@ -17,41 +17,15 @@ import re
 import shlex
 import subprocess
 import sys
-import threading
 from collections.abc import Callable, Sequence
+
+from absl import app, flags, logging
+
+from bertjax import runtime
+from bertjax.errors import BertjaxError, ConfigError
 
 # Before anything imports TensorFlow (data_pipeline does, lazily).
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-
-# XLA:CPU allocates a step's temporary buffers afresh on every call; glibc maps them fresh and
-# the kernel zero-fills them 4 KiB page by page. Huge pages for malloc (glibc >= 2.35; older
-# ones ignore the tunable) make those faults rare (docs/performance.md, "Speed on CPU", has
-# the speed-up).
-MALLOC_TUNABLE = "glibc.malloc.hugetlb=1"
-
-
-def _restart_with_malloc_tunable() -> None:
-    """On a Linux machine with no accelerator, runs this command again in place (same process
-    id, arguments and environment, plus MALLOC_TUNABLE in GLIBC_TUNABLES), which glibc reads
-    only at start-up. A GLIBC_TUNABLES that already sets glibc.malloc.hugetlb is left alone
-    (=0 turns this off)."""
-    import platform
-
-    tunables = os.environ.get("GLIBC_TUNABLES", "")
-    if ("glibc.malloc.hugetlb" in tunables or not sys.platform.startswith("linux")
-            or platform.libc_ver()[0] != "glibc" or accelerators.attached()):
-        return
-    env = dict(os.environ, GLIBC_TUNABLES=":".join(filter(None, [tunables, MALLOC_TUNABLE])))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, env)
-
-
-from absl import app, flags, logging  # noqa: E402
-
-from bertjax import accelerators  # noqa: E402
-from bertjax.errors import BertjaxError, ConfigError  # noqa: E402
 
 
 def _offending_flag(message: str, argv: Sequence[str]) -> str | None:
@@ -152,109 +126,29 @@ def define_distributed_flags() -> None:
     flags.DEFINE_integer("process_id", None, "This process's index.")
 
 
-DEFAULT_DISTRIBUTED_TIMEOUT_S = 300  # experiments/common.py: distributed()
-
-
 def initialize_distributed(config=None) -> None:
-    """jax.distributed.initialize() as the flags ask; call it before any other JAX call.
-
-    config.distributed.timeout_s (default DEFAULT_DISTRIBUTED_TIMEOUT_S): once a process has
-    sent no heartbeat for that long (its host dead, its process killed), every other one ends
-    with one line naming it (multihost.Watchdog), and a finishing process waits that long for
-    the others."""
-    import jax
-
+    """runtime.initialize_distributed as --distributed / --coordinator_address, --num_processes
+    and --process_id ask (config.distributed.timeout_s: the watchdog's bound)."""
     FLAGS = flags.FLAGS
-    if not (FLAGS.coordinator_address or FLAGS.distributed):
-        return
-    timeout = int((config or {}).get("distributed", {}).get("timeout_s",
-                                                             DEFAULT_DISTRIBUTED_TIMEOUT_S))
-    if timeout <= 0:
-        raise ConfigError(f"config.distributed.timeout_s={timeout} must be positive")
-    # JAX's own heartbeat timeout is the fallback: bertjax's watchdog (multihost.Watchdog)
-    # names a silent process after `timeout`, in one line on every process.
-    bounds = dict(heartbeat_timeout_seconds=2 * timeout, shutdown_timeout_seconds=timeout)
-    if FLAGS.coordinator_address:
-        # Cross-process collectives on CPU (tests, laptops) go through gloo; no effect elsewhere.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(FLAGS.coordinator_address,
+    runtime.initialize_distributed(config, distributed=FLAGS.distributed,
+                                   coordinator_address=FLAGS.coordinator_address,
                                    num_processes=FLAGS.num_processes,
-                                   process_id=FLAGS.process_id, **bounds)
-    else:
-        try:
-            jax.distributed.initialize(**bounds)
-        except ValueError as e:  # no cluster detected (not a TPU pod slice, SLURM, ...)
-            raise ConfigError(f"--distributed: {e} (no cluster was detected here; give "
-                              "--coordinator_address, --num_processes and --process_id)"
-                              ) from None
-    from bertjax.train import multihost
-
-    multihost.start_watchdog(timeout, lambda line: exit_now(line, 1, lost=True))
-
-
-# At most this many devices a CPU is split into (`split_cpu`); each holds a copy of the weights.
-MAX_CPU_DEVICES = 4
-
-
-def split_cpu(count: int | None = None) -> int:
-    """On a machine with no accelerator, makes JAX's CPU backend `count` devices (None: one
-    per core, at most MAX_CPU_DEVICES); call it before JAX starts. Returns the devices made,
-    0 where nothing changed: an accelerator in use, one core, a count of 1, or the count
-    already set by JAX_NUM_CPU_DEVICES or XLA_FLAGS (--xla_force_host_platform_device_count;
-    then an explicit `count` is an error naming --cpu_devices)."""
-    if count is not None and count < 1:
-        raise ConfigError(f"--cpu_devices={count} must be positive")
-    preset = ("JAX_NUM_CPU_DEVICES" if "JAX_NUM_CPU_DEVICES" in os.environ else "XLA_FLAGS"
-              if "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "")
-              else None)
-    if preset:
-        if count is not None:
-            raise ConfigError(f"--cpu_devices={count}: the CPU device count is already set by "
-                              f"{preset}; give one of them")
-        return 0
-    platforms = os.environ.get("JAX_PLATFORMS", "")
-    if (platforms.split(",")[0] != "cpu") if platforms else accelerators.attached():
-        return 0
-    if count is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-        count = min(cores, MAX_CPU_DEVICES)
-    if count == 1:
-        return 0
-    import jax
-
-    jax.config.update("jax_num_cpu_devices", count)
-    return count
+                                   process_id=FLAGS.process_id)
 
 
 def define_cpu_devices_flag() -> None:
     """--cpu_devices (`turn_devices`)."""
     flags.DEFINE_integer("cpu_devices", None, "On a machine with no accelerator: JAX devices "
                          "the CPU is split into, whole batches on each in turn, the same "
-                         f"outputs (default: one per core, at most {MAX_CPU_DEVICES}; 1: one "
-                         "device).")
+                         "outputs (default: one per core, at most "
+                         f"{runtime.MAX_CPU_DEVICES}; 1: one device).")
 
 
 def turn_devices() -> list | None:
-    """The devices to run whole batches on in turn, or None: on a machine with no
-    accelerator, in one process, the CPU split as --cpu_devices asks (`split_cpu`); call it
-    before JAX starts."""
+    """runtime.turn_devices as --cpu_devices asks (None on a multi-process run)."""
     FLAGS = flags.FLAGS
-    if FLAGS.distributed or FLAGS.coordinator_address:
-        if FLAGS.cpu_devices is not None:
-            raise ConfigError("--cpu_devices is for one process; a pod slice shards the "
-                              "batches over the run's mesh")
-        return None
-    if not split_cpu(FLAGS.cpu_devices):
-        return None
-    import jax
-
-    return jax.devices()
-
-
-# The persistent compilation cache's bound when bertjax chooses its directory (least recently
-# used programs go first).
-COMPILATION_CACHE_BYTES = 2 << 30
+    return runtime.turn_devices(FLAGS.cpu_devices,
+                                multi_process=FLAGS.distributed or bool(FLAGS.coordinator_address))
 
 
 def define_compilation_cache_flag() -> None:
@@ -267,32 +161,8 @@ def define_compilation_cache_flag() -> None:
 
 
 def use_compilation_cache() -> str | None:
-    """Keeps every compiled program, however quick to compile, in the --compilation_cache
-    directory (see its help); returns the directory, None for none. A resumed or repeated run,
-    a grid's next cell, a prediction over batches of the same shapes: each loads the programs
-    instead of compiling them (on a CPU, compiling an input's batch shapes can take longer
-    than running them)."""
-    import jax
-
-    given = flags.FLAGS.compilation_cache
-    directory = given if given is not None else jax.config.jax_compilation_cache_dir
-    if directory is None:  # neither the flag nor JAX_COMPILATION_CACHE_DIR: bertjax's own
-        home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-        directory = os.path.join(home, "bertjax", "jax")
-        jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)
-    if not directory:
-        return None
-    if "://" not in directory:
-        try:
-            os.makedirs(directory, exist_ok=True)
-        except OSError as e:
-            if given is None:  # an unwritable home: no cache, no failure
-                return None
-            raise ConfigError(f"--compilation_cache={directory}: {e.strerror} (give another "
-                              "directory, or '' for none)") from None
-    jax.config.update("jax_compilation_cache_dir", directory)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    return directory
+    """runtime.use_compilation_cache in the --compilation_cache directory."""
+    return runtime.use_compilation_cache(flags.FLAGS.compilation_cache)
 
 
 def require(value, flag: str, example: str):
@@ -336,13 +206,14 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
         ) -> None:
     """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet, and a
     known failure (KNOWN_ERRORS, another process of the job lost) is one `error:` line, after
-    which the process exits at once (exit_now). On CPU machines the
-    command first restarts itself with faster memory allocation (_restart_with_malloc_tunable).
+    which the process exits at once (runtime.exit_now). On CPU machines the
+    command first restarts itself with faster memory allocation
+    (runtime.restart_with_malloc_tunable).
 
     define_flags: defines the command's flags first (commands that define them in a function,
     so that modules imported together, e.g. by pytest, do not compete for flag names).
     """
-    _restart_with_malloc_tunable()
+    runtime.restart_with_malloc_tunable()
     if define_flags is not None:
         define_flags()
     if "verbose" not in flags.FLAGS:
@@ -355,88 +226,29 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
             return main(argv)
         except SystemExit as e:
             if isinstance(e.code, str):  # a failure the command reported in one line
-                exit_now(e.code, 1)
+                runtime.exit_now(e.code, 1)
             raise
         except KeyboardInterrupt as e:
             if show_tracebacks():
                 raise
             # Training's Ctrl-C says what it saved (loop.Interrupted); 130 as for any Ctrl-C,
             # so a script's `pretrain && finetune` stops there.
-            exit_now(str(e) or "error: interrupted (Ctrl-C)", 130)
+            runtime.exit_now(str(e) or "error: interrupted (Ctrl-C)", 130)
         except Exception as e:
             if show_tracebacks():
                 raise
             # A process of the job gone surfaces as whatever step failed (a collective, a
             # checkpoint save): it is named first.
-            lost = _lost_process(e)
+            lost = runtime.lost_process(e)
             if lost is not None:
                 from bertjax.train import multihost
 
-                exit_now(multihost.exit_line(lost), 1, lost=True)
+                runtime.exit_now(multihost.exit_line(lost), 1, lost=True)
             if isinstance(e, KNOWN_ERRORS):
-                exit_now(error_line(e), 1)
+                runtime.exit_now(error_line(e), 1)
             raise
 
     app.run(quiet_main, flags_parser=parse_flags)
-
-
-_EXITING = threading.Lock()  # held by the thread that ends the process
-
-
-def exit_now(line: str, status: int, linger: bool = True, lost: bool = False) -> None:
-    """Prints `line` to stderr and ends the process at once, skipping the interpreter's
-    shutdown: threads still running there (an asynchronous checkpoint save, orbax's and
-    asyncio's finalisers, an XLA compile cut short) would print tracebacks after the one line,
-    and JAX's shutdown barrier would wait for processes that are gone. Nothing is lost: orbax
-    renames a checkpoint into place only once it is complete, and every file the run writes
-    itself is closed or replaced whole before an error reaches here. Only the first thread to
-    call this prints; another one waits for the end.
-
-    On a multi-process run: linger: first wait (boundedly) for the other processes to stop too
-    (they share the error). lost: `line` names a lost process (multihost.exit_line); every
-    process prints the same one (the first recorded), and process 0, whose exit would end the
-    others at once, waits for the others to have printed it."""
-    if not _EXITING.acquire(blocking=False):
-        threading.Event().wait()
-    watchdog = None
-    if "jax" in sys.modules:
-        from bertjax.train import multihost
-
-        watchdog = multihost.watchdog()
-    if lost and watchdog is not None:
-        line = watchdog.agree(line)
-    sys.stdout.flush()
-    print(line, file=sys.stderr, flush=True)
-    if watchdog is not None:
-        watchdog.leave(line, wait_for_others=lost)
-    if linger and not lost:
-        _leave_other_processes()
-    os._exit(status)
-
-
-SHUTDOWN_GRACE_S = 10.0
-
-
-def _leave_other_processes() -> None:
-    """On a multi-process run, JAX's shutdown (a barrier of every process) for at most
-    SHUTDOWN_GRACE_S: process 0 hosts the coordination service, and its exit ends the other
-    processes at once, before they have printed their own line."""
-    jax = sys.modules.get("jax")
-    if jax is None or not jax.distributed.is_initialized():
-        return
-    leaving = threading.Thread(target=jax.distributed.shutdown, daemon=True)
-    leaving.start()
-    leaving.join(SHUTDOWN_GRACE_S)
-
-
-def _lost_process(error: Exception) -> BertjaxError | None:
-    """On a multi-process run, `error` as the loss of another process (multihost.lost_process);
-    None for anything else (a bug: its traceback is shown)."""
-    if "jax" not in sys.modules:  # no JAX, no other processes
-        return None
-    from bertjax.train import multihost
-
-    return multihost.lost_process(error)
 
 
 def run_command(args: list[str]) -> None:

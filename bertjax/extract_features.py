@@ -5,7 +5,7 @@ r"""Per-token contextual features from a pre-trained BERT (the reference extract
       [--do_lower_case | --nodo_lower_case] [--cpu_devices=N]
 
 Input: one example a line, `text` or `text_a ||| text_b`; output: one JSON object a line, the
-reference format (bertjax/tasks/extraction.py). Batches are sharded over every device; on a
+reference format (bertjax/serving/extraction.py). Batches are sharded over every device; on a
 multi-host slice every process computes its share of each batch and process 0 writes. On a
 machine with no accelerator the CPU is split into one JAX device per core (at most 4;
 --cpu_devices), whole batches on each in turn: bitwise the features of one device, sooner.
@@ -48,7 +48,7 @@ def main(argv: Sequence[str]) -> None:
     devices = cli.turn_devices()  # the CPU split (or a clash with --distributed) first
     cli.initialize_distributed()  # before anything touches a JAX backend
     cli.use_compilation_cache()
-    from bertjax.tasks.extraction import run
+    from bertjax.serving.extraction import run
 
     try:
         count = run(f.checkpoint, f.input_file, f.output_file, f.layers, f.max_seq_length,

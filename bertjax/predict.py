@@ -84,7 +84,7 @@ def fill_mask(texts: Sequence[str]) -> None:
                  'france is [MASK]."')
     if f.top_k < 1:
         sys.exit(f"error: --top_k={f.top_k} must be positive")
-    from bertjax.tasks.predict import FillMask
+    from bertjax.serving.fill_mask import FillMask
     from bertjax.train import multihost
 
     filler = FillMask.from_checkpoint(f.checkpoint, f.max_seq_length, dtype=f.dtype)
@@ -99,7 +99,7 @@ def fill_mask(texts: Sequence[str]) -> None:
 
 
 def dry_run() -> None:
-    from bertjax.tasks.predict import inference_costs, inference_table
+    from bertjax.serving.cost import inference_costs, inference_table
 
     f = flags.FLAGS
     if not f.workdir:
@@ -111,7 +111,8 @@ def dry_run() -> None:
 
 
 def predict() -> None:
-    from bertjax.tasks.predict import Predictor, dump
+    from bertjax.serving.predictor import Predictor
+    from bertjax.tasks.chunks import dump
     from bertjax.train import multihost
 
     f = flags.FLAGS

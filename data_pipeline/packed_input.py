@@ -1,55 +1,29 @@
 r"""Packed pre-training input for training without next sentence prediction, through tf.data.
 
-What a no-NSP user needs. RoBERTa (Liu et al., 2019, §4.2) found that dropping NSP helps once
-the pair format goes too: its best inputs are *full sentences* — each example a run of
-contiguous whole sentences filling up to the row — either crossing document boundaries
-("FULL-SENTENCES", rows always full, but attention mixes documents) or staying inside one
-document ("DOC-SENTENCES", slightly better, but a document's last example is short, so rows
-are padded or the batch size varies). Packing gives both at once: the examples are
-DOC-SENTENCES (whole sentences of one document, `[CLS] sentences [SEP]`, segment 0), and
-several of them share a row with `packing_ids`, so attention never crosses examples (the model
-makes the mask block-diagonal and restarts position ids) while rows stay as full as
-FULL-SENTENCES rows. NSP pairs are a poorer input (half of them glue a random other
-document's text to A), though they can be packed too.
+The examples (`data_pipeline.create_segments`: whole sentences of one document, `[CLS]
+sentences [SEP]`, segment 0, unmasked; or unmasked pairs of `create_pretraining_data
+--masking=dynamic`, NSP labels ignored) share rows with `packing_ids`, so attention never
+crosses examples while rows stay full (docs/pretraining.md, "No NSP"). Pre-masked (static) data
+is refused: rows are masked after packing.
 
-1. Data: `python -m data_pipeline.create_segments` writes such examples as TFRecords in the
-   reference schema (unmasked, `next_sentence_labels` 0) plus `metadata.json`:
+Reading (`make_packed_dataset`), in one global order as `pretraining_input.make_dataset`: every
+process reads all the files (sorted) → shuffle file order → repeat → interleave → shuffle
+records → blocks of `block_size` (1,024) records → parse and pack each block (blocks in
+parallel) → unbatch the rows → global batches → prefetch; then each process takes its rows and
+masks them (the `masking.mask_batch_tf` rules, keyed by (seed, batch number) and drawn for the
+global batch: a fresh mask every epoch, the same on any number of hosts). Deterministic for a
+seed; `InputIterator` saves and restores the global position, shuffle buffers included.
 
-     python -m data_pipeline.create_segments --input=data/demo_corpus.txt \
-         --vocab=data/demo_vocab --output_dir=data/segments_128 --max_seq_length=128 \
-         --num_shards=4
+Packing a block (`pack_block`) is first fit over `num_open_rows` open rows, the rows and order
+of `packing.pack_examples` on the block's examples, every row closed at the block's end:
+nothing is carried from block to block, which keeps the iterator state small and lets blocks
+be packed in parallel. Where each example goes is decided from the lengths alone (`first_fit`,
+a NumPy loop), then the tokens move in one gather, rather than a tf.data scan carrying the
+open rows' tokens one example a step.
 
-   then prints the padding fraction before and after packing (`padding_stats`). A sentence
-   that no longer fits starts the next example, which leaves a gap of about half a sentence
-   per example; `--whole_sentences=false` cuts the text every max_seq_length - 2 tokens
-   instead (sentences may straddle two examples, as the reference generator's random
-   truncation also does), so only a document's last example is short. docs/pretraining.md
-   ("No NSP") has the padding each option leaves on the demo corpus.
-
-   Unmasked pair data of `create_pretraining_data --masking=dynamic` is read too (each pair
-   one example, NSP labels ignored). Records may be shorter than the rows (128-token
-   examples packed into 512-token rows). Pre-masked (static) data is refused: rows are
-   masked after packing.
-2. Reading (`make_packed_dataset`), in one global order as `pretraining_input.make_dataset`:
-   every process reads all the files (sorted) → shuffle file order → repeat → interleave →
-   shuffle records → blocks of `block_size` (1,024) records → parse and pack each block
-   (blocks in parallel) → unbatch the rows → global batches → prefetch; then each process
-   takes its rows and masks them (the `masking.mask_batch_tf` rules, keyed by (seed, batch
-   number) and drawn for the global batch: a fresh mask every epoch, the same on any number
-   of hosts). Deterministic for a seed; `InputIterator` saves and restores the global
-   position, shuffle buffers included.
-
-   Packing a block (`pack_block`) is first fit over `num_open_rows` open rows, the rows and
-   order of `packing.pack_examples` on the block's examples, with every row closed at the
-   block's end: nothing is carried from block to block, which keeps the iterator state small
-   and lets blocks be packed in parallel, for a few more part-full rows. Where each example
-   goes is decided from the lengths alone (`first_fit`, a NumPy loop over lengths), then the
-   tokens move in one gather: several times the rows/s of a tf.data scan carrying the open
-   rows' tokens one example a step (docs/pretraining.md, "No NSP").
-
-   Masking runs over a whole row: 15% of its real tokens (capped at max_predictions: use 20
-   for 128-token rows and 80 for 512, which a full row needs). Every example ends with [SEP],
-   which is never masked, so a whole word never spans two examples.
+Masking runs over a whole row: 15% of its real tokens (capped at max_predictions: a full row of
+128 tokens needs 20, of 512 needs 80). Every example ends with [SEP], which is never masked, so
+a whole word never spans two examples.
 
 Batches (`[batch]` = this host's rows of the global batch; no next_sentence_labels):
   input_ids, input_mask, segment_ids: [batch, seq] int32

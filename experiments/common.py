@@ -22,7 +22,7 @@ LOGICAL_AXIS_RULES = (
     ("classes", None),
     # Output axis of the square pooler / MLM-transform matrices. Kept replicated: sharding it
     # over `tensor` made XLA mis-compile the MLM backward pass on a 2x2x2 mesh (CPU, jax
-    # 0.10.2; tests/test_trainer.py checks every mesh against one device).
+    # 0.10.2; tests/train/test_trainer.py checks every mesh against one device).
     ("embed_out", None),
 )
 

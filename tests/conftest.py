@@ -21,6 +21,14 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# tests/ mirrors the tree, one folder per part; test modules import each other's helpers by
+# module name (the names are unique), in this process and in the Python subprocesses they
+# start: every folder of tests/ is on the import path of both.
+TEST_DIRS = [str(d) for d in sorted({ROOT / "tests",
+                                     *(f.parent for f in (ROOT / "tests").rglob("test_*.py"))})]
+sys.path[1:1] = [d for d in TEST_DIRS if d not in sys.path]
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    TEST_DIRS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 
 # A sentiment-like task for fine-tuning tests: filler words and a keyword that decides the label.

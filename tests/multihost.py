@@ -1,5 +1,5 @@
 """Running a command as 2 CPU processes (jax.distributed on localhost) beside 1 process with 2
-devices, and comparing the two runs (tests/test_multihost.py)."""
+devices, and comparing the two runs (tests/train/test_multihost.py)."""
 
 from __future__ import annotations
 

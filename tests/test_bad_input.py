@@ -656,7 +656,7 @@ def _(w, t):
 @case("checkpoints", "extract_features_output_dir", "--output_file=", "no such directory",
       known=(ValueError,))
 def _(w, t):
-    from bertjax.tasks import extraction as extract_features
+    from bertjax.serving import extraction as extract_features
 
     _write(f"{t}/in.txt", "the cat\n")
     return lambda: extract_features.run(w["ckpt"], f"{t}/in.txt", f"{t}/missing/out.jsonl")
@@ -685,7 +685,7 @@ def _(w, t):
 
 @case("checkpoints", "extract_features_truncated_params", *TRUNCATED)
 def _(w, t):
-    from bertjax.tasks import extraction
+    from bertjax.serving import extraction
 
     _write(f"{t}/in.txt", "the cat\n")
     checkpoint = _truncated_checkpoint(w, t)
@@ -861,7 +861,6 @@ def test_a_demo_whose_step_fails_ends_in_one_line(tmp_path):
 # fails with ENOSPC), while orbax's asynchronous save threads are still running.
 FAILED_SAVE_COMMAND = """
 import resource, signal, sys
-sys.path.insert(0, "tests")
 import test_faults as t
 from bertjax import cli
 from bertjax.train import checkpoints

@@ -210,20 +210,18 @@ READER = ("experiments/squad.py:files", {"version_2": False, "threshold": 0.0})
 def test_predict_inputs_whole_and_streamed(tmp_path, family, name, text, line):
     """What `predict --input` reads: the whole file (task.read_inputs) and, with --chunk_rows,
     the streamed chunks (written in UTF-8, whatever the input's encoding)."""
-    from bertjax.tasks.predict import input_chunks
-
     task = _task(*{"classifier": CLASSIFIER, "tagger": TAGGER, "reader": READER}[family])
     path = latin1(tmp_path, name, text)
     fields = {"text_a": "text", "label": "label"}
     one_line(lambda: task.read_inputs(path, fields), path, line)
     chunks = str(tmp_path / "chunks")
     os.makedirs(chunks)
-    one_line(lambda: list(input_chunks(task, path, 1, fields, chunks)), path, line)
+    one_line(lambda: list(task.input_chunks(path, 1, fields, chunks)), path, line)
 
     latin = {**fields, "encoding": "latin-1"}
     examples, _ = task.read_inputs(path, latin)
     streamed = []
-    for chunk, _ in input_chunks(task, path, 1, latin, chunks):
+    for chunk, _ in task.input_chunks(path, 1, latin, chunks):
         streamed += task.read_inputs(chunk, {**latin, "encoding": "utf-8"})[0]
     for found in (examples, streamed):
         last = found[-1]
@@ -235,7 +233,7 @@ def test_predict_inputs_whole_and_streamed(tmp_path, family, name, text, line):
 
 
 def test_extract_features_input_is_checked_before_the_model_loads(tmp_path):
-    from bertjax.tasks import extraction
+    from bertjax.serving import extraction
 
     path = latin1(tmp_path, "in.txt", f"the cat\n{CAFE} ||| noir\n")
     message = one_line(lambda: extraction.run(str(tmp_path / "no_checkpoint"), path,

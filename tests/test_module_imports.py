@@ -2,7 +2,8 @@
 
 Statically, over every import of the source (those inside functions too), the rules of the
 house (docs/architecture.md, "Design rules"): imports run downhill, `bertjax.models` ←
-`bertjax.train` ← `bertjax.tasks` ← command modules; `data_pipeline` never imports `bertjax.tasks`,
+`bertjax.train` ← `bertjax.tasks` ← `bertjax.serving` ← command modules (the tasks import
+neither serving nor the converters); `data_pipeline` never imports `bertjax.tasks`,
 `bertjax.train`, `bertjax.models` or a command; no module imports a `python -m bertjax...`
 command (a data_pipeline writer may use another's functions), and nothing in the library
 imports `bertjax/demos`, `bertjax/benchmarks` or `experiments`; no two modules import each
@@ -30,7 +31,8 @@ NEVER = {
     "bertjax.models": ("bertjax.train", "bertjax.tasks", "bertjax.checkpoint_dir",
                        "bertjax.convert", "data_pipeline"),
     "bertjax.train": ("bertjax.tasks", "data_pipeline"),
-    "bertjax.tasks": (),
+    "bertjax.tasks": ("bertjax.serving", "bertjax.convert"),
+    "bertjax.serving": ("bertjax.convert.__main__",),
     "data_pipeline": ("bertjax.tasks", "bertjax.train", "bertjax.models"),
 }
 
@@ -108,6 +110,7 @@ PLANTED = {
     "bertjax/tasks/planted.py": "from bertjax import finetune\n",
     "bertjax/tasks/planted_a.py": "from bertjax.tasks import planted_b\n",
     "bertjax/tasks/planted_b.py": "from . import planted_a\n",
+    "bertjax/tasks/planted_serving.py": "from bertjax.serving.engine import Engine\n",
 }
 
 
@@ -124,6 +127,7 @@ def test_planted_back_edges_are_caught(tmp_path):
         "bertjax.train.planted imports experiments.common (not library code)",
         "bertjax.tasks.planted imports the command bertjax.finetune",
         "bertjax.tasks.planted_a and bertjax.tasks.planted_b import each other",
+        "bertjax.tasks.planted_serving imports bertjax.serving.engine (against the flow)",
     }, found
 
 WATCHED = ("bertjax.convert", "bertjax.checkpoint_dir", "bertjax.tokenization", "orbax",

@@ -10,7 +10,7 @@ SQuAD-like windows (question + context lengths drawn like SQuAD's: most windows 
 than 384) through the SQuAD task's span head at 384. Variants, float32 on the same CPU, the
 same rows in the same order:
 
-  bertjax, length buckets   the prediction engine (bertjax/tasks/predict.py): the task's
+  bertjax, length buckets   the prediction engine (bertjax/serving/engine.py): the task's
                             unshuffled batches (the prediction plan of
                             data_pipeline/finetune_data.py: lengths 16, 24, ..., 64, 80, ...,
                             max_seq_length, `batch_size` rows at 128 and longer, 2, 4, ...
@@ -53,7 +53,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from bertjax import cli
+from bertjax import cli, runtime
 from bertjax.benchmarks import interleaved_median_seconds
 from bertjax.models import BertConfig
 from bertjax.train.flops import forward_flops_per_sequence
@@ -142,8 +142,8 @@ def engine_pass(task, features, cfg: BertConfig, params, batch_size: int,
     """(a callable predicting every row once with the task's jitted head, the padding counts
     of its last pass): whole batches on `devices` in turn (as `python -m bertjax.predict` on a
     CPU), or without devices, sharded over a data-parallel mesh."""
+    from bertjax.serving.engine import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, runner_and_params
     from bertjax.tasks.base import _predict, predict_rows
-    from bertjax.tasks.predict import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, runner_and_params
 
     model = task.model(cfg)
     runner, placed = runner_and_params(model, task.init_inputs(), params, DATA_PARALLEL_MESH,
@@ -221,7 +221,7 @@ def main(argv):
     del argv
     from data_pipeline.finetune_data import bucket_lengths, prediction_buckets
 
-    split = cli.split_cpu()  # as `python -m bertjax.predict` does, before JAX starts
+    split = runtime.split_cpu()  # as `python -m bertjax.predict` does, before JAX starts
     jax.config.update("jax_enable_compilation_cache", False)  # first passes compile
     devices = jax.devices()
     print(f"inference benchmark on {devices[0].platform} ({devices[0].device_kind}, "

@@ -165,7 +165,7 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes."""
     from bertjax.convert import huggingface
     from bertjax.models import layout
-    from bertjax.tasks.predict import TASK_FILE, read_finished_run, run_vocab, task_record
+    from bertjax.serving.runs import TASK_FILE, read_finished_run, run_vocab, task_record
     from bertjax.train.checkpoints import read_params
 
     record, step = read_finished_run(workdir, ConversionError, "--input")

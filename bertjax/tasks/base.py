@@ -1,6 +1,6 @@
 """The fine-tuning plug-in interface, and the job that runs any task on the shared loop.
 
-A task family (classification/, and next SQuAD, token classification, ...) subclasses `Task`
+A task family (classification/, squad/, tagging/) subclasses `Task`
 and declares only what is its own:
 
   read(config)                  -> Splits: examples of train, dev {name: [...]}, test {name: [...]}
@@ -22,12 +22,14 @@ and declares only what is its own:
   write_outputs(predictions, examples, split, workdir, log)   (test predictions, files)
   hf_head()                     -> how `bertjax.convert to_hf` exports the model (hf_head)
   metric_names, primary_metric  (the primary one selects the best checkpoint)
-and, for predictions from a finished run (bertjax/tasks/predict.py, `python -m bertjax.predict`):
+and, for predictions from a finished run (bertjax/serving, `python -m bertjax.predict`):
   state() / restore(state)      what `read` learnt that the model needs (labels, kind, the
                                 v2.0 null threshold), kept in export.json as "task"
   read_inputs(path, fields)     -> (examples, labelled) of a user's file of new rows
   examples(items)               -> examples of Python values (strings, pairs, dicts)
   records(predictions, features, examples) -> one plain record per example, in input order
+  input_chunks / stream_records  a file larger than memory, a chunk of rows at a time
+  legacy_state(record, config)  the state of a run whose export.json predates `state()`
 
 `FineTuningJob` turns a task into a job for bertjax.train.loop.train: it loads the pre-trained
 encoder (params only, no optimizer state), counts steps from epochs, applies the paper's warmup
@@ -52,10 +54,12 @@ import numpy as np
 from etils import epath
 
 from bertjax.errors import CheckpointError, ConfigError
+from bertjax.tasks import chunks
 from bertjax.train import configs, multihost
-from bertjax.train.loop import Stage
+from bertjax.train.loop import Job, Stage
 from bertjax.train.optimizer import make_optimizer
 from bertjax.train.workdir import EXPORT_FILE, write_json
+from data_pipeline import finetune_data
 
 
 def hf_head(architecture: str, labels=(), problem_type: str | None = None,
@@ -86,6 +90,7 @@ class Task:
 
     metric_names: tuple[str, ...] = ()
     primary_metric: str = ""
+    min_bucket_length: int = 16  # config.min_bucket_length: the shortest length bucket
 
     def read(self, config) -> Splits:
         raise NotImplementedError
@@ -96,6 +101,12 @@ class Task:
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0
                 ) -> Iterator[dict[str, np.ndarray]]:
         raise NotImplementedError
+
+    def bucket_lengths(self, max_seq_length: int) -> tuple[int, ...]:
+        """The run's length buckets: powers of two from `min_bucket_length`
+        (config.min_bucket_length) up to `max_seq_length` (data_pipeline.finetune_data)."""
+        return finetune_data.bucket_lengths(max_seq_length,
+                                            min(self.min_bucket_length, max_seq_length))
 
     def num_batches(self, features, batch_size: int) -> int:
         """Batches in one training epoch of `batches`; a task whose batches are costly to build
@@ -167,6 +178,27 @@ class Task:
     def release(self, examples: list) -> None:
         """Forgets what `encode` kept about `examples` (a predictor's inputs come and go)."""
 
+    def input_chunks(self, path: str, rows: int, fields: dict[str, Any], directory: str
+                     ) -> Iterator[tuple[str, int]]:
+        """(chunk file of about `rows` rows, its first row's 0-based number in `path`), in
+        order, each written to `directory` and readable by `read_inputs` (bertjax.tasks.chunks):
+        a file larger than memory, a chunk at a time. A family whose rows read context from
+        their neighbours cuts only where the one-shot reading would give each row the same
+        input. Default: CSV / TSV / JSONL rows, ids from fields["id"]."""
+        return chunks.by_extension(path, rows, fields, directory)
+
+    def stream_records(self, records: list[dict[str, Any]], start: int
+                       ) -> list[dict[str, Any]]:
+        """The records of a chunk whose first row is row `start` of the whole file, with the
+        ids the one-shot reading gives them."""
+        return records
+
+    def legacy_state(self, record: dict[str, Any], config) -> dict[str, Any]:
+        """The `state()` of a finished run whose export.json predates recording it, from its
+        transformers head fields (`record`) and the run's config."""
+        raise ConfigError(f"config.task.family={config.task.family!r} has no predictions from "
+                          "a finished run")
+
     def initial_params(self, model_config, encoder) -> dict[str, Any]:
         """Param groups loaded from the pre-trained checkpoint (called before `encode`): the
         encoder as "bert". A task whose model has no encoder (the feature-based tagger) keeps
@@ -219,7 +251,7 @@ def load_pretrained_model(config):
         raise CheckpointError(f"config.init_checkpoint: {e}") from None
 
 
-class FineTuningJob:
+class FineTuningJob(Job):
     """A task on the shared loop (bertjax.train.loop.train)."""
 
     def __init__(self, task: Task, config, log=print):
@@ -243,7 +275,7 @@ class FineTuningJob:
         self.batch_size = config.train.batch_size
         self.eval_batch_size = config.eval.batch_size
         self.grad_accum_steps = config.train.get("grad_accum_steps", 1)
-        self.grad_reduce_dtype = config.train.get("grad_reduce_dtype", "float32")
+        self.grad_reduce_dtype = configs.grad_reduce_dtype(config)
         self.best_metric = task.primary_metric
         self.steps_per_epoch = task.num_batches(self.train_features, self.batch_size)
         self.total_steps = max(1, int(round(self.steps_per_epoch * config.train.num_epochs)))

@@ -4,11 +4,11 @@ tensorflow-text (compiled, about 10x HF `tokenizers` on one core) implements BER
 normalisation (FastBertNormalizer) and WordPiece with its own whitespace/punctuation split
 (FastWordpieceTokenizer), but differs from the reference on some non-ASCII input (Greek final
 sigma, Armenian ligature, vulgar fractions) and reports byte offsets. `is_safe` admits only the
-texts on which it is verified identical (tests/test_tokenization_tf_text.py): pure ASCII
-without control characters (the reference drops them; \x0b \x0c \x1c-\x1f also split Python
-words) and without "[" (a literal special token must not be split). On ASCII, lowercasing is
-context free and keeps lengths, NFD and accent stripping change nothing, and byte offsets equal
-character offsets, so only `str.lower()` precedes FastWordpieceTokenizer (faster than its
+texts on which it is verified identical (tests/tokenization/test_tokenization_tf_text.py): pure
+ASCII without control characters (the reference drops them; \x0b \x0c \x1c-\x1f also split
+Python words) and without "[" (a literal special token must not be split). On ASCII, lowercasing
+is context free and keeps lengths, NFD and accent stripping change nothing, and byte offsets
+equal character offsets, so only `str.lower()` precedes FastWordpieceTokenizer (faster than its
 normaliser, whose offset mapping costs more than the tokenizer). Everything else stays on the
 Python path, so the output is exactly the reference's.
 

@@ -273,7 +273,7 @@ class _LatestN:
 class Checkpointer:
     def __init__(self, workdir: str, max_to_keep: int = 3, async_save: bool = True,
                  best_metric: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 distributed_timeout_s: float = 300.0):
+                 distributed_timeout_s: float = multihost.DISTRIBUTED_TIMEOUT_S):
         self.directory = checkpoints_dir(workdir)
         # A process whose writes failed never reaches orbax's barrier after them: the others
         # wait there for `timeout_s`, then all share their outcome (`_agreed`).

@@ -221,6 +221,12 @@ def objective(config) -> str:
     return value
 
 
+def grad_reduce_dtype(config) -> str:
+    """config.train.grad_reduce_dtype (default step.DEFAULT_GRAD_REDUCE_DTYPE): the dtype of
+    the gradients' sum over the data-parallel devices (bertjax.train.step)."""
+    return config.train.get("grad_reduce_dtype", step_lib.DEFAULT_GRAD_REDUCE_DTYPE)
+
+
 def rng_impl(config) -> str:
     """config.rng_impl (default step.DEFAULT_RNG_IMPL): the PRNG of the dropout keys, one of
     step.RNG_IMPLS; the parameters' initialisation does not depend on it."""

@@ -595,7 +595,7 @@ def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
 def fit_hints(costs: list[StageCost], job) -> list[str]:
     """For each stage that does not fit, the flags that make it smaller: its own remat policy
     and gradient accumulation where it is a pre-training phase, the job's otherwise."""
-    phases = {p.name for p in getattr(job, "phases", ())}
+    phases = {p.name for p in job.phases}
     lines = []
     for c in costs:
         if c.fits:
@@ -640,7 +640,7 @@ def global_batch(job, micro_batches: bool = True) -> str:
 
 def _phase_remat(job) -> str:
     """The header's note of the phases with their own remat policy, e.g. " (phase2: dots)"."""
-    own = [f"{p.name}: {p.remat_policy}" for p in getattr(job, "phases", ()) if p.remat_policy]
+    own = [f"{p.name}: {p.remat_policy}" for p in job.phases if p.remat_policy]
     return f" ({', '.join(own)})" if own else ""
 
 

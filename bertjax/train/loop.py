@@ -23,19 +23,9 @@ a second Ctrl-C quits unsaved. Besides every `config.checkpoint.every_steps` ste
 once `config.checkpoint.every_minutes` have passed since its last save (process 0's clock, so
 every process saves the same step), kept until the next save (a stop-gap, checkpoints.py).
 
-The job's interface (duck-typed; see bertjax/tasks/pretraining/job.py and bertjax/tasks/base.py):
-  model_config: BertConfig; batch_size, grad_accum_steps, total_steps: int
-    (batch_size and grad_accum_steps: the defaults of the stages, which may set their own)
-  stages: [Stage]; best_metric: str | None (None: no best checkpoint, e.g. pre-training)
-  init_params(rng) -> boxed params;  loss(params, batch, rng) -> (loss, metrics)
-  denominators(batch) -> {term: []}   (optional; the loss's normalisers, see train/step.py:
-                                       accumulated micro-batches then sum to one batch)
-  optimizer() -> (optax transform, schedule)
-  pretrained_params() -> {group: host arrays} | None   (params-only init checkpoint)
-  evaluate(params, stage, step, runner) -> {metric: float}  (runner: `Runner` below)
-  finish(params, runner, workdir, log) -> None         (exports, test predictions)
-Data arrives as iterators of per-host NumPy batches with `save(prefix)` / `restore(prefix)`;
-this module never imports TensorFlow.
+The job's interface is `Job` (bertjax/tasks/pretraining/job.py and bertjax/tasks/base.py
+subclass it). Data arrives as iterators of per-host NumPy batches with `save(prefix)` /
+`restore(prefix)`; this module never imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -103,6 +93,50 @@ class Stage:
     batch_size: int = 0
     grad_accum_steps: int = 0
     batch_field: str = "config.train.batch_size"  # the config field of batch_size (in errors)
+
+
+class Job:
+    """What a training job declares for `train`; the loop, the step (train/step.py) and the dry
+    run read these members and nothing else, and the defaults are these.
+
+    batch_size, grad_accum_steps: the defaults of the stages, which may set their own.
+    denominators(batch) -> {term: [] float32}: the loss's normalisers (train/step.py:
+    accumulated micro-batches then sum to one batch); None: micro-batches average.
+    init_params(rng) -> boxed params; loss(params, batch, rng, denominators=None) -> (loss,
+    metrics); optimizer() -> (optax transform, schedule); pretrained_params() -> {group: host
+    arrays} | None (a params-only init checkpoint); evaluate(params, stage, step, runner) ->
+    {metric: float} (runner: `Runner`); finish(params, runner, workdir, log): exports, test
+    predictions.
+    """
+
+    model_config: Any  # BertConfig
+    model: Any  # the Flax module
+    batch_size: int
+    grad_accum_steps: int = 1
+    total_steps: int
+    stages: list[Stage]
+    best_metric: str | None = None  # None: no best checkpoint (pre-training)
+    denominators: Callable[[dict], dict] | None = None
+    grad_reduce_dtype: str = step_lib.DEFAULT_GRAD_REDUCE_DTYPE
+    phases: tuple = ()  # pre-training's phases (the dry run names their own flags)
+
+    def init_params(self, rng):
+        raise NotImplementedError
+
+    def loss(self, params, batch, rng, denominators=None):
+        raise NotImplementedError
+
+    def optimizer(self):
+        raise NotImplementedError
+
+    def pretrained_params(self) -> dict[str, Any] | None:
+        return None
+
+    def evaluate(self, params, stage: Stage, step: int, runner) -> dict[str, float]:
+        return {}
+
+    def finish(self, params, runner, workdir: epath.Path, log) -> None:
+        pass
 
 
 # Batches read ahead of the one dispatched, for their programs to compile meanwhile: at most
@@ -372,7 +406,7 @@ class _Run:
             return ([0] if stalled else []), due
         # A stalled process joins after its own timeout; one that died ends the job sooner
         # (the coordination service's heartbeat timeout, config.distributed.timeout_s).
-        wait = timeout + _distributed_timeout_s(self.config)
+        wait = timeout + multihost.distributed_timeout_s(self.config)
         tag = f"input/{stage.name}/{step + 1}"
         status = ("stalled" if stalled else "ok") + (" save" if due else "")
         shared = multihost.statuses(tag, status, wait)
@@ -460,12 +494,7 @@ def time_to_save(config, saved_at: float, now: float) -> bool:
     return minutes > 0 and now - saved_at >= minutes * 60
 
 
-def _distributed_timeout_s(config) -> float:
-    """config.distributed.timeout_s: how long a process waits for the others' outcome."""
-    return float(config.get("distributed", {}).get("timeout_s", 300))
-
-
-def train(job, config, workdir: str, log=print) -> dict[str, Any]:
+def train(job: Job, config, workdir: str, log=print) -> dict[str, Any]:
     """Runs (or resumes) `job` in `workdir`.
 
     Returns {"status": "done" | "preempted", "total_steps", "history", and with a best metric:
@@ -490,7 +519,7 @@ def train(job, config, workdir: str, log=print) -> dict[str, Any]:
     run = _Run(job, config, workdir_path, log, runner, train_steps, abstract, state_sharding,
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
                             job.best_metric, ckpt.get("timeout_s", DEFAULT_TIMEOUT_S),
-                            _distributed_timeout_s(config)),
+                            multihost.distributed_timeout_s(config)),
                metrics_lib.MetricsWriter(workdir),
                profiling.StepProfiler(profiling.steps_of(config), workdir, log))
     try:

@@ -40,6 +40,15 @@ import numpy as np
 from bertjax import stderr_guard
 from bertjax.errors import BertjaxError
 
+# config.distributed.timeout_s when a config has none (experiments/common.py: distributed()).
+DISTRIBUTED_TIMEOUT_S = 300.0
+
+
+def distributed_timeout_s(config) -> float:
+    """config.distributed.timeout_s: how long a process waits for the others (the watchdog's
+    bound on a silent process, a finishing process's wait for the rest)."""
+    return float((config or {}).get("distributed", {}).get("timeout_s", DISTRIBUTED_TIMEOUT_S))
+
 T = TypeVar("T")
 # A remote file system's passing failures (a timeout, a reset connection, an I/O error); a
 # full disk, a missing permission or directory will not pass by waiting.

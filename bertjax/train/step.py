@@ -59,6 +59,8 @@ class TrainState:
 # deterministic for a given compiled program and key, so a resumed run repeats its masks.
 RNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 DEFAULT_RNG_IMPL = "threefry2x32"
+# config.train.grad_reduce_dtype when a config has none (jit_train_step).
+DEFAULT_GRAD_REDUCE_DTYPE = "float32"
 
 
 def initial_params(init_params: InitFn, rng):
@@ -295,7 +297,7 @@ def train_step(
     schedule: optax.Schedule,
     grad_accum_steps: int = 1,
     denominators: DenominatorsFn | None = None,
-    grad_reduce_dtype: str = "float32",
+    grad_reduce_dtype: str = DEFAULT_GRAD_REDUCE_DTYPE,
     grad_sharding: Any | None = None,
 ) -> tuple[TrainState, dict[str, jax.Array]]:
     """One optimizer step on a global batch (accumulated over `grad_accum_steps` micro-batches:
@@ -336,15 +338,15 @@ def stage_train_steps(job, tx, schedule, state_sharding, batch_sharding,
         key = (stage.loss or job.loss, stage_batch(job, stage)[1])
         if key not in by_key:
             by_key[key] = jit_train_step(key[0], tx, schedule, state_sharding, batch_sharding,
-                                         key[1], getattr(job, "denominators", None), rules,
-                                         getattr(job, "grad_reduce_dtype", "float32"))
+                                         key[1], job.denominators, rules, job.grad_reduce_dtype)
         steps[stage.name] = by_key[key]
     return steps
 
 
 def jit_train_step(loss_fn: LossFn, tx, schedule, state_sharding, batch_sharding,
                    grad_accum_steps: int = 1, denominators: DenominatorsFn | None = None,
-                   rules: sharding_lib.Rules | None = None, grad_reduce_dtype: str = "float32"):
+                   rules: sharding_lib.Rules | None = None,
+                   grad_reduce_dtype: str = DEFAULT_GRAD_REDUCE_DTYPE):
     """`train_step` jitted with explicit in/out shardings and the state donated.
 
     rules: the logical-axis rules; with them (and a NamedSharding `batch_sharding`, whose mesh

@@ -1,8 +1,8 @@
 """The official GLUE / SWAG metrics, in NumPy (no scikit-learn or SciPy at run time).
 
 Every function takes host arrays of equal length: `labels` [n], `predictions` [n] (class ids,
-or floats for the regression metrics). tests/test_tasks_metrics.py checks each one against
-scikit-learn / SciPy.
+or floats for the regression metrics). tests/tasks/classification/test_tasks_metrics.py checks
+each one against scikit-learn / SciPy.
 """
 
 from __future__ import annotations

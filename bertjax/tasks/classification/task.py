@@ -21,6 +21,7 @@ from etils import epath
 from bertjax import paths
 from bertjax.errors import ConfigError, DataError
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
+from bertjax.tasks import chunks
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.classification import metrics as metrics_lib
 from bertjax.tasks.classification.submission import write_submission
@@ -161,8 +162,7 @@ class SequenceTask(Task):
     def encode(self, tokenizer, examples, max_seq_length: int):
         from data_pipeline import finetune_data
 
-        self.buckets = finetune_data.bucket_lengths(
-            max_seq_length, min(self.min_bucket_length, max_seq_length))
+        self.buckets = self.bucket_lengths(max_seq_length)
         return finetune_data.encode(tokenizer, examples, max_seq_length=max_seq_length,
                                     regression=self.kind == "regression")
 
@@ -240,11 +240,32 @@ class SequenceTask(Task):
                             "learning rate or more data may help", split, name)
         return metrics_lib.compute(self.metric_names, features.labels, predicted)
 
-    # ---- predictions from a finished run (tasks/predict.py)
+    # ---- predictions from a finished run (bertjax/serving)
 
     def state(self):
         return {"kind": self.kind, "labels": list(self.label_names),
                 "metric_names": list(self.metric_names)}
+
+    def legacy_state(self, record, config):
+        labels = list(record.get("labels") or ())
+        kind = {"BertForMultipleChoice": "multiple_choice"}.get(
+            record.get("architecture"), "regression" if record.get("problem_type") ==
+            "regression" else "classification")
+        if kind == "multiple_choice":
+            labels = [str(i) for i in range(len(config.data.choices.split(",")) if
+                                            self.family == "files" else 4)]
+        metrics = {"regression": ["pearson", "spearman"]}.get(kind, ["accuracy"])
+        if self.family == "glue":
+            metrics = list(readers_module().glue_task(config.task.name).metrics)
+        elif kind == "classification" and len(labels) == 2:
+            metrics = ["accuracy", "f1", "matthews_corrcoef"]
+        return {"kind": kind, "labels": labels, "metric_names": metrics}
+
+    def input_chunks(self, path, rows, fields, directory):
+        if self.family == "swag" and path.lower().endswith(".csv"):  # SWAG's ids: fold-ind
+            return chunks.csv_chunks(path, rows, "fold-ind", directory, fill_empty=False,
+                                     encoding=fields.get("encoding") or paths.DEFAULT_ENCODING)
+        return super().input_chunks(path, rows, fields, directory)
 
     def restore(self, state):
         self._declare(state["kind"], state["labels"], state["metric_names"])

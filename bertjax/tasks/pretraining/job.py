@@ -31,7 +31,7 @@ from bertjax.tasks.pretraining.objective import (
 )
 from bertjax.train import configs, multihost
 from bertjax.train import flops as flops_lib
-from bertjax.train.loop import Stage
+from bertjax.train.loop import Job, Stage
 from bertjax.train.optimizer import make_optimizer
 
 
@@ -50,7 +50,7 @@ def load_init_params(directory: str, model_cfg: BertConfig) -> dict[str, Any]:
     return load_params(directory, model_cfg)
 
 
-class PretrainingJob:
+class PretrainingJob(Job):
     """Pre-training for bertjax.train.loop.train."""
 
     best_metric = None
@@ -70,7 +70,7 @@ class PretrainingJob:
         # The defaults of the phases (each stage has its phase's own: Stage.batch_size).
         self.batch_size = config.train.batch_size
         self.grad_accum_steps = config.train.grad_accum_steps
-        self.grad_reduce_dtype = config.train.get("grad_reduce_dtype", "float32")
+        self.grad_reduce_dtype = configs.grad_reduce_dtype(config)
         self.total_steps = config.train.num_train_steps
         self.make_input = make_input
         nsp = dict(nsp_weight=config.train.nsp_weight, packed=self.packed, ltr=self.ltr)

@@ -22,7 +22,6 @@ flags are NumPy arrays. `num_workers > 1` splits the examples over spawned proce
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Sequence
 
 import numpy as np
@@ -257,6 +256,3 @@ def _convert_parallel(tokenizer, examples, max_seq_length, doc_stride, max_query
         parts = pool.map(_worker, chunks)
     return concatenate(parts)
 
-
-def default_workers() -> int:
-    return max(1, min(8, len(os.sched_getaffinity(0))))

@@ -168,7 +168,7 @@ class SquadTask(Task):
             for first in range(0, len(order), batch_size):
                 yield _batch(features, order[first:first + batch_size], batch_size, width)
             return
-        buckets = finetune_data.bucket_lengths(width, min(self.min_bucket_length, width))
+        buckets = self.bucket_lengths(width)
         lengths = features.input_mask.sum(axis=1)
         for length, rows, indices in finetune_data.prediction_plan(lengths, batch_size,
                                                                    buckets):
@@ -231,10 +231,22 @@ class SquadTask(Task):
     def metrics(self, predictions, features, split: str) -> dict[str, float]:
         return self._evaluate(self._answers(predictions, features), features.examples)
 
-    # ---- predictions from a finished run (tasks/predict.py)
+    # ---- predictions from a finished run (bertjax/serving)
 
     def state(self):
         return {"version_2": self.version_2, "threshold": self.threshold}
+
+    def legacy_state(self, record, config):
+        extra = record.get("extra_config") or {}
+        return {"version_2": bool(config.task.version_2),
+                "threshold": float(extra.get("null_score_diff_threshold", 0.0))}
+
+    def input_chunks(self, path, rows, fields, directory):
+        """SQuAD-layout .json: chunks of whole paragraphs (readers.squad_json_chunks)."""
+        if path.lower().endswith(".json"):
+            return readers.squad_json_chunks(path, rows, directory,
+                                             fields.get("encoding") or DEFAULT_ENCODING)
+        return super().input_chunks(path, rows, fields, directory)
 
     def restore(self, state):
         self.version_2 = bool(state["version_2"])

@@ -13,10 +13,11 @@ in an iob2 file), an empty sentence, a JSON line that is not an object.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from bertjax import paths
 from bertjax.errors import DataError
+from bertjax.tasks.chunks import dump, write_chunk
 from bertjax.tasks.tagging.schemes import SCHEMES, convert, scheme_error, split_tag
 
 
@@ -264,3 +265,53 @@ def check_labels(sentences: Sequence[Sentence], labels: Sequence[str]) -> None:
             if tag not in known:
                 raise DataError(f"{sentence.where(offset)}: unknown tag {tag!r} (in the model's "
                                 f"scheme); labels are {', '.join(labels)}")
+
+
+# Streaming (Task.input_chunks): chunks cut only between documents, so that a sentence's
+# document context stays what the whole file gives it.
+
+
+def conll_chunks(path: str, rows: int, directory: str, encoding: str = paths.DEFAULT_ENCODING
+                  ) -> Iterator[tuple[str, int]]:
+    """CoNLL chunks of at least `rows` sentences, cut only where a document starts
+    (-DOCSTART-): a sentence's document context stays what the whole file gives it."""
+    start, lines, sentences, number, in_sentence = 0, [], 0, 0, False
+
+    def flush():
+        return write_chunk(directory, number, ".conll", lambda out: out.writelines(lines))
+
+    with paths.open_text(path, encoding) as f:
+        for raw in f:
+            fields = raw.split()
+            if fields and fields[0] == "-DOCSTART-" and sentences >= rows:
+                yield flush(), start
+                start, lines, sentences, number = start + sentences, [], 0, number + 1
+            if fields and fields[0] != "-DOCSTART-":
+                sentences += not in_sentence
+                in_sentence = True
+            else:
+                in_sentence = False
+            lines.append(raw if raw.endswith("\n") else raw + "\n")
+    if lines or start == 0:
+        yield flush(), start
+
+
+def tagging_jsonl_chunks(path: str, rows: int, directory: str,
+                          encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
+    """JSONL tagging chunks of at least `rows` sentences, cut only where a document starts (a
+    line without a "document" field, or with another value than the line before)."""
+    start, buffer, number, previous = 0, [], 0, None
+
+    def flush():
+        return write_chunk(directory, number, ".jsonl",
+                            lambda out: out.writelines(dump(r) + "\n" for r in buffer))
+
+    for _, record in paths.jsonl_records(path, DataError, encoding):
+        document = record["document"] if "document" in record else object()  # alone
+        if len(buffer) >= rows and document != previous:
+            yield flush(), start
+            start, buffer, number = start + len(buffer), [], number + 1
+        previous = document
+        buffer.append(record)
+    if buffer or start == 0:
+        yield flush(), start

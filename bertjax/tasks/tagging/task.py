@@ -165,8 +165,7 @@ class TokenClassificationTask(Task):
         return paths
 
     def encode(self, tokenizer, examples, max_seq_length: int):
-        self.buckets = finetune_data.bucket_lengths(
-            max_seq_length, min(self.min_bucket_length, max_seq_length))
+        self.buckets = self.bucket_lengths(max_seq_length)
         features = token_features.encode(
             tokenizer, examples, self.label_ids, max_seq_length, self.config.data.stride,
             self.config.data.document_context)
@@ -245,7 +244,7 @@ class TokenClassificationTask(Task):
                         for t in self.types})
         return out
 
-    # ---- predictions from a finished run (tasks/predict.py)
+    # ---- predictions from a finished run (bertjax/serving)
 
     def state(self):
         return {"labels": list(self.labels), "scheme": self.scheme}
@@ -253,6 +252,20 @@ class TokenClassificationTask(Task):
     def restore(self, state):
         self.scheme = state["scheme"]
         self._declare(state["labels"])
+
+    def legacy_state(self, record, config):
+        return {"labels": list(record.get("labels") or ()), "scheme": config.task.label_scheme}
+
+    def input_chunks(self, path, rows, fields, directory):
+        """Chunks of whole documents (readers.conll_chunks / tagging_jsonl_chunks)."""
+        fmt = fields.get("format") or "auto"
+        encoding = fields.get("encoding") or DEFAULT_ENCODING
+        if fmt == "jsonl" or (fmt == "auto" and path.lower().endswith((".jsonl", ".json"))):
+            return readers.tagging_jsonl_chunks(path, rows, directory, encoding)
+        return readers.conll_chunks(path, rows, directory, encoding)
+
+    def stream_records(self, records, start):
+        return [{**r, "id": str(start + i)} for i, r in enumerate(records)]  # sentence numbers
 
     def read_inputs(self, path, fields):
         """Sentences of a CoNLL column file or JSONL {"tokens", "tags"} (`fields`: format,

@@ -254,12 +254,11 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path, j
 
 # ------------------------------------------------------------------------- a stalled input
 
-# The regression job of tests/test_faults.py as a multi-process command: the input of process
+# The regression job of tests/train/test_faults.py as a multi-process command: the input of process
 # `argv[2]` opens a FIFO nobody writes to for batch 3, i.e. step 4 (a file system that stopped
 # answering).
 STALLING_COMMAND = """
 import sys
-sys.path.insert(0, "tests")
 import jax
 import test_faults as t
 from bertjax import cli
@@ -342,11 +341,10 @@ def test_a_process_killed_while_the_others_wait_at_a_barrier_is_named_within_the
 
 # ------------------------------------------------------------ a flaky remote file system
 
-# The regression job of tests/test_faults.py on 2 processes, its parameters sharded over them
+# The regression job of tests/train/test_faults.py on 2 processes, its parameters sharded over them
 # (fsdp) so that each writes its own part of every checkpoint.
 FLAKY_SAVES_COMMAND = """
 import sys
-sys.path.insert(0, "tests")
 import test_faults as t
 from bertjax import cli
 from bertjax.train import multihost

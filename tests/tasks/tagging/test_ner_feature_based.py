@@ -66,8 +66,8 @@ def test_cache_holds_the_encoder_layers_of_extract_features(data_dir):
 
     from bertjax.checkpoint_dir import load_pretrained
     from bertjax.models import BertModel
+    from bertjax.serving.extraction import FeatureExtractor
     from bertjax.tasks import FineTuningJob, get_task
-    from bertjax.tasks.extraction import FeatureExtractor
 
     root, checkpoint = data_dir
     config = make_config(root, checkpoint, "weighted_sum_all", cache_dtype="float32",

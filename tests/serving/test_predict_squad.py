@@ -20,8 +20,8 @@ def _predictor(tmp_path, min_bucket_length):
 
     from bertjax import Predictor
     from bertjax.models import BertConfig
+    from bertjax.serving.runs import TrainedModel
     from bertjax.tasks import get_task
-    from bertjax.tasks.predict import TrainedModel
     from bertjax.tokenization import load_tokenizer
     from experiments.squad import get_config
 
@@ -44,7 +44,7 @@ def _predictor(tmp_path, min_bucket_length):
 
 
 def test_squad_buckets_equal_padding_to_max_seq_length(tmp_path):
-    from bertjax.tasks.predict import padding_line
+    from bertjax.serving.engine import padding_line
     from bertjax.tasks.squad.postprocess import postprocess
     from data_pipeline.finetune_data import bucket_lengths, prediction_buckets
 

@@ -86,7 +86,7 @@ def classification_run(checkpoint, tmp_path_factory):
 
 
 def test_read_finished_run_refuses_unfinished_and_pretraining(tmp_path):
-    from bertjax.tasks.predict import read_finished_run
+    from bertjax.serving.runs import read_finished_run
 
     with pytest.raises(CheckpointError, match="no such directory"):
         read_finished_run(tmp_path / "nothing")
@@ -112,23 +112,23 @@ def test_cli_bad_input_is_one_error_line(tmp_path):
 
 
 def test_split_cpu_makes_devices_unless_their_count_is_set(monkeypatch):
-    from bertjax import cli
+    from bertjax import runtime
     from bertjax.errors import ConfigError
 
     monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
     monkeypatch.delenv("XLA_FLAGS", raising=False)
     with pytest.raises(ConfigError, match="--cpu_devices=0 must be positive"):
-        cli.split_cpu(0)
-    assert cli.split_cpu(1) == 0  # one device: nothing to split
+        runtime.split_cpu(0)
+    assert runtime.split_cpu(1) == 0  # one device: nothing to split
     monkeypatch.setenv("JAX_PLATFORMS", "tpu")
-    assert cli.split_cpu(3) == 0  # an accelerator runs the batches
+    assert runtime.split_cpu(3) == 0  # an accelerator runs the batches
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    assert cli.split_cpu() == 0  # the user's count stands (a mesh on CPU devices)
+    assert runtime.split_cpu() == 0  # the user's count stands (a mesh on CPU devices)
     with pytest.raises(ConfigError, match="already set by XLA_FLAGS"):
-        cli.split_cpu(3)
+        runtime.split_cpu(3)
     monkeypatch.delenv("XLA_FLAGS")
-    result = run_python(["-c", "from bertjax import cli; n = cli.split_cpu(3); import jax; "
+    result = run_python(["-c", "from bertjax import runtime; n = runtime.split_cpu(3); import jax; "
                          "print(n, jax.device_count(), jax.default_backend())"])
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.split() == ["3", "3", "cpu"]
@@ -179,7 +179,7 @@ def test_compilation_cache_directory(tmp_path):
 
 
 def test_whole_word_of_wordpiece_continuations():
-    from bertjax.tasks.predict import whole_word
+    from bertjax.serving.fill_mask import whole_word
 
     tokens = ["[CLS]", "play", "[MASK]", "##s", "now", "[SEP]"]
     assert whole_word(tokens, 2, "##ing") == "playings"  # play + ##ing + ##s
@@ -348,7 +348,8 @@ def test_streamed_chunks_equal_the_one_shot_output(classification_run, tmp_path,
 @pytest.mark.slow  # the module's classification run
 def test_dry_run_of_the_predict_step_on_a_tpu_slice(classification_run):
     from bertjax.models import BertConfig
-    from bertjax.tasks.predict import inference_costs, read_finished_run
+    from bertjax.serving.cost import inference_costs
+    from bertjax.serving.runs import read_finished_run
     from bertjax.train import flops as flops_lib
 
     workdir = str(classification_run["workdir"])
@@ -648,7 +649,7 @@ def test_programs_compile_ahead_once_per_batch_shape(kind):
     """The runners compile a jitted function for the batch shapes ahead, in background threads
     (train.loop.compiled_ahead): each shape once, none when its batch is dispatched, outputs
     in the batches' order."""
-    from bertjax.tasks.predict import DeviceTurns
+    from bertjax.serving.engine import DeviceTurns
     from bertjax.train import sharding as sharding_lib
     from bertjax.train.loop import Runner
 
@@ -702,7 +703,7 @@ def test_device_turns_keep_short_runs_on_one_device_and_the_order():
     """A run of fewer than SPREAD_BATCHES same-shape batches stays on one device (each device
     compiles each shape it runs), a longer one takes the devices batch by batch, runs take the
     devices in turn; outputs come in the batches' order."""
-    from bertjax.tasks.predict import DeviceTurns
+    from bertjax.serving.engine import DeviceTurns
 
     turns = DeviceTurns(jax.devices()[:1] * 2)  # two slots of one device: the same schedule
     spread = turns.SPREAD_BATCHES

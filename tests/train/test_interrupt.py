@@ -188,7 +188,6 @@ def test_time_based_saves_never_evict_the_checkpoints_kept_by_steps(tmp_path, mo
 
 COMMAND = """
 import functools, os, sys, time
-sys.path.insert(0, "tests")
 import test_faults as t
 from bertjax import cli
 from bertjax.train import checkpoints, loop
@@ -288,7 +287,7 @@ def test_ctrl_c_in_the_command_saves_says_where_and_exits_130_then_resumes_bitwi
 
 @pytest.mark.slow
 def test_finetuning_ctrl_c_then_the_same_command_ends_as_a_straight_run(checkpoint, tmp_path):
-    """`bertjax.finetune` (tests/test_training_core.py's task): Ctrl-C after step 2 saves,
+    """`bertjax.finetune` (tests/train/test_training_core.py's task): Ctrl-C after step 2 saves,
     exits 130 saying where; the same command again resumes, and the losses, every evaluation,
     the best step and the test predictions equal an uninterrupted run's, bit for bit."""
     write_task(tmp_path)
@@ -340,7 +339,6 @@ def test_a_second_ctrl_c_quits_at_once_without_saving(tmp_path):
 # clock moves 24 s a batch, process 1's never moves. Each process prints the steps it saves.
 AGREEING_COMMAND = """
 import sys
-sys.path.insert(0, "tests")
 import jax
 import test_faults as t
 import test_interrupt as ti

@@ -11,7 +11,7 @@ from conftest import run_python
 
 from bertjax import checkpoint_dir
 from bertjax.models import BertConfig, BertForPreTraining, BertModel
-from bertjax.tasks.extraction import FeatureExtractor, parse_layers, parse_line, run
+from bertjax.serving.extraction import FeatureExtractor, parse_layers, parse_line, run
 
 WORDS = ["the", "quick", "brown", "fox", "jump", "##s", "##ed", "over", "a", "dog", "lazy", ".",
          ",", "un", "##believ", "##able", "story"]

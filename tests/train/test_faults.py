@@ -69,7 +69,7 @@ class RegressionInput:
             self.index = json.load(f)["index"]
 
 
-class RegressionJob:
+class RegressionJob(loop.Job):
     """Least squares on [8, 4] batches; `pad` adds an unused [pad, pad] matrix to make the
     checkpoint bigger (the disk-full test)."""
 
@@ -372,7 +372,6 @@ def test_stalled_input_stops_after_the_timeout_saving_nothing_more(tmp_path):
 
 STALLED_RUN = """
 import sys
-sys.path.insert(0, "tests")
 import test_faults as t
 
 # Batch 3 opens a FIFO nobody writes to: the input thread blocks in a system call, as a
@@ -590,7 +589,6 @@ FAULT_FS_COMMAND = """
 import ctypes
 import sys
 
-sys.path.insert(0, "tests")
 import test_faults as t
 from bertjax import cli
 from bertjax.train import checkpoints, multihost

@@ -63,7 +63,7 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
 class FeatureExtractor:
     """Runs texts through BERT and returns the reference JSON objects.
 
-    The prediction engine's runner (bertjax/tasks/predict.py): batches sharded over the
+    The prediction engine's runner (bertjax/serving/engine.py): batches sharded over the
     data-parallel devices of every process (each process feeds its share of a batch, and every
     process gets the features), or with `devices`, whole batches on each of them in turn. The
     next batch is dispatched before a batch's features are turned into JSON.
@@ -74,7 +74,11 @@ class FeatureExtractor:
     def __init__(self, config: BertConfig, params: Any, tokenizer: Any, layers: Sequence[int],
                  max_seq_length: int, batch_size: int,
                  devices: Sequence[jax.Device] | None = None):
-        from bertjax.tasks.predict import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, runner_and_params
+        from bertjax.serving.engine import (
+            DATA_PARALLEL_MESH,
+            DATA_PARALLEL_RULES,
+            runner_and_params,
+        )
 
         if max_seq_length > config.max_position_embeddings:
             raise ValueError(f"--max_seq_length={max_seq_length} exceeds the model's "

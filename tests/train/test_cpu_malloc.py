@@ -1,4 +1,5 @@
-"""Commands on a CPU machine restart themselves with huge pages for malloc (cli.run), because
+"""Commands on a CPU machine restart themselves with huge pages for malloc (cli.run →
+runtime.restart_with_malloc_tunable), because
 XLA:CPU maps a step's temporary buffers afresh on every call."""
 
 import os
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, run_python
 
-from bertjax import accelerators, cli
+from bertjax import accelerators, runtime
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc"
@@ -35,9 +36,9 @@ def _command_sees(tunables: str | None) -> tuple[int, str]:
 
 
 def test_a_command_restarts_with_the_tunable_and_keeps_the_users():
-    assert _command_sees(None) == cli.MALLOC_TUNABLE
+    assert _command_sees(None) == runtime.MALLOC_TUNABLE
     assert _command_sees("glibc.malloc.arena_max=2") == (
-        f"glibc.malloc.arena_max=2:{cli.MALLOC_TUNABLE}")
+        f"glibc.malloc.arena_max=2:{runtime.MALLOC_TUNABLE}")
     assert _command_sees("glibc.malloc.hugetlb=0") == "glibc.malloc.hugetlb=0"  # the user's
 
 
@@ -61,11 +62,11 @@ def test_huge_pages_cut_the_page_faults_of_a_steps_temporaries():
     if not thp.exists() or "[never]" in thp.read_text():
         pytest.skip("transparent huge pages are off on this machine")
     faults = {}
-    for setting in ("glibc.malloc.hugetlb=0", cli.MALLOC_TUNABLE):
+    for setting in ("glibc.malloc.hugetlb=0", runtime.MALLOC_TUNABLE):
         result = run_python(["-c", COUNT_FAULTS],
                             env={"GLIBC_TUNABLES": setting, "JAX_PLATFORMS": "cpu"})
         assert result.returncode == 0, result.stderr
         faults[setting] = int(result.stdout.split()[-1])
     # 4 KiB pages: 16k faults per call and 64 MB buffer; 2 MiB pages: 32.
     assert faults["glibc.malloc.hugetlb=0"] > 20 * 8_000
-    assert faults[cli.MALLOC_TUNABLE] * 10 < faults["glibc.malloc.hugetlb=0"], faults
+    assert faults[runtime.MALLOC_TUNABLE] * 10 < faults["glibc.malloc.hugetlb=0"], faults

@@ -222,8 +222,7 @@ print("SHARDED_OK")
 @pytest.mark.slow
 def test_sharded_training_over_a_4_device_mesh_matches_one_device():
     proc = run_python(["-c", SHARDED_SCRIPT],
-                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-                           "PYTHONPATH": "tests"})
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -320,7 +319,7 @@ def all_reduce_types(compiled):
     return set(re.findall(r"\b(bf16|f32)\[", " ".join(heads)))
 assert all_reduce_types(exact_compiled) == {"f32"}, all_reduce_types(exact_compiled)
 # Every parameter's [data, ...] replica gradients are summed in bfloat16 (XLA:CPU then widens
-# that all-reduce to float32; the TPU compiler keeps it: tests/test_aot_tpu.py).
+# that all-reduce to float32; the TPU compiler keeps it: tests/train/test_aot_tpu.py).
 lowered = jax.jit(sharding_lib.with_rules(functools.partial(
     step_lib.bf16_reduced_gradients, loss_fn=loss, denominators=denominators), mesh, rules)
     ).lower(state.params, batch, rng).as_text()
@@ -344,8 +343,7 @@ def test_bf16_gradient_reduction_rounds_only_the_replica_sum():
     data-parallel replicas' gradients in bfloat16, within bfloat16 rounding of the float32
     gradient (4 CPU devices, data=4)."""
     proc = run_python(["-c", BF16_REDUCE_SCRIPT],
-                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-                           "PYTHONPATH": "tests"})
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert "BF16_REDUCE_OK" in proc.stdout, proc.stdout + proc.stderr
 
 
@@ -439,7 +437,7 @@ for a, s in moments:
     assert ("data" in str(s.spec[:1])) == (a.ndim > 0 and a.shape[0] % 4 == 0), (a.shape, s)
 assert not any("data" in str(s.spec) for s in jax.tree.leaves(shardings.params))
 # Each device holds about a quarter of the moments (the TPU compiler's collectives for it:
-# tests/test_aot_tpu.py).
+# tests/train/test_aot_tpu.py).
 def per_device(tree, shardings):
     return sum(np.prod(s.shard_shape(a.shape)) for a, s in
                zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))
@@ -453,6 +451,5 @@ def test_a_sharded_optimizer_state_trains_the_same_and_splits_the_moments():
     """shard_optimizer: Adam's moments split over the 4 data-parallel CPU devices; three steps
     give the same parameters and moments as the replicated optimizer state."""
     proc = run_python(["-c", SHARDED_OPTIMIZER_SCRIPT],
-                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4",
-                           "PYTHONPATH": "tests"})
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert "SHARDED_OPTIMIZER_OK" in proc.stdout, proc.stdout + proc.stderr

@@ -1,7 +1,7 @@
 """Packed no-NSP pre-training input: the segments writer and its command, the tf.data packer,
 masking per row, resume.
 
-(That a packed row's outputs equal each example run alone is tests/test_model.py's
+(That a packed row's outputs equal each example run alone is tests/models/test_model.py's
 test_packed_examples_equal_each_example_alone.)
 """
 
@@ -59,7 +59,7 @@ def test_segments_writer_never_imports_tensorflow_and_workers_match_one_process(
             assert create_segments.create_segments(cfg, stand_in_tokenizer)["counts"]["instances"]
         assert "tensorflow" not in sys.modules, "TensorFlow imported"
     """)
-    result = run_python(["-c", script], env={"PYTHONPATH": "tests"})
+    result = run_python(["-c", script])
     assert result.returncode == 0, result.stderr[-2000:]
     for shard in ("part-00000-of-00002.tfrecord", "part-00001-of-00002.tfrecord"):
         one = (tmp_path / "out1" / shard).read_bytes()

@@ -1,0 +1,142 @@
+"""Fill-mask: the masked-LM head of a pre-trained checkpoint directory (`bertjax.FillMask`,
+`python -m bertjax.predict fill_mask`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.errors import DataError
+from bertjax.models import BertConfig
+from bertjax.serving.engine import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, runner_and_params
+from bertjax.train import configs
+
+
+class FillMask:
+    """Top-k fillers of each [MASK] of a text, from a bertjax checkpoint directory's MLM head.
+
+        fill = bertjax.FillMask.from_checkpoint("runs/demo/export")
+        fill("the capital of france is [MASK].", top_k=5)
+        → [{"position": 6, "candidates": [{"token", "word", "probability", "sequence"}]}]
+
+    Probabilities are the softmax over the whole vocabulary; the candidates skip special
+    tokens. A WordPiece continuation (`##s`) is shown as the whole word it completes (`word`).
+    Texts run in fixed-shape batches of length buckets (16, 32, ..., max_seq_length), sharded
+    over the data-parallel devices.
+    """
+
+    def __init__(self, model_config: BertConfig, params, tokenizer, max_seq_length: int = 128,
+                 batch_size: int = 8):
+        from bertjax.models import BertForPreTraining
+
+        self.tokenizer, self.batch_size = tokenizer, batch_size
+        self.max_seq_length = min(max_seq_length, model_config.max_position_embeddings)
+        model = BertForPreTraining(model_config)
+        ids = jnp.zeros((1, 2), jnp.int32)
+        self.runner, self.params = runner_and_params(
+            model, (ids, ids, ids, jnp.zeros((1, 1), jnp.int32)), params, DATA_PARALLEL_MESH,
+            DATA_PARALLEL_RULES, batch_size)
+
+        def probabilities(params, batch):  # [batch, masks, vocab] float32
+            out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                              batch["input_mask"], batch["positions"])
+            return jax.nn.softmax(out["mlm_logits"].astype(jnp.float32), axis=-1)
+
+        self._probabilities = jax.jit(probabilities)
+
+    @classmethod
+    def from_checkpoint(cls, directory: str, max_seq_length: int = 128, batch_size: int = 8,
+                        dtype: str | None = None) -> FillMask:
+        from bertjax.checkpoint_dir import load_pretrained
+
+        overrides = {"dtype": configs.compute_dtype(dtype or "auto")}
+        config, params, tokenizer = load_pretrained(directory, **overrides)
+        return cls(config, params, tokenizer, max_seq_length, batch_size)
+
+    def probabilities(self, texts: list[str]) -> list[tuple[Any, np.ndarray]]:
+        """(encoding, [masks, vocab] probabilities at its [MASK] positions) per text."""
+        from data_pipeline.finetune_data import bucket_lengths
+        from data_pipeline.hosts import host_rows
+
+        encodings = [self.tokenizer.encode(t, max_seq_length=self.max_seq_length)
+                     for t in texts]
+        masks = []
+        for i, enc in enumerate(encodings):
+            found = [p for p, t in enumerate(enc.input_ids) if t == self.tokenizer.mask_id]
+            if not found:
+                raise DataError(f"text {i + 1} ({texts[i][:40]!r}) has no [MASK] within "
+                                f"{self.max_seq_length} tokens")
+            masks.append(found)
+        buckets = bucket_lengths(self.max_seq_length, min(16, self.max_seq_length))
+        width = max(len(m) for m in masks)
+        out: list = [None] * len(texts)
+        order = sorted(range(len(texts)), key=lambda i: sum(encodings[i].input_mask))
+        for first in range(0, len(order), self.batch_size):
+            rows = order[first:first + self.batch_size]
+            longest = max(sum(encodings[i].input_mask) for i in rows)
+            length = next(b for b in buckets if b >= longest)
+            batch = {k: np.zeros((self.batch_size, length), np.int32)
+                     for k in ("input_ids", "segment_ids", "input_mask")}
+            batch["positions"] = np.zeros((self.batch_size, width), np.int32)
+            for r, i in enumerate(rows):
+                enc = encodings[i]
+                batch["input_ids"][r] = enc.input_ids[:length]
+                batch["segment_ids"][r] = enc.segment_ids[:length]
+                batch["input_mask"][r] = enc.input_mask[:length]
+                batch["positions"][r, :len(masks[i])] = masks[i]
+            mine = host_rows(self.batch_size, jax.process_index(), jax.process_count())
+            _, probs = next(self.runner.run(self._probabilities, self.params,
+                                            [{k: v[mine] for k, v in batch.items()}]))
+            for r, i in enumerate(rows):
+                out[i] = (encodings[i], masks[i], np.asarray(probs[r, :len(masks[i])]))
+        return out
+
+    def __call__(self, text: str | list[str], top_k: int = 5):
+        """Per text (a list for a list of texts): [{position, candidates}] per [MASK]."""
+        texts = [text] if isinstance(text, str) else list(text)
+        if not texts:
+            raise DataError("no texts")
+        results = [self._candidates(*row, top_k) for row in self.probabilities(texts)]
+        return results[0] if isinstance(text, str) else results
+
+    def _candidates(self, enc, masks: list[int], probs: np.ndarray, top_k: int) -> list[dict]:
+        tokenizer = self.tokenizer
+        special = np.zeros(probs.shape[-1], bool)
+        special[list(tokenizer.special_ids)] = True
+        n = int(sum(enc.input_mask))
+        out = []
+        for m, position in enumerate(masks):
+            p = np.where(special, -1.0, probs[m])
+            best = np.argsort(-p, kind="stable")[:top_k]
+            candidates = []
+            for token_id in best:
+                token = tokenizer.convert_ids_to_tokens([int(token_id)])[0]
+                ids = list(enc.input_ids[1:n - 1])  # without [CLS] / [SEP]
+                ids[position - 1] = int(token_id)
+                candidates.append({"token": token, "word": whole_word(enc.tokens, position,
+                                                                      token),
+                                   "probability": float(probs[m, token_id]),
+                                   "sequence": tokenizer.decode(ids)})
+            out.append({"position": position, "candidates": candidates})
+        return out
+
+
+def whole_word(tokens: list[str], position: int, token: str) -> str:
+    """The word a candidate at `position` makes: a `##` continuation joined to the pieces
+    before it (and any continuations after it), otherwise the token and its continuations."""
+    def piece(t: str) -> str:
+        return t[2:] if t.startswith("##") else t
+
+    start = position
+    if token.startswith("##"):
+        while start > 1 and tokens[start - 1].startswith("##"):
+            start -= 1
+        start -= start > 1  # the word's first piece (not [CLS])
+    end = position + 1
+    while end < len(tokens) and tokens[end].startswith("##"):
+        end += 1
+    pieces = [token if i == position else tokens[i] for i in range(start, end)]
+    return pieces[0].removeprefix("##") + "".join(piece(t) for t in pieces[1:])
