@@ -76,6 +76,15 @@ def wait_for_step(processes: list[Process], step: int, bound_s: float = 600) -> 
             "\n\n".join(p.output() for p in processes)
         time.sleep(0.05)
 
+def wait_for_commit(workdir, processes: list[Process], bound_s: float = 120) -> None:
+    """Waits until some checkpoint is committed: saves are asynchronous, so on a loaded machine
+    the step-2 save may still be in flight when step 3 is logged."""
+    deadline = time.monotonic() + bound_s
+    while not ((workdir / "checkpoints").is_dir() and committed_steps(workdir)):
+        assert time.monotonic() < deadline and all(p.exited is None for p in processes), \
+            "\n\n".join(p.output() for p in processes)
+        time.sleep(0.05)
+
 def steps_logged(p: Process) -> int:
     """The last step whose progress line the process printed."""
     from multihost import PROGRESS
@@ -215,6 +224,7 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path, j
     workdir = tmp_path / "run"
     processes = start(args_for(workdir), n)
     wait_for_step(processes, at_step)
+    wait_for_commit(workdir, processes)
     killed = time.monotonic()
     processes[victim].proc.kill()
     wait(processes, WATCHDOG_BOUND_S + 60)
