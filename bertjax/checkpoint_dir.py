@@ -356,6 +356,19 @@ def load_config(directory: str | epath.Path) -> BertConfig:
         raise CheckpointError(f"{config_file}: {e}") from None
 
 
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+               "max_position_embeddings", "type_vocab_size")
+
+
+def check_sizes(stored: BertConfig, wanted: BertConfig, where: str) -> None:
+    """The parameter shapes of a stored model (its SIZE_FIELDS) are those of `wanted`; else
+    ConfigError from `where` (e.g. "config.init_checkpoint=DIR")."""
+    for name in SIZE_FIELDS:
+        if getattr(stored, name) != getattr(wanted, name):
+            raise ConfigError(f"{where}: model.{name} is {getattr(stored, name)} there but "
+                              f"config.model.{name}={getattr(wanted, name)} here")
+
+
 def load_do_lower_case(directory: str | epath.Path) -> bool:
     """do_lower_case as DIR/tokenizer_config.json records it (True when it does not say)."""
     tokenizer_config = epath.Path(directory) / TOKENIZER_CONFIG_FILE

@@ -27,38 +27,28 @@ import functools
 from absl import flags
 from ml_collections import config_flags
 
-from bertjax import cli, validate
+from bertjax import cli
 
 
 def main(argv):
     del argv
     config = cli.require(_CONFIG.value, "--config", "experiments/pretrain.py:base")
+    from bertjax.tasks import pretraining
+    from bertjax.tasks.pretraining import checks
+    from bertjax.train import dry_run
 
-    from bertjax.tasks.pretraining import PretrainingJob, make_input_fn
-    from bertjax.train import dry_run, loop
-
-    def make_job(config):
-        return PretrainingJob(config, make_input_fn(config))
-
+    log = functools.partial(print, flush=True)
     # The model's vocabulary size comes from config.vocab unless given on the command line
     # (a different one is refused), in the dry run too: it fixes the embedding's rows.
     given = "model.vocab_size" in config_flags.get_override_values(flags.FLAGS["config"])
-    taken = validate.vocab_size(config, given)
-    if taken:
-        print(f"config.model.vocab_size={taken}: the entries of config.vocab={config.vocab}",
-              flush=True)
     if flags.FLAGS.dry_run:
-        validate.pretraining(config, workdir=None, vocab_size_given=given)
-    if dry_run.from_flags(make_job, config):
+        checks.check(config, workdir=None, vocab_size_given=given, log=log)
+    if dry_run.from_flags(pretraining.make_job, config):
         return
-    cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
-    # Config, every phase's data, vocab, init checkpoint and workdir: before any step or
-    # file write (a bad phase-2 pattern must not surface after all of phase 1).
-    validate.pretraining(config, _WORKDIR.value, vocab_size_given=given)
+    workdir = cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")
     cli.initialize_distributed(config)  # before anything touches a JAX backend
     cli.use_compilation_cache()
-    summary = loop.train(make_job(config), config, _WORKDIR.value,
-                         log=functools.partial(print, flush=True))
+    summary = pretraining.train(config, workdir, vocab_size_given=given, log=log)
     print(f"Training {summary['status']}.", flush=True)
 
 

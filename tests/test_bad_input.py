@@ -20,7 +20,9 @@ import numpy as np
 import pytest
 from conftest import run_python
 
-from bertjax import cli, validate
+from bertjax import cli
+from bertjax.tasks import checks as finetuning_checks
+from bertjax.tasks.pretraining import checks as pretraining_checks
 
 WORDS = "the a cat dog sat on mat ran far and it was big small red blue".split()
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -135,7 +137,7 @@ def finetune_config(world, kind="classification", **overrides):
 
 def _pretrain(world, workdir="run", **overrides):
     config = pretrain_config(world, **overrides)
-    return lambda: validate.pretraining(config, os.path.join(world["root"], workdir))
+    return lambda: pretraining_checks.check(config, os.path.join(world["root"], workdir))
 
 
 def _finetune(world, workdir="ft", kind="classification", **overrides):
@@ -146,7 +148,7 @@ def _finetune(world, workdir="ft", kind="classification", **overrides):
     config = finetune_config(world, kind, **overrides)
 
     def run():
-        validate.finetuning(config, os.path.join(world["root"], workdir))
+        finetuning_checks.check(config, os.path.join(world["root"], workdir))
         get_task(config).read(config)
 
     return run
@@ -154,11 +156,11 @@ def _finetune(world, workdir="ft", kind="classification", **overrides):
 
 def test_the_good_inputs_pass(world):
     """The cases below spoil one thing each: the unspoiled inputs are accepted."""
-    validate.pretraining(pretrain_config(world), f"{world['root']}/run")
-    validate.pretraining(pretrain_config(world, **{"phases.phase1.data": world["data"],
+    pretraining_checks.check(pretrain_config(world), f"{world['root']}/run")
+    pretraining_checks.check(pretrain_config(world, **{"phases.phase1.data": world["data"],
                                                    "vocab": world["vocab"]}),
                          f"{world['root']}/run")
-    validate.pretraining(pretrain_config(world, **{
+    pretraining_checks.check(pretrain_config(world, **{
         "phases.phase1.data": world["static"], "masking.dynamic": False}), f"{world['root']}/run")
     _finetune(world)()
     assert not os.path.exists(f"{world['root']}/run")  # validation writes nothing
@@ -517,7 +519,7 @@ def _(w, t):
     config.init_checkpoint, config.data.dir = w["ckpt"], f"{t}/glue"
     config.max_seq_length = 32
     os.makedirs(f"{t}/glue", exist_ok=True)
-    return lambda: (validate.finetuning(config, f"{t}/run"), get_task(config).read(config))
+    return lambda: (finetuning_checks.check(config, f"{t}/run"), get_task(config).read(config))
 
 
 @case("finetune_files", "conll_columns", "train.txt:2: 1 columns")
@@ -706,20 +708,20 @@ def _(w, t):
 @case("workdir", "is_a_file", "--workdir=", "is a file, not a directory")
 def _(w, t):
     _write(f"{t}/run", "not a directory")
-    return lambda: validate.pretraining(pretrain_config(w), f"{t}/run")
+    return lambda: pretraining_checks.check(pretrain_config(w), f"{t}/run")
 
 
 @case("workdir", "parent_is_a_file", "--workdir=", "is a file, not a directory")
 def _(w, t):
     _write(f"{t}/file", "x")
-    return lambda: validate.pretraining(pretrain_config(w), f"{t}/file/run")
+    return lambda: pretraining_checks.check(pretrain_config(w), f"{t}/file/run")
 
 
 @case("workdir", "finetune_is_a_file", "--workdir=", "is a file, not a directory")
 def _(w, t):
     _write(f"{t}/ft", "x")
     config = finetune_config(w)
-    return lambda: validate.finetuning(config, f"{t}/ft")
+    return lambda: finetuning_checks.check(config, f"{t}/ft")
 
 
 @case("workdir", "read_only", "is not writable", marks=pytest.mark.skipif(
@@ -727,7 +729,7 @@ def _(w, t):
 def _(w, t):
     os.makedirs(f"{t}/ro")
     os.chmod(f"{t}/ro", 0o555)
-    return lambda: validate.pretraining(pretrain_config(w), f"{t}/ro/run")
+    return lambda: pretraining_checks.check(pretrain_config(w), f"{t}/ro/run")
 
 
 @pytest.mark.parametrize("area,make,needles,known", CASES)

@@ -10,6 +10,7 @@ from conftest import run_python
 
 from bertjax.models import PRESETS, BertConfig, BertForPreTraining, BertModel
 from bertjax.models.config import ConfigError
+from bertjax.tasks.pretraining import checks as pretraining_checks
 from bertjax.train.configs import resolve_model_config
 from experiments import pretrain as pretrain_experiment
 
@@ -133,11 +134,10 @@ def test_large_lamb_is_bert_large_with_the_lamb_recipe():
     """You et al. (2019): 8,599 steps, 7,038 at length 128 and batch 65536, then 1,561 at 512
     and batch 32768; LAMB peaking at 6e-3 after 2,000 steps, then phase 2 warmed up again over
     its first 200 steps to its own peak of 4e-3 and decayed linearly to 0 at the last step."""
-    from bertjax import validate
     from bertjax.tasks.pretraining import PretrainingJob
 
     config = pretrain_experiment.get_config("large_lamb")
-    validate.pretraining(config, workdir=None)
+    pretraining_checks.check(config, workdir=None)
     job = PretrainingJob(config, make_input=None)
     assert [(p.seq_len, p.start, p.end) for p in job.phases] == [(128, 0, 7038),
                                                                  (512, 7038, 8599)]
@@ -171,7 +171,7 @@ def _phases_config(**phase2):
 
 
 def test_plan_phases_resolves_each_phase_batch_accumulation_and_peak():
-    from bertjax.train.configs import plan_phases
+    from bertjax.tasks.pretraining.rules import plan_phases
 
     one, two = plan_phases(_phases_config())
     assert (one.batch_size, one.grad_accum_steps, one.learning_rate) == (32, 2, 0.0)
@@ -203,7 +203,7 @@ def test_plan_phases_resolves_each_phase_batch_accumulation_and_peak():
      "but config.optimizer.phase_warmup_steps=10 is not below its 10 steps"),
 ])
 def test_bad_phase_batch_or_learning_rate_is_one_line_naming_the_field(phase2, message):
-    from bertjax.train.configs import plan_phases
+    from bertjax.tasks.pretraining.rules import plan_phases
 
     config = _phases_config(**phase2)
     if phase2.get("fraction"):

@@ -11,8 +11,9 @@ import os
 import pytest
 from conftest import KEYWORD_VOCAB, run_python, write_tiny_checkpoint
 
-from bertjax import cli, paths, validate
+from bertjax import cli, paths
 from bertjax.errors import ConfigError, DataError
+from bertjax.tasks import checks as finetuning_checks
 
 CAFE = "café"
 
@@ -176,7 +177,7 @@ def test_config_data_encoding_reaches_the_readers_and_is_validated(tmp_path):
 
     config.data.encoding = "latin-9x"
     with pytest.raises(ConfigError, match=r"^config\.data\.encoding='latin-9x' is not an"):
-        validate.finetuning(config, None)
+        finetuning_checks.check(config, None)
 
 
 # ------------------------------------------------------------------------------ predict

@@ -70,7 +70,7 @@ def unigram_baseline(config) -> tuple[float, int]:
     token of the training data (same masking as the evaluation)."""
     import numpy as np
 
-    from bertjax.train.configs import plan_phases
+    from bertjax.tasks.pretraining.rules import plan_phases
     from data_pipeline import pretraining_input
 
     phase = plan_phases(config)[0]

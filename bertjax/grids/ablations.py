@@ -85,8 +85,8 @@ def pretrain_cell(config, workdir: str, export_steps: list[int], log) -> dict | 
     --random_weights row) exports the model at its initial weights."""
     from etils import epath
 
-    from bertjax import validate
-    from bertjax.tasks.pretraining import PretrainingJob, make_input_fn
+    from bertjax.tasks import pretraining
+    from bertjax.tasks.pretraining import checks
     from bertjax.train import loop
 
     if not config.vocab:
@@ -94,8 +94,8 @@ def pretrain_cell(config, workdir: str, export_steps: list[int], log) -> dict | 
                           "which needs its vocabulary")
     if config.train.num_train_steps == 0:
         return random_weights_cell(config, workdir)
-    validate.pretraining(config, workdir)
-    job = PretrainingJob(config, make_input_fn(config))
+    checks.check(config, workdir, log=log)
+    job = pretraining.make_job(config)
     summary = loop.train(job, config, workdir, log=log)
     if summary["status"] != "done":
         return None

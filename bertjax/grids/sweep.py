@@ -201,9 +201,9 @@ def run_grid(config, grid: str, seeds: int, workdir: str, log: Callable[[str], A
     """
     check = None  # a train_fn given by a test checks what it needs
     if train_fn is None:
-        from bertjax import validate
+        from bertjax.tasks import checks
 
-        check = validate.finetuning
+        check = checks.check
     if seeds < 1:
         raise ConfigError(f"--seeds={seeds} must be at least 1")
     combos = combinations(parse_grid(grid, config))

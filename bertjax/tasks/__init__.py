@@ -49,10 +49,10 @@ def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
     Returns {"status", "best_step", "best": dev metrics of the best checkpoint,
     "primary_metric", "history", "total_steps"}.
     """
-    from bertjax import validate
+    from bertjax.tasks import checks
     from bertjax.train import loop
 
-    validate.finetuning(config, workdir)  # before the data is read or anything is written
+    checks.check(config, workdir)  # before the data is read or anything is written
     job = FineTuningJob(get_task(config), config, log=log)
     return loop.train(job, config, workdir, log=log)
 
@@ -60,8 +60,10 @@ def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
 def dry_run_job(config, log=print):
     """The job of `config` for `--dry_run` (its data and checkpoint are read, nothing is
     trained), with the model FLOPs of its stage for MFU: 3 × the encoder's forward pass."""
+    from bertjax.tasks import checks
     from bertjax.train import flops as flops_lib
 
+    checks.check(config, None)
     job = FineTuningJob(get_task(config), config, log=log)
     stage = job.stages[0]
     tokens = stage.batch_spec.get("input_ids")

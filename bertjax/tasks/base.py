@@ -252,21 +252,16 @@ def load_pretrained_model(config):
 
 
 class FineTuningJob(Job):
-    """A task on the shared loop (bertjax.train.loop.train)."""
+    """A task on the shared loop (bertjax.train.loop.train), of a config that passed
+    bertjax.tasks.checks.check."""
 
     def __init__(self, task: Task, config, log=print):
         self.task, self.config = task, config
-        if not config.init_checkpoint:
-            raise ConfigError("config.init_checkpoint is empty; give a bertjax checkpoint "
-                              "directory")
         self.splits = task.read(config)
         self.model_config, pretrained, tokenizer = load_pretrained_model(config)
         self.do_lower_case = tokenizer.do_lower_case
         self._pretrained = task.initial_params(self.model_config, pretrained["bert"])
         max_len = config.max_seq_length
-        if max_len > self.model_config.max_position_embeddings:
-            raise ConfigError(f"config.max_seq_length={max_len} exceeds the model's "
-                              f"{self.model_config.max_position_embeddings} positions")
         encode = functools.partial(task.encode, tokenizer, max_seq_length=max_len)
         self.train_features = encode(self.splits.train)
         self.dev_features = {k: encode(v) for k, v in self.splits.dev.items()}

@@ -15,6 +15,7 @@ from bertjax.checkpoint_dir import load_pretrained
 from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.tasks import pretraining
+from bertjax.tasks.pretraining import rules
 from bertjax.train import configs
 from data_pipeline import masking
 
@@ -45,7 +46,7 @@ def ltr_job_config(**model):
 
 def test_ltr_pretraining_outputs_at_earlier_positions_ignore_later_tokens():
     config = ltr_job_config()
-    assert configs.packing_enabled(config) and configs.objective(config) == "ltr"
+    assert rules.packing_enabled(config) and rules.objective(config) == "ltr"
     model = BertForPreTraining(BertConfig(**TINY, causal=True))
     params = pretraining.init_params(model, jax.random.PRNGKey(0))
     batch = packed_batch(np.random.default_rng(0))
@@ -221,7 +222,7 @@ def test_masking_mix_is_validated():
         masking.MaskingConfig(max_predictions=2, vocab_size=10, mask_id=4, special_ids=(0,),
                               mix=(0.5, 0.5, 0.5))
     with pytest.raises(ConfigError, match="config.objective='gpt'"):
-        configs.objective(ml_collections.ConfigDict(dict(objective="gpt")))
+        rules.objective(ml_collections.ConfigDict(dict(objective="gpt")))
 
 
 # -------------------------------------------------------------------------------- + BiLSTM

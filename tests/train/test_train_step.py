@@ -9,6 +9,7 @@ from conftest import run_python
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.models.config import ConfigError
 from bertjax.tasks import pretraining
+from bertjax.tasks.pretraining import rules
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
@@ -378,7 +379,7 @@ def test_unknown_phase_remat_policy_is_a_config_error():
     config = tiny_config()
     config.phases.phase2.remat_policy = "some"
     with pytest.raises(ConfigError, match="config.phases.phase2.remat_policy='some'"):
-        configs.plan_phases(config)
+        rules.plan_phases(config)
 
 
 def test_an_axis_its_mesh_axes_do_not_divide_is_left_whole():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 
 from bertjax.errors import ConfigError
-from bertjax.train import configs
+from bertjax.tasks.pretraining import rules
 from bertjax.train.synthetic import SyntheticInput
 from data_pipeline import masking as masking_lib
 
@@ -25,7 +25,7 @@ def make_input_fn(config):
     """Returns make_input(phase, batch_size, split="train") for the trainer: this process's
     rows of global batches of `batch_size`, in an order that does not depend on the number of
     processes."""
-    packed = configs.packing_enabled(config)
+    packed = rules.packing_enabled(config)
     mix = masking_mix(config)
 
     def make_input(phase, batch_size, split="train"):
@@ -83,7 +83,7 @@ def _packed_input(config, phase, field, pattern, batch_size, split):
     for the left-to-right LM (config.objective="ltr")."""
     from data_pipeline import packed_input
 
-    ltr = configs.objective(config) == "ltr"
+    ltr = rules.objective(config) == "ltr"
     if not config.masking.dynamic and not ltr:
         raise ConfigError("packed rows (config.objective=mlm or config.packing.enabled=True) "
                           "need config.masking.dynamic=True (rows are masked after packing)")

@@ -19,8 +19,8 @@ from typing import Any
 import jax
 from etils import epath
 
-from bertjax.errors import ConfigError
 from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.tasks.pretraining import rules
 from bertjax.tasks.pretraining.input import masking_mix
 from bertjax.tasks.pretraining.objective import (
     batch_spec,
@@ -38,15 +38,9 @@ from bertjax.train.optimizer import make_optimizer
 def load_init_params(directory: str, model_cfg: BertConfig) -> dict[str, Any]:
     """Host params of a bertjax checkpoint directory (a phase-1 export or a converted release)
     in this run's layout and dtype; the model sizes must agree. No tokenizer is loaded."""
-    from bertjax.checkpoint_dir import load_config, load_params
+    from bertjax.checkpoint_dir import check_sizes, load_config, load_params
 
-    loaded = load_config(directory)
-    for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                  "max_position_embeddings", "type_vocab_size"):
-        if getattr(loaded, field) != getattr(model_cfg, field):
-            raise ConfigError(
-                f"config.init_checkpoint={directory}: model.{field} is "
-                f"{getattr(loaded, field)} there but {getattr(model_cfg, field)} here")
+    check_sizes(load_config(directory), model_cfg, f"config.init_checkpoint={directory}")
     return load_params(directory, model_cfg)
 
 
@@ -58,15 +52,15 @@ class PretrainingJob(Job):
     def __init__(self, config, make_input: Callable[..., Any]):
         self.config = config
         # Checked before anything is written.
-        self.objective = configs.objective(config)
-        self.packed = configs.packing_enabled(config)
+        self.objective = rules.objective(config)
+        self.packed = rules.packing_enabled(config)
         self.ltr = self.objective == "ltr"
         masking_mix(config)
         # The LTR model attends left to right; its exported config.json records causal=True.
         self.model_config = configs.resolve_model_config(
             dict(config.model, causal=True) if self.ltr else config.model)
         self.model = BertForPreTraining(self.model_config)
-        self.phases = configs.plan_phases(config)
+        self.phases = rules.plan_phases(config)
         # The defaults of the phases (each stage has its phase's own: Stage.batch_size).
         self.batch_size = config.train.batch_size
         self.grad_accum_steps = config.train.grad_accum_steps
@@ -82,7 +76,7 @@ class PretrainingJob(Job):
         self._eval_sums = jax.jit(functools.partial(eval_sums, model=self.model, **nsp))
         self.stages = [self._stage(p) for p in self.phases]
 
-    def _stage(self, phase: configs.Phase) -> Stage:
+    def _stage(self, phase: rules.Phase) -> Stage:
         every = self.config.eval.every_steps if phase.eval_data else 0
         return Stage(
             name=phase.name, start=phase.start, end=phase.end,
@@ -99,7 +93,7 @@ class PretrainingJob(Job):
             loss=self._phase_loss(phase), batch_size=phase.batch_size,
             grad_accum_steps=phase.grad_accum_steps, batch_field=phase.batch_field)
 
-    def _describe(self, phase: configs.Phase) -> str:
+    def _describe(self, phase: rules.Phase) -> str:
         """The line logged at the phase's start."""
         accum = (f" in {phase.grad_accum_steps} micro-batches" if phase.grad_accum_steps > 1
                  else "")
@@ -109,7 +103,7 @@ class PretrainingJob(Job):
                 f"data {phase.data or '(none)'}" + (", packed" if self.packed else "")
                 + f", objective {self.objective}")
 
-    def _phase_loss(self, phase: configs.Phase) -> Callable | None:
+    def _phase_loss(self, phase: rules.Phase) -> Callable | None:
         """The loss of a phase with its own remat policy (same params, another model
         transform); None where the phase keeps the model's."""
         if phase.remat_policy in ("", self.model_config.remat_policy):
@@ -150,3 +144,22 @@ class PretrainingJob(Job):
                         provenance={"source": "bertjax.pretrain"})
         log(f"Exported the final model to {workdir / 'export'} "
             "(load with bertjax.load_pretrained)")
+
+
+def make_job(config) -> PretrainingJob:
+    """The job of a checked config (checks.check), reading its phases' TFRecords."""
+    from bertjax.tasks.pretraining.input import make_input_fn
+
+    return PretrainingJob(config, make_input_fn(config))
+
+
+def train(config, workdir: str, vocab_size_given: bool = False, log=print) -> dict[str, Any]:
+    """Pre-trains (or resumes) in `workdir` after checking everything it can before step 0
+    (checks.check: a bad phase-2 pattern must not surface after all of phase 1); exports the
+    final model to workdir/export when config.vocab is set. Returns the loop's summary
+    ({"status", ...}, bertjax.train.loop.train)."""
+    from bertjax.tasks.pretraining import checks
+    from bertjax.train import loop
+
+    checks.check(config, workdir, vocab_size_given, log)
+    return loop.train(make_job(config), config, workdir, log=log)

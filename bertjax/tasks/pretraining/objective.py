@@ -2,7 +2,7 @@
 the masked-LM + NSP loss (or MLM alone on packed rows, or a left-to-right LM's next-token
 loss), and held-out evaluation sums.
 
-`config.objective` (bertjax.train.configs.objective) picks the variant: "mlm_nsp"; "mlm" (No
+`config.objective` (rules.objective) picks the variant: "mlm_nsp"; "mlm" (No
 NSP, packed rows); "ltr" (a left-to-right LM on packed rows: causal attention, and the
 masked-LM head scores every position p against the token at p + 1 — `next_token_targets` —
 so the MLM loss, accuracy and perplexity are next-token ones).

@@ -13,8 +13,10 @@ import os
 import pytest
 from conftest import KEYWORD_VOCAB, run_python, write_tiny_checkpoint
 
-from bertjax import cli, validate
+from bertjax import cli
 from bertjax.errors import CheckpointError, ConfigError
+from bertjax.tasks import checks as finetuning_checks
+from bertjax.tasks.pretraining import checks as pretraining_checks
 
 # The tiny preset (vocab_size 30522) made smaller still; one phase of 32 tokens on synthetic
 # data (no TFRecords to write), so a run compiles one step.
@@ -52,15 +54,15 @@ def pretrain_config(**overrides):
 def test_left_at_the_preset_it_is_taken_from_the_vocabulary(vocab):
     config = pretrain_config(vocab=vocab)
     assert config.model.vocab_size == 30522
-    assert validate.vocab_size(config) == len(KEYWORD_VOCAB)
+    assert pretraining_checks.vocab_size(config) == len(KEYWORD_VOCAB)
     assert config.model.vocab_size == len(KEYWORD_VOCAB)
-    assert validate.vocab_size(config) is None  # now they agree: nothing more to take
-    validate.pretraining(config, workdir=None)  # the dry run's validation accepts it
+    assert pretraining_checks.vocab_size(config) is None  # now they agree: nothing more to take
+    pretraining_checks.check(config, workdir=None)  # the dry run's validation accepts it
 
 
 def test_without_a_vocabulary_nothing_changes():
     config = pretrain_config()
-    assert validate.vocab_size(config) is None
+    assert pretraining_checks.vocab_size(config) is None
     assert config.model.vocab_size == 30522
 
 
@@ -70,7 +72,7 @@ def test_an_explicit_other_size_is_refused_in_one_line(vocab, size, given):
     config file: never silently replaced."""
     config = pretrain_config(vocab=vocab, **{"model.vocab_size": size})
     with pytest.raises(ConfigError) as info:
-        validate.vocab_size(config, given)
+        pretraining_checks.vocab_size(config, given)
     message = str(info.value)
     assert len(message.splitlines()) == 1
     assert f"config.vocab={vocab} has {len(KEYWORD_VOCAB)} entries" in message
@@ -82,9 +84,9 @@ def test_an_explicit_other_size_is_refused_in_one_line(vocab, size, given):
 def test_the_dry_run_validation_refuses_it(vocab, tmp_path):
     config = pretrain_config(vocab=vocab, **{"model.vocab_size": 100})
     with pytest.raises(ConfigError, match=f"--config.model.vocab_size={len(KEYWORD_VOCAB)}"):
-        validate.pretraining(config, workdir=None)
+        pretraining_checks.check(config, workdir=None)
     with pytest.raises(ConfigError, match=f"--config.model.vocab_size={len(KEYWORD_VOCAB)}"):
-        validate.pretraining(config, workdir=str(tmp_path / "run"))
+        pretraining_checks.check(config, workdir=str(tmp_path / "run"))
     assert not (tmp_path / "run").exists()
 
 
@@ -96,7 +98,7 @@ def test_the_size_the_export_counts_is_the_one_checked(tmp_path):
     (directory / "vocab.txt").write_text("\n".join(KEYWORD_VOCAB))  # no final newline
     from bertjax.checkpoint_dir import count_vocab, vocab_path
 
-    assert validate.vocab_entries(str(directory)) == len(KEYWORD_VOCAB)
+    assert pretraining_checks.vocab_entries(str(directory)) == len(KEYWORD_VOCAB)
     assert count_vocab(vocab_path(directory)) == len(KEYWORD_VOCAB)
 
 
@@ -154,7 +156,7 @@ def finetune_config(checkpoint, tmp_path, **overrides):
 
 
 def test_finetuning_accepts_the_checkpoint_as_it_is(checkpoint, tmp_path):
-    validate.finetuning(finetune_config(checkpoint, tmp_path), str(tmp_path / "ft"))
+    finetuning_checks.check(finetune_config(checkpoint, tmp_path), str(tmp_path / "ft"))
 
 
 def test_finetuning_refuses_a_vocab_size_other_than_the_checkpoints(checkpoint, tmp_path):
@@ -162,7 +164,7 @@ def test_finetuning_refuses_a_vocab_size_other_than_the_checkpoints(checkpoint, 
     with config.unlocked():
         config.model.vocab_size = 30522
     with pytest.raises(ConfigError) as info:
-        validate.finetuning(config, str(tmp_path / "ft"))
+        finetuning_checks.check(config, str(tmp_path / "ft"))
     message = str(info.value)
     assert len(message.splitlines()) == 1
     assert (f"config.init_checkpoint={checkpoint}: model.vocab_size is {len(KEYWORD_VOCAB)} "
@@ -175,7 +177,7 @@ def test_finetuning_refuses_a_checkpoint_vocabulary_larger_than_its_embedding(ch
     with open(os.path.join(checkpoint, "vocab.txt"), "a") as f:
         f.write("extra1\nextra2\n")
     with pytest.raises(CheckpointError) as info:
-        validate.finetuning(finetune_config(checkpoint, tmp_path), str(tmp_path / "ft"))
+        finetuning_checks.check(finetune_config(checkpoint, tmp_path), str(tmp_path / "ft"))
     message = str(info.value)
     assert len(message.splitlines()) == 1
     assert (f"{checkpoint}/vocab.txt has {len(KEYWORD_VOCAB) + 2} entries but the model has "
