@@ -1,6 +1,6 @@
 """Shared command-line plumbing for every `python -m bertjax.*` command: absl flags, bad
-flags and bad input reported as one `error: ...` line, TensorFlow's start-up noise (oneDNN
-banners, cuInit errors) kept out of the output unless TF_CPP_MIN_LOG_LEVEL is set by the user.
+flags and bad input reported as one `error: ...` line (TensorFlow's start-up noise is kept out
+by bertjax/tf_setup.py unless TF_CPP_MIN_LOG_LEVEL is set by the user).
 
 Job commands (pretrain, finetune, finetune_grid) take `--config=FILE:ARG` (ml-collections,
 every field overridable as `--config.a.b=value`) and `--workdir`.
@@ -23,9 +23,6 @@ from absl import app, flags, logging
 
 from bertjax import runtime
 from bertjax.errors import BertjaxError, ConfigError
-
-# Before anything imports TensorFlow (data_pipeline does, lazily).
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
 def _offending_flag(message: str, argv: Sequence[str]) -> str | None:
@@ -114,6 +111,25 @@ def define_job_flags(example: str):
     define_distributed_flags()
     define_compilation_cache_flag()
     return config, workdir
+
+
+def define_dry_run_flags(what: str) -> None:
+    """The --dry_run / --topology / --dry_run_exact / --breakdown / --sweep / --sweep_seconds
+    flags of a job command (bertjax.aot.dry_run.from_flags reads them); `what` says what the dry
+    run reads (e.g. "the config's data")."""
+    flags.DEFINE_bool("dry_run", False, f"Read {what}, print parameters, FLOPs and per-device "
+                      "memory of the compiled train step; exit.")
+    flags.DEFINE_string("topology", None, "With --dry_run: compile for this Cloud TPU slice "
+                        "with the TPU compiler, on any machine (needs the tpu extra): v4-32, "
+                        "v5p-128, v5litepod-16, v6e-64, v5p:4x4x4. The steps of 2 and 3 "
+                        "unrolled layers are compiled and extrapolated to the model's layers.")
+    flags.DEFINE_bool("dry_run_exact", False, "With --topology: compile the full step, every "
+                      "layer unrolled, instead of extrapolating (slower).")
+    flags.DEFINE_bool("breakdown", False, "With --topology: print where the step's HBM bytes, "
+                      "FLOPs and time go, by category and by op.")
+    flags.DEFINE_bool("sweep", False, "With --dry_run --topology: try meshes, batch sizes "
+                      "and remat; list those that fit, fastest first, with their flags.")
+    flags.DEFINE_integer("sweep_seconds", 600, "Compile-time budget of --sweep.")
 
 
 def define_distributed_flags() -> None:

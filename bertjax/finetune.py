@@ -27,8 +27,8 @@ from bertjax import cli
 def main(argv):
     del argv
     config = cli.require(_CONFIG.value, "--config", "experiments/glue.py:mrpc")
+    from bertjax.aot import dry_run
     from bertjax.tasks import dry_run_job, train_and_evaluate
-    from bertjax.train import dry_run
 
     # The checkpoint fixes the layers: a --topology dry run compiles the full step.
     if dry_run.from_flags(dry_run_job, config, vary_layers=False):
@@ -41,8 +41,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from bertjax.train import dry_run as dry_run_flags
-
     _CONFIG, _WORKDIR = cli.define_job_flags("experiments/glue.py:mrpc")
-    dry_run_flags.define_flags("the config's data and checkpoint")
+    cli.define_dry_run_flags("the config's data and checkpoint")
     cli.run(main)

@@ -99,7 +99,7 @@ def fill_mask(texts: Sequence[str]) -> None:
 
 
 def dry_run() -> None:
-    from bertjax.serving.cost import inference_costs, inference_table
+    from bertjax.aot.inference import inference_costs, inference_table
 
     f = flags.FLAGS
     if not f.workdir:

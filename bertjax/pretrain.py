@@ -33,9 +33,9 @@ from bertjax import cli
 def main(argv):
     del argv
     config = cli.require(_CONFIG.value, "--config", "experiments/pretrain.py:base")
+    from bertjax.aot import dry_run
     from bertjax.tasks import pretraining
     from bertjax.tasks.pretraining import checks
-    from bertjax.train import dry_run
 
     log = functools.partial(print, flush=True)
     # The model's vocabulary size comes from config.vocab unless given on the command line
@@ -53,8 +53,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from bertjax.train import dry_run as dry_run_flags
-
     _CONFIG, _WORKDIR = cli.define_job_flags("experiments/pretrain.py:base")
-    dry_run_flags.define_flags("the config's data")
+    cli.define_dry_run_flags("the config's data")
     cli.run(main)

@@ -2,8 +2,9 @@
 
 Statically, over every import of the source (those inside functions too), the rules of the
 house (docs/architecture.md, "Design rules"): imports run downhill, `bertjax.models` ←
-`bertjax.train` ← `bertjax.tasks` ← `bertjax.serving` ← command modules (the tasks import
-neither serving nor the converters); `data_pipeline` never imports `bertjax.tasks`,
+`bertjax.train` ← `bertjax.tasks` ← `bertjax.serving` ← `bertjax.aot` (the cost instrument) ←
+command modules (the tasks import neither serving nor the converters; the converters neither
+the tasks nor the instrument); `data_pipeline` never imports `bertjax.tasks`,
 `bertjax.train`, `bertjax.models` or a command; no module imports a `python -m bertjax...`
 command (a data_pipeline writer may use another's functions), and nothing in the library
 imports `bertjax/demos`, `bertjax/benchmarks` or `experiments`; no two modules import each
@@ -29,11 +30,13 @@ OUTSIDE_LIBRARY = ("bertjax.demos", "bertjax.benchmarks", "experiments")
 # What each layer must never import (module-name prefixes).
 NEVER = {
     "bertjax.models": ("bertjax.train", "bertjax.tasks", "bertjax.checkpoint_dir",
-                       "bertjax.convert", "data_pipeline"),
-    "bertjax.train": ("bertjax.tasks", "data_pipeline"),
-    "bertjax.tasks": ("bertjax.serving", "bertjax.convert"),
-    "bertjax.serving": ("bertjax.convert.__main__",),
-    "data_pipeline": ("bertjax.tasks", "bertjax.train", "bertjax.models"),
+                       "bertjax.convert", "bertjax.aot", "data_pipeline"),
+    "bertjax.train": ("bertjax.tasks", "bertjax.serving", "bertjax.aot", "data_pipeline"),
+    "bertjax.tasks": ("bertjax.serving", "bertjax.convert", "bertjax.aot"),
+    "bertjax.serving": ("bertjax.convert.__main__", "bertjax.aot"),
+    "bertjax.aot": ("bertjax.convert",),
+    "bertjax.convert": ("bertjax.tasks", "bertjax.aot"),
+    "data_pipeline": ("bertjax.tasks", "bertjax.train", "bertjax.models", "bertjax.aot"),
 }
 
 
@@ -111,6 +114,8 @@ PLANTED = {
     "bertjax/tasks/planted_a.py": "from bertjax.tasks import planted_b\n",
     "bertjax/tasks/planted_b.py": "from . import planted_a\n",
     "bertjax/tasks/planted_serving.py": "from bertjax.serving.engine import Engine\n",
+    "bertjax/train/planted_aot.py": "def f():\n    from bertjax.aot import measure\n",
+    "bertjax/convert/planted.py": "from bertjax.tasks import base\n",
 }
 
 
@@ -128,6 +133,8 @@ def test_planted_back_edges_are_caught(tmp_path):
         "bertjax.tasks.planted imports the command bertjax.finetune",
         "bertjax.tasks.planted_a and bertjax.tasks.planted_b import each other",
         "bertjax.tasks.planted_serving imports bertjax.serving.engine (against the flow)",
+        "bertjax.train.planted_aot imports bertjax.aot.measure (against the flow)",
+        "bertjax.convert.planted imports bertjax.tasks.base (against the flow)",
     }, found
 
 WATCHED = ("bertjax.convert", "bertjax.checkpoint_dir", "bertjax.tokenization", "orbax",

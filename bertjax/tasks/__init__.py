@@ -69,7 +69,7 @@ def dry_run_job(config, log=print):
     tokens = stage.batch_spec.get("input_ids")
     sequences = 1 if tokens is None else int(math.prod(tokens.shape[1:-1]))  # choices
     forward = flops_lib.forward_flops_per_sequence(
-        job.model_config, stage.tokens_per_example, 0, getattr(job.model, "pooled_only", False))
+        job.model_config, stage.tokens_per_example, 0, job.task.pooled_only)
     job.stages = [dataclasses.replace(stage, flops_per_example=3.0 * forward * sequences)]
     return job
 

@@ -1,7 +1,7 @@
 """The fine-tuning plug-in interface, and the job that runs any task on the shared loop.
 
-A task family (classification/, squad/, tagging/) subclasses `Task`
-and declares only what is its own:
+A task family (classification/, squad/, tagging/) subclasses `Task` and declares only what is
+its own. For training (`TrainingTask`):
 
   read(config)                  -> Splits: examples of train, dev {name: [...]}, test {name: [...]}
   encode(tokenizer, examples)   -> features of a split (any object; `batches` knows it)
@@ -20,16 +20,18 @@ and declares only what is its own:
   predict(outputs, batch)       -> {name: [batch, ...]} per-example predictions (jitted)
   metrics(predictions, features, split) -> {metric: float}
   write_outputs(predictions, examples, split, workdir, log)   (test predictions, files)
-  hf_head()                     -> how `bertjax.convert to_hf` exports the model (hf_head)
   metric_names, primary_metric  (the primary one selects the best checkpoint)
-and, for predictions from a finished run (bertjax/serving, `python -m bertjax.predict`):
+for the export (`ExportTask`):
+  hf_head()                     -> how `bertjax.convert to_hf` exports the model (hf_head)
   state() / restore(state)      what `read` learnt that the model needs (labels, kind, the
                                 v2.0 null threshold), kept in export.json as "task"
+  legacy_state(record, config)  the state of a run whose export.json predates `state()`
+and for predictions from a finished run (`ServingTask`: bertjax/serving, `python -m
+bertjax.predict`):
   read_inputs(path, fields)     -> (examples, labelled) of a user's file of new rows
   examples(items)               -> examples of Python values (strings, pairs, dicts)
   records(predictions, features, examples) -> one plain record per example, in input order
   input_chunks / stream_records  a file larger than memory, a chunk of rows at a time
-  legacy_state(record, config)  the state of a run whose export.json predates `state()`
 
 `FineTuningJob` turns a task into a job for bertjax.train.loop.train: it loads the pre-trained
 encoder (params only, no optimizer state), counts steps from epochs, applies the paper's warmup
@@ -85,12 +87,14 @@ class Splits:
     test: dict[str, list]  # output name (e.g. a leaderboard file stem) → examples
 
 
-class Task:
-    """Base of the task families; see the module docstring for what a subclass declares."""
+class TrainingTask:
+    """What the loop and FineTuningJob read: data, features, head, loss, predictions, metrics,
+    test outputs (the module docstring lists each member)."""
 
     metric_names: tuple[str, ...] = ()
     primary_metric: str = ""
     min_bucket_length: int = 16  # config.min_bucket_length: the shortest length bucket
+    pooled_only: bool = False  # the head reads the pooled token alone (model FLOPs)
 
     def read(self, config) -> Splits:
         raise NotImplementedError
@@ -149,6 +153,17 @@ class Task:
     def describe(self, features) -> str:
         return ""
 
+    def initial_params(self, model_config, encoder) -> dict[str, Any]:
+        """Param groups loaded from the pre-trained checkpoint (called before `encode`): the
+        encoder as "bert". A task whose model has no encoder (the feature-based tagger) keeps
+        `encoder` to compute its inputs and returns {}."""
+        return {"bert": encoder}
+
+
+class ExportTask:
+    """What a finished run keeps of its task (export.json) and gives back to serving and the
+    converter."""
+
     def hf_head(self) -> dict[str, Any]:
         """The export record of the trained model (called after the best checkpoint's outputs
         are written): hf_head(...) or unexportable(why)."""
@@ -160,6 +175,17 @@ class Task:
 
     def restore(self, state: dict[str, Any]) -> None:
         """Sets what `read` would have set, from `state()` of the finished run."""
+
+    def legacy_state(self, record: dict[str, Any], config) -> dict[str, Any]:
+        """The `state()` of a finished run whose export.json predates recording it, from its
+        transformers head fields (`record`) and the run's config."""
+        raise ConfigError(f"config.task.family={config.task.family!r} has no predictions from "
+                          "a finished run")
+
+
+class ServingTask:
+    """What bertjax/serving reads beside the training members: new rows from files or Python
+    values, plain records out, files larger than memory a chunk at a time."""
 
     def read_inputs(self, path: str, fields: dict[str, Any]) -> tuple[list, bool]:
         """(examples, whether they all carry gold labels) of a file of new rows; `fields`
@@ -193,17 +219,9 @@ class Task:
         ids the one-shot reading gives them."""
         return records
 
-    def legacy_state(self, record: dict[str, Any], config) -> dict[str, Any]:
-        """The `state()` of a finished run whose export.json predates recording it, from its
-        transformers head fields (`record`) and the run's config."""
-        raise ConfigError(f"config.task.family={config.task.family!r} has no predictions from "
-                          "a finished run")
 
-    def initial_params(self, model_config, encoder) -> dict[str, Any]:
-        """Param groups loaded from the pre-trained checkpoint (called before `encode`): the
-        encoder as "bert". A task whose model has no encoder (the feature-based tagger) keeps
-        `encoder` to compute its inputs and returns {}."""
-        return {"bert": encoder}
+class Task(TrainingTask, ExportTask, ServingTask):
+    """Base of the task families: training, export and serving in one plug-in."""
 
 
 class EpochInput:

@@ -285,7 +285,7 @@ def _attention_loss(attend, q, k, v, segments):
 def test_tpu_compile_holds_the_mosaic_kernels_and_cpu_the_interpreter(impl, kernels):
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from bertjax.train import topology
+    from bertjax.aot import topology
 
     devices = topology.devices(topology.parse("v5p-8"))  # 4 chips, on this CPU host
     rows = NamedSharding(Mesh(np.array(devices), ("data",)), PartitionSpec("data"))

@@ -199,18 +199,19 @@ def test_resume_with_another_phase_batch_is_refused_in_one_line(straight_run, tm
 def test_dry_run_on_a_slice_compiles_each_phase_at_its_own_batch():
     """--dry_run --topology: each stage compiled at its own batch and accumulation; the header
     says both batches."""
-    from bertjax.train import dry_run
+    from bertjax.aot import measure as aot_measure
+    from bertjax.aot import report as aot_report
 
     config = tiny_config(phase2_batch=8)
     config.train.batch_size = 16  # on 4 chips: 4 rows each; phase 2: 2 micro-batches of 4
     printed = []
-    costs = dry_run.run_on_slice(lambda c: PretrainingJob(c, make_input=None), config,
+    costs = aot_report.run_on_slice(lambda c: PretrainingJob(c, make_input=None), config,
                                  "v5litepod-4", exact=True, print_fn=printed.append)
     assert "; global batch phase1 16, phase2 8 in 2 micro-batches; " in printed[1]
     assert [(c.name, c.seq_len, c.batch_size) for c in costs] == [("phase1", 16, 16),
                                                                   ("phase2", 32, 8)]
     assert costs[1].model_flops == pytest.approx(8 * PretrainingJob(
         config, make_input=None).stages[1].flops_per_example)
-    table = dry_run.stage_table(costs, dry_run.topology_lib.parse("v5litepod-4"))
+    table = aot_report.stage_table(costs, aot_measure.topology_lib.parse("v5litepod-4"))
     assert [row.split()[:3] for row in table[1:]] == [["phase1", "16", "16"],
                                                       ["phase2", "32", "8"]]

@@ -347,8 +347,8 @@ def test_streamed_chunks_equal_the_one_shot_output(classification_run, tmp_path,
 
 @pytest.mark.slow  # the module's classification run
 def test_dry_run_of_the_predict_step_on_a_tpu_slice(classification_run):
+    from bertjax.aot.inference import inference_costs
     from bertjax.models import BertConfig
-    from bertjax.serving.cost import inference_costs
     from bertjax.serving.runs import read_finished_run
     from bertjax.train import flops as flops_lib
 

@@ -231,7 +231,7 @@ FSDP_SCRIPT = r"""
 import re
 import jax, numpy as np
 from bertjax.tasks.pretraining import PretrainingJob
-from bertjax.train import dry_run
+from bertjax.aot import measure as aot_measure
 from experiments import pretrain
 
 PER_DEVICE, SEQ = 8, 128
@@ -243,7 +243,7 @@ for mesh in ((4, 1, 1), (1, 4, 1)):  # data parallel, FSDP: the same batch per d
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh
     config.train.batch_size = PER_DEVICE * 4
     job = PretrainingJob(config, make_input=None)
-    step = dry_run._Step.build(job, config, jax.devices())
+    step = aot_measure.Step.build(job, config, jax.devices())
     stage = job.stages[0]
     compiled = step.train_steps[stage.name].lower(step.abstract_state, stage.batch_spec).compile()
     # Collectives whose result is a [global batch, seq, ...] activation.
@@ -320,7 +320,7 @@ def all_reduce_types(compiled):
     return set(re.findall(r"\b(bf16|f32)\[", " ".join(heads)))
 assert all_reduce_types(exact_compiled) == {"f32"}, all_reduce_types(exact_compiled)
 # Every parameter's [data, ...] replica gradients are summed in bfloat16 (XLA:CPU then widens
-# that all-reduce to float32; the TPU compiler keeps it: tests/train/test_aot_tpu.py).
+# that all-reduce to float32; the TPU compiler keeps it: tests/aot/test_aot_tpu.py).
 lowered = jax.jit(sharding_lib.with_rules(functools.partial(
     step_lib.bf16_reduced_gradients, loss_fn=loss, denominators=denominators), mesh, rules)
     ).lower(state.params, batch, rng).as_text()
@@ -438,7 +438,7 @@ for a, s in moments:
     assert ("data" in str(s.spec[:1])) == (a.ndim > 0 and a.shape[0] % 4 == 0), (a.shape, s)
 assert not any("data" in str(s.spec) for s in jax.tree.leaves(shardings.params))
 # Each device holds about a quarter of the moments (the TPU compiler's collectives for it:
-# tests/train/test_aot_tpu.py).
+# tests/aot/test_aot_tpu.py).
 def per_device(tree, shardings):
     return sum(np.prod(s.shard_shape(a.shape)) for a, s in
                zip(jax.tree.leaves(tree), jax.tree.leaves(shardings)))

@@ -145,7 +145,7 @@ def test_grid_cell_interrupted_mid_run_resumes_from_its_checkpoint(checkpoint, t
 
 
 def test_models_train_tasks_never_import_tensorflow():
-    code = ("import sys; import bertjax.models, bertjax.train.loop, bertjax.train.dry_run, "
+    code = ("import sys; import bertjax.models, bertjax.train.loop, bertjax.aot.dry_run, "
             "bertjax.tasks, bertjax.tasks.pretraining, bertjax.finetune; "
             "print('tensorflow' in sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

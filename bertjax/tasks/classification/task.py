@@ -203,6 +203,12 @@ class SequenceTask(Task):
         return hf_head("BertForSequenceClassification", self.label_names,
                        "single_label_classification", self.bilstm_units)
 
+    @property
+    def pooled_only(self) -> bool:
+        """Whether model()'s head reads the pooled token alone (BertModel's `pooled_only`):
+        all but the "+ BiLSTM" head."""
+        return self.kind == "multiple_choice" or not self.bilstm_units
+
     def model(self, model_config):
         if self.kind == "multiple_choice":
             return BertForMultipleChoice(model_config)

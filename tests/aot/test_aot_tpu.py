@@ -1,9 +1,9 @@
-"""Ahead-of-time compiles for Cloud TPU slices on this CPU machine (bertjax/train/topology.py,
-bertjax/train/dry_run.py): slice names, the train step compiled by the TPU compiler for 4- and
+"""Ahead-of-time compiles for Cloud TPU slices on this CPU machine (bertjax/aot/topology.py,
+bertjax/aot/dry_run.py): slice names, the train step compiled by the TPU compiler for 4- and
 8-chip slices with memory that grows with the batch and shrinks under FSDP, and a configuration
 too large for its slice reported as not fitting, with the compiler's figures; the calibrated
 estimate (2 and 3 unrolled layers extrapolated) against a full unrolled compile; the HLO
-breakdown (bertjax/train/hlo_costs.py): convolution FLOPs against einsum counts, bytes by
+breakdown (bertjax/aot/hlo_costs.py): convolution FLOPs against einsum counts, bytes by
 memory space, and categories against the analytic FLOPs of attention and the FFN.
 
 The compile tests need libtpu (the `tpu` and `test` extras) and skip without it.
@@ -16,8 +16,8 @@ import pytest
 from conftest import run_python
 
 from bertjax import cli
+from bertjax.aot import topology
 from bertjax.errors import ConfigError
-from bertjax.train import topology
 
 # conftest's persistent compilation cache is on before these compiles: TPU executables are
 # written there but cannot be read back without a TPU client (JAX warns and compiles).
@@ -93,8 +93,8 @@ def test_libtpu_describes_one_device_per_chip(name, kind):
 
 def _pretraining_job(preset: str, batch_size: int, mesh: dict, phase: str, **model):
     """A pre-training job of one phase (its stage is the one compiled), bfloat16 as on TPU."""
+    from bertjax.aot import measure as aot_measure
     from bertjax.tasks.pretraining import PretrainingJob
-    from bertjax.train import dry_run
 
     config = cli.load_config(f"experiments/pretrain.py:{preset}")
     with config.unlocked():
@@ -105,7 +105,7 @@ def _pretraining_job(preset: str, batch_size: int, mesh: dict, phase: str, **mod
     config.train.num_train_steps = 1000
     config.mesh.update(mesh)
     config.model.update(model)
-    dry_run.use_tpu_dtype(config)
+    aot_measure.use_tpu_dtype(config)
     return PretrainingJob(config, make_input=None), config
 
 
@@ -117,11 +117,11 @@ def _make_job(config):
 
 def _compile(name: str, batch_size: int, mesh: dict, preset="tiny", phase="phase1",
              exact=True, progress=lambda line: None, **model):
-    from bertjax.train import dry_run
+    from bertjax.aot import measure as aot_measure
 
     slice_ = topology.parse(name)
     job, config = _pretraining_job(preset, batch_size, mesh, phase, **model)
-    [cost], _ = dry_run.compile_stages(_make_job, config, slice_, topology.devices(slice_),
+    [cost], _ = aot_measure.compile_stages(_make_job, config, slice_, topology.devices(slice_),
                                        exact=exact, progress=progress)
     return job, cost
 
@@ -183,7 +183,7 @@ def test_bf16_gradient_reduction_all_reduces_bfloat16_on_tpu():
     the default step's."""
     import jax
 
-    from bertjax.train import dry_run
+    from bertjax.aot import measure as aot_measure
 
     slice_ = topology.parse("v5p-8")
     devices = topology.devices(slice_)
@@ -192,7 +192,7 @@ def test_bf16_gradient_reduction_all_reduces_bfloat16_on_tpu():
         job, config = _pretraining_job("tiny", 32, {"data": 4}, "phase1", **SMALL)
         config.train.grad_reduce_dtype = reduce_dtype
         job = _make_job(config)
-        step = dry_run._Step.build(job, config, devices)
+        step = aot_measure.Step.build(job, config, devices)
         stage = job.stages[0]
         caching = jax.config.jax_enable_compilation_cache
         jax.config.update("jax_enable_compilation_cache", False)
@@ -224,14 +224,15 @@ def test_tiny_train_step_compiles_for_8_chips_and_fsdp_shrinks_the_state_per_chi
 @pytest.mark.slow
 @needs_libtpu
 def test_bert_large_phase2_batch_4096_on_v5e_4_does_not_fit_and_says_so():
-    from bertjax.train import dry_run
+    from bertjax.aot import measure as aot_measure
+    from bertjax.aot import report as aot_report
 
     lines = []
     slice_ = topology.parse("v5e-4")
     # One layer: the compiler reaches its memory verdict without compiling 24 layers, and
     # with one layer already too large, the model is.
     _, config = _pretraining_job("large", 4096, {}, "phase2")
-    costs, _ = dry_run.compile_stages(_make_job, config, slice_, topology.devices(slice_))
+    costs, _ = aot_measure.compile_stages(_make_job, config, slice_, topology.devices(slice_))
     [cost] = costs
     assert not cost.fits and cost.time is None
     assert "RESOURCE_EXHAUSTED" in cost.message
@@ -239,41 +240,44 @@ def test_bert_large_phase2_batch_4096_on_v5e_4_does_not_fit_and_says_so():
     assert cost.argument_bytes > 12 * 335e6
     assert cost.total_bytes > cost.hbm_bytes
     assert 15 * 1024**3 < cost.hbm_bytes <= 16 * 1024**3  # what the compiler says is available
-    lines = dry_run.stage_table(costs, slice_)
+    lines = aot_report.stage_table(costs, slice_)
     assert lines[1].split()[:3] == ["phase2", "512", "4096"] and " NO " in lines[1]
 
 
 def test_sweep_meshes_cover_data_fsdp_and_tensor_parallelism():
-    from bertjax.train import dry_run
+    from bertjax.aot import sweep as aot_sweep
 
-    assert dry_run.mesh_candidates(16, 16) == [(16, 1, 1), (1, 16, 1), (8, 1, 2), (1, 8, 2),
+    assert aot_sweep.mesh_candidates(16, 16) == [(16, 1, 1), (1, 16, 1), (8, 1, 2), (1, 8, 2),
                                                (4, 1, 4), (1, 4, 4)]
     # Tensor parallelism only where it divides the heads (and the chips); no duplicates.
-    assert dry_run.mesh_candidates(4, 2) == [(4, 1, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2)]
-    assert dry_run.mesh_candidates(1, 12) == [(1, 1, 1)]
+    assert aot_sweep.mesh_candidates(4, 2) == [(4, 1, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2)]
+    assert aot_sweep.mesh_candidates(1, 12) == [(1, 1, 1)]
 
 
 def test_sweep_ranks_by_sequences_over_the_whole_run_and_prints_its_flags():
-    from bertjax.train import dry_run
+    from bertjax.aot import measure as aot_measure
+    from bertjax.aot import sweep as aot_sweep
 
     def stage(name, steps, batch, seconds, fits=True):
-        return dry_run.StageCost(name, 128, steps, batch, 1.0, 1.0, 2.0, 4.0, fits, 1e12, 1e9,
+        return aot_measure.StageCost(name, 128, steps, batch, 1.0, 1.0, 2.0, 4.0, fits, 1e12, 1e9,
                                  seconds)
 
     # 900 steps of 0.1 s and 100 of 0.5 s for 256 sequences each: 256,000 in 140 s.
-    run = dry_run.Candidate((4, 2, 1), "dots", 256,
+    run = aot_sweep.Candidate((4, 2, 1), "dots", 256,
                             [stage("phase1", 900, 256, 0.1), stage("phase2", 100, 256, 0.5)])
     assert run.fits and run.sequences_per_second == pytest.approx(256_000 / 140)
     assert run.flags() == ("--config.mesh.data=4 --config.mesh.fsdp=2 --config.mesh.tensor=1 "
                            "--config.train.batch_size=256 --config.model.remat_policy=dots "
                            "--config.model.scan_layers=false")
-    misfit = dry_run.Candidate((8, 1, 1), "none", 512,
+    misfit = aot_sweep.Candidate((8, 1, 1), "none", 512,
                                [stage("phase2", 100, 512, None, fits=False)])
     assert not misfit.fits and misfit.sequences_per_second is None
 
 
 def test_the_step_time_is_the_compilers_per_op_estimates_and_xla_time_is_printed_beside():
-    from bertjax.train import dry_run, hlo_costs, topology
+    from bertjax.aot import hlo_costs, topology
+    from bertjax.aot import measure as aot_measure
+    from bertjax.aot import report as aot_report
 
     slice_ = topology.parse("v6e-8")
 
@@ -281,7 +285,7 @@ def test_the_step_time_is_the_compilers_per_op_estimates_and_xla_time_is_printed
         groups = None if op_seconds is None else {"category": {
             "FFN": hlo_costs.Group("FFN", 1, 1e9, 1e12, 1e-3, 0.75 * op_seconds),
             "attention": hlo_costs.Group("attention", 1, 1e9, 1e12, 1e-3, 0.25 * op_seconds)}}
-        return dry_run.StageCost("phase1", 128, 1000, 256, 1.0, 1.0, 2.0, 4.0, True, 1e15, 1e12,
+        return aot_measure.StageCost("phase1", 128, 1000, 256, 1.0, 1.0, 2.0, 4.0, True, 1e15, 1e12,
                                  xla_seconds, groups=groups, compute_bound=1e-3,
                                  memory_bound=2e-3)
 
@@ -293,52 +297,53 @@ def test_the_step_time_is_the_compilers_per_op_estimates_and_xla_time_is_printed
     assert both.mfu(slice_, xla=True) == pytest.approx(1e15 / (0.03 * slice_.num_chips
                                                                * slice_.peak_flops))
     assert ops_only.mfu(slice_, xla=True) is None
-    header, row = dry_run.stage_table([both], slice_)
+    header, row = aot_report.stage_table([both], slice_)
     assert header.split()[-2:] == ["XLA", "MFU"] and row.split()[-2:] == [
         "30.0", f"{100 * both.mfu(slice_, xla=True):.1f}%"]
     assert f" {100 * both.mfu(slice_):.1f}% " in row and " 20.0 " in row
-    (note,) = dry_run.notes([ops_only], slice_)
+    (note,) = aot_report.notes([ops_only], slice_)
     assert "no optimal_seconds for v6e" in note
-    assert not dry_run.notes([both], slice_)
+    assert not aot_report.notes([both], slice_)
     # No estimate of either kind: no time, no MFU, and the two lower bounds said instead.
     bare = stage(None, None)
     assert bare.time is None and bare.mfu(slice_) is None
-    (note,) = dry_run.notes([bare], slice_)
+    (note,) = aot_report.notes([bare], slice_)
     assert "1.0 ms" in note and "2.0 ms" in note
 
 
 def test_a_stage_that_does_not_fit_is_given_the_flags_that_shrink_it():
     """A pre-training phase: its own remat policy and accumulation (the other phase keeps its
     settings); a stage that is not a phase (fine-tuning's): the job-wide flags."""
-    from bertjax.train import dry_run
+    from bertjax.aot import measure as aot_measure
+    from bertjax.aot import report as aot_report
 
     job, _ = _pretraining_job("tiny", 256, {}, "phase2")
 
     def stage(name, fits):
-        return dry_run.StageCost(name, 512, 10, 256, 1.0, 1.0, 2.0, 4.0, fits, 1e15, 1e12, None)
+        return aot_measure.StageCost(name, 512, 10, 256, 1.0, 1.0, 2.0, 4.0, fits, 1e15, 1e12, None)
 
-    assert dry_run.fit_hints([stage("phase2", True)], job) == []
-    (hint,) = dry_run.fit_hints([stage("phase2", False)], job)
+    assert aot_report.fit_hints([stage("phase2", True)], job) == []
+    (hint,) = aot_report.fit_hints([stage("phase2", False)], job)
     assert ("--config.phases.phase2.remat_policy=dots" in hint
             and "--config.phases.phase2.grad_accum_steps=2" in hint)
-    (hint,) = dry_run.fit_hints([stage("train", False)], job)
+    (hint,) = aot_report.fit_hints([stage("train", False)], job)
     assert "--config.model.remat_policy=dots" in hint and "--config.train.grad_accum_steps" in hint
 
 
 def test_out_of_memory_figures_are_read_from_the_compiler_message():
-    from bertjax.train import dry_run
+    from bertjax.aot import measure as aot_measure
 
     gib = 1024.0**3
-    assert dry_run.oom_sizes(
+    assert aot_measure.oom_sizes(
         "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO "
         "temporaries (1.53T) exceeds available HBM (15.75G).") == (1.53 * 1024 * gib,
                                                                    15.75 * gib)
-    assert dry_run.oom_sizes("Used 20.5G of 15.75G hbm. Exceeded hbm capacity by 4.75G.") == (
+    assert aot_measure.oom_sizes("Used 20.5G of 15.75G hbm. Exceeded hbm capacity by 4.75G.") == (
         20.5 * gib, 15.75 * gib)
-    assert dry_run.oom_sizes("RESOURCE_EXHAUSTED: no sizes") == (None, None)
+    assert aot_measure.oom_sizes("RESOURCE_EXHAUSTED: no sizes") == (None, None)
 
 
-# --- The HLO breakdown (bertjax/train/hlo_costs.py) -----------------------------------------
+# --- The HLO breakdown (bertjax/aot/hlo_costs.py) -----------------------------------------
 
 # Batched matmuls as the TPU compiler writes them (from a compiled BERT step: 64 sequences of
 # 128 tokens per chip, 2 heads of 64), with the einsum each one computes.
@@ -362,7 +367,7 @@ CONVOLUTIONS = [
 def test_convolution_flops_equal_the_einsum_they_compute(lhs, rhs, out, attributes, sizes):
     import math
 
-    from bertjax.train import hlo_costs
+    from bertjax.aot import hlo_costs
 
     conv = hlo_costs.parse_instruction(
         f"  %conv = {out}{{3,2,1,0}} convolution(%a, %b), {attributes}, "
@@ -408,7 +413,7 @@ ENTRY %main (a: bf16[8,16], b: bf16[16,4]) -> f32[8,4] {
 
 
 def test_op_costs_count_hbm_bytes_matmul_flops_and_loop_trips():
-    from bertjax.train import hlo_costs
+    from bertjax.aot import hlo_costs
 
     costs = {c.name: c for c in hlo_costs.op_costs(HLO)}
     assert set(costs) == {"cs", "f", "y"}  # parameters, tuples, copy-done move nothing
@@ -431,7 +436,7 @@ def test_op_costs_take_the_compilers_cycle_estimates_and_a_kernels_cost_estimate
     """The TPU compiler's `estimated_cycles` per op (times a loop's trips) and, for a Pallas
     kernel (no estimate of the compiler's), the roofline of its cost_estimate in cycles; ops
     with neither count no cycles. Grouped, cycles over the clock are the model's seconds."""
-    from bertjax.train import hlo_costs
+    from bertjax.aot import hlo_costs
 
     text = """HloModule step
 
@@ -490,7 +495,7 @@ LB: loop body
 
 
 def test_scheduled_cycles_are_the_loop_body_times_its_trips_plus_the_rest():
-    from bertjax.train import kernel_schedule
+    from bertjax.aot import kernel_schedule
 
     assert kernel_schedule.scheduled_cycles(BUNDLES) == 3 + 3 * 5
     straight = "\n".join(line for line in BUNDLES.splitlines() if ">" not in line)
@@ -500,7 +505,7 @@ def test_scheduled_cycles_are_the_loop_body_times_its_trips_plus_the_rest():
 
 
 def test_flash_kernels_are_found_by_the_forward_kernels_results():
-    from bertjax.train import kernel_schedule
+    from bertjax.aot import kernel_schedule
 
     forward = ('  %f = (bf16[16,512,1024]{2,1,0:T(8,128)(2,1)}, f32[16,16,1,512]{3,2,1,0:T(1,128)})'
                ' custom-call(%s, %q, %k, %v, %a, %b), custom_call_target="tpu_custom_call", x\n')
@@ -518,8 +523,8 @@ def test_the_flash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofli
     split over the chip's 2 TensorCores, +2 trips to fill the pipeline), keyed by the
     cost_estimate the step's HLO carries; at 128 tokens the vector work makes both kernels
     slower than their roofline."""
+    from bertjax.aot import kernel_schedule
     from bertjax.models import dropout_attention, flash_attention
-    from bertjax.train import kernel_schedule
 
     slice_ = topology.parse("v5p-8")
     cycles, trips = {}, {}
@@ -540,7 +545,7 @@ def test_the_flash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofli
 
 
 def test_a_slice_moves_the_bytes_it_returns_not_its_whole_source():
-    from bertjax.train import hlo_costs
+    from bertjax.aot import hlo_costs
 
     # The TPU compiler's asynchronous slice (v6e): 4 MiB of a 31 MB HBM buffer into VMEM (the
     # backslash continues the HLO line).
@@ -582,14 +587,14 @@ s32[]{:S(2)}) slice-start(%p), slice={[0:4194304]}
     ("", "other"),
 ])
 def test_ops_are_categorised_by_their_module_path(name, expected):
-    from bertjax.train import hlo_costs
+    from bertjax.aot import hlo_costs
 
     assert hlo_costs.category("fusion", name) == expected
     assert hlo_costs.category("all-reduce-start", name) == "collectives"
 
 
 def test_unnamed_ops_are_other_unless_they_make_random_bits():
-    from bertjax.train import hlo_costs
+    from bertjax.aot import hlo_costs
 
     made_up = hlo_costs.parse_instruction(
         '  %b = u32[64,2]{1,0} broadcast(%x), metadata={op_name="broadcast.2168"}')
@@ -601,24 +606,24 @@ def test_unnamed_ops_are_other_unless_they_make_random_bits():
 def test_extrapolation_is_fixed_plus_per_layer_times_layers():
     import dataclasses
 
-    from bertjax.train import dry_run
+    from bertjax.aot import measure as aot_measure
 
     # fixed 10, per layer 3 (and 0.5 ms per layer over 1 ms fixed), from 1 and 2 layers
-    one = dry_run.Measure(1.0, 2.0, 13.0, 13.0, 13.0, 1.5e-3)
-    two = dry_run.Measure(1.0, 2.0, 16.0, 16.0, 16.0, 2.0e-3)
-    twelve = dry_run.extrapolate(one, two, 12, first=1)
+    one = aot_measure.Measure(1.0, 2.0, 13.0, 13.0, 13.0, 1.5e-3)
+    two = aot_measure.Measure(1.0, 2.0, 16.0, 16.0, 16.0, 2.0e-3)
+    twelve = aot_measure.extrapolate(one, two, 12, first=1)
     assert (twelve.temp_bytes, twelve.flops, twelve.bytes_accessed) == (46.0, 46.0, 46.0)
     assert twelve.argument_bytes == 1.0 and twelve.seconds == pytest.approx(7e-3)
     # The same line from 2 and 3 layers.
-    three = dry_run.Measure(1.0, 2.0, 19.0, 19.0, 19.0, 2.5e-3)
+    three = aot_measure.Measure(1.0, 2.0, 19.0, 19.0, 19.0, 2.5e-3)
     fields = ("argument_bytes", "output_bytes", "temp_bytes", "flops", "bytes_accessed",
               "seconds")
-    again = dry_run.extrapolate(two, three, 12, first=2)
+    again = aot_measure.extrapolate(two, three, 12, first=2)
     for field in fields:
         assert getattr(again, field) == pytest.approx(getattr(twelve, field)), field
     # No cost-model time on one side: none extrapolated.
     none = dataclasses.replace(two, seconds=None)
-    assert dry_run.extrapolate(one, none, 12, first=1).seconds is None
+    assert aot_measure.extrapolate(one, none, 12, first=1).seconds is None
 
 
 # BERT-mini (4 layers of 256), its 4 layers fitted from 2 and 3. A still smaller model is no

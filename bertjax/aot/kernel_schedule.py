@@ -98,7 +98,7 @@ def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], 
     return cycles
 
 
-_CHILD = ("import json, sys\nfrom bertjax.train import kernel_schedule\n"
+_CHILD = ("import json, sys\nfrom bertjax.aot import kernel_schedule\n"
           "print(json.dumps(kernel_schedule.compile_kernels(json.loads(sys.argv[1]))))")
 
 
@@ -110,9 +110,9 @@ def compile_kernels(spec: dict) -> dict[str, tuple[int, int]]:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+    from bertjax.aot import topology
     from bertjax.models import dropout_attention, flash_attention
     from bertjax.models.config import heads_per_tile
-    from bertjax.train import topology
 
     k = FlashKernels(**{f.name: spec[f.name] for f in dataclasses.fields(FlashKernels)})
     device = topology.devices(topology.parse(spec["topology"]))[0]

@@ -14,7 +14,7 @@ program (the entry computation and the bodies of its loops, times their trip cou
 - cycles: the TPU compiler's own cost-model estimate for the op (`estimated_cycles` in its
   backend config). A Pallas kernel's `custom-call` carries none: its `cost_estimate`'s
   roofline stands in, or, for the flash kernels, the larger of that and the cycles of the
-  schedule the compiler gave the kernel (bertjax/train/kernel_schedule.py). Summed and
+  schedule the compiler gave the kernel (bertjax/aot/kernel_schedule.py). Summed and
   divided by the chip's clock, they are the dry run's step time: a model of its own, not
   XLA's `optimal_seconds` (−4…+9% from it at 128 tokens, +36…46% at 512; docs/tpu_aot.md,
   "Two models of the step"), and libtpu annotates them on v4, v5e and v6e too, where it

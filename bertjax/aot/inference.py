@@ -12,9 +12,12 @@ import ml_collections
 from etils import epath
 
 from bertjax import paths
+from bertjax.aot import measure
+from bertjax.aot import topology as topology_lib
 from bertjax.errors import CheckpointError
 from bertjax.models import BertConfig
 from bertjax.serving.runs import read_finished_run
+from bertjax.tasks import get_task
 from bertjax.tasks.base import Task, _predict
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
@@ -57,12 +60,7 @@ def inference_costs(workdir: str, topology: str | None = None, batch_size: int |
     """([cost per batch shape], chips, a header line) of a finished run's predict step:
     compiled by the TPU compiler for `topology`'s slice (any machine; dtype bfloat16 unless
     given), or for this machine's devices, the layers unrolled and measured as the training
-    dry run does (bertjax.train.dry_run.calibrated). Abstract shapes only: no checkpoint is
-    read."""
-    from bertjax.tasks import get_task
-    from bertjax.train import dry_run
-    from bertjax.train import topology as topology_lib
-
+    dry run does (measure.calibrated). Abstract shapes only: no checkpoint is read."""
     record, _ = read_finished_run(workdir)
     config = ml_collections.ConfigDict(
         paths.read_json_object(epath.Path(workdir) / CONFIG_FILE, CheckpointError))
@@ -92,15 +90,15 @@ def inference_costs(workdir: str, topology: str | None = None, batch_size: int |
         spec = task.batch_spec(rows, length)
         step = jax.jit(functools.partial(_predict, task=task, model=model),
                        in_shardings=(shardings, jax.tree.map(lambda _: batch_sharding, spec)))
-        return dry_run.compile_and_measure(step, (abstract, spec), slice_)
+        return measure.compile_and_measure(step, (abstract, spec), slice_)
 
     costs, method = [], ""
     for rows, length in batch_shapes(task, int(config.max_seq_length), batch_size):
-        m, method = dry_run.calibrated(functools.partial(compile_layers, rows=rows,
+        m, method = measure.calibrated(functools.partial(compile_layers, rows=rows,
                                                          length=length),
                                        model_config.num_layers)
         if isinstance(m, str):  # out of memory: a row that does not fit
-            needed = dry_run.oom_sizes(m)[0]
+            needed = measure.oom_sizes(m)[0]
             costs.append(InferenceCost(length, rows, needed or float("inf"),
                                        slice_.hbm_bytes if slice_ else 0.0, None, None))
             continue
