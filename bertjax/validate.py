@@ -11,7 +11,11 @@ from __future__ import annotations
 import os
 
 from bertjax import paths
+from bertjax.checkpoint_dir import check_sizes, count_vocab, load_config, vocab_path
 from bertjax.errors import CheckpointError, ConfigError
+from bertjax.models import BertConfig
+from bertjax.train import profiling
+from bertjax.train import step as step_lib
 
 # ------------------------------------------------------------------------------ config ranges
 
@@ -52,8 +56,6 @@ def model_config(fields):
     """BertConfig of config.model fields: it checks every model field. dtype "auto" is checked
     as float32: resolving it queries the JAX backend, which must wait for
     jax.distributed.initialize()."""
-    from bertjax.models import BertConfig
-
     fields = dict(fields)
     if fields.get("dtype") == "auto":
         fields["dtype"] = "float32"
@@ -82,9 +84,6 @@ def check_common(config) -> None:
         value = number(config, path)
         if value is not None and not (isinstance(value, (int, float)) and 0 <= value < 1):
             raise ConfigError(f"config.{path}={value!r} must be in [0, 1)")
-    from bertjax.train import profiling
-    from bertjax.train import step as step_lib
-
     profiling.steps_of(config)
     reduce_dtype = number(config, "train.grad_reduce_dtype")
     if reduce_dtype is not None and reduce_dtype not in step_lib.GRAD_REDUCE_DTYPES:
@@ -118,8 +117,6 @@ def check_workdir(workdir: str, flag: str = "--workdir") -> None:
 def check_init_checkpoint(directory: str, model=None, field: str = "config.init_checkpoint"):
     """A readable bertjax checkpoint directory (its config.json read once) whose sizes match
     `model` (when given); its BertConfig."""
-    from bertjax.checkpoint_dir import check_sizes, load_config
-
     if not paths.exists(directory):
         raise CheckpointError(f"{field}={directory}: no such directory")
     try:
@@ -135,8 +132,6 @@ def check_checkpoint_vocab(directory: str, loaded, field: str = "config.init_che
     """The checkpoint's own vocabulary (the fine-tuning tokenizer) fits its word embeddings:
     fewer entries than rows is what bertjax.load_pretrained accepts (ids index the rows), more
     would index past them. Checked here so the job stops before its data is read."""
-    from bertjax.checkpoint_dir import count_vocab, vocab_path
-
     try:
         entries = count_vocab(vocab_path(directory))
     except CheckpointError:

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 
+from bertjax.aot import hlo_costs, kernel_schedule
 from bertjax.aot import topology as topology_lib
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
@@ -71,8 +72,6 @@ def measure(compiled, slice_: topology_lib.Slice | None, flash: tuple[float, boo
     """A compiled step's memory, FLOPs, bytes, cost-model time and (on a slice) its ops'
     costs. flash: (attention dropout rate, causal) where the model runs the flash kernels,
     whose time is then at least their compiled schedule's (bertjax/aot/kernel_schedule.py)."""
-    from bertjax.aot import hlo_costs, kernel_schedule
-
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
@@ -105,8 +104,6 @@ def extrapolate(one: Measure, two: Measure, layers: int, first: int = FIT_LAYERS
 
     groups = None
     if one.groups and two.groups:
-        from bertjax.aot import hlo_costs
-
         groups = {k: hlo_costs.extrapolate_groups(one.groups[k], two.groups[k],
                                                   layers - first + 1)
                   for k in one.groups}

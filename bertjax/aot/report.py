@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from bertjax.aot import hlo_costs
 from bertjax.aot import topology as topology_lib
 from bertjax.aot.measure import GIB, StageCost, compile_stages
 from bertjax.train import sharding as sharding_lib
@@ -94,8 +95,6 @@ def fit_hints(costs: list[StageCost], job) -> list[str]:
 def breakdown_lines(cost: StageCost, top: int = 25) -> list[str]:
     """--breakdown: the stage's HBM bytes, matmul FLOPs, per-op roofline and per-op estimated
     time by category and by op (bertjax/aot/hlo_costs.py)."""
-    from bertjax.aot import hlo_costs
-
     groups = cost.groups or {}
     if not groups:
         return []

@@ -18,8 +18,11 @@ from typing import Any
 
 from bertjax.errors import ConfigError
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
+from bertjax.tasks import checks
 from bertjax.tasks.base import FineTuningJob, Splits, Task
 from bertjax.tasks.classification.task import SequenceTask, classification_loss, regression_loss
+from bertjax.train import flops as flops_lib
+from bertjax.train import loop
 
 # config.task.family → "module:Task class" (imported when used).
 FAMILIES: dict[str, str] = {
@@ -49,9 +52,6 @@ def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
     Returns {"status", "best_step", "best": dev metrics of the best checkpoint,
     "primary_metric", "history", "total_steps"}.
     """
-    from bertjax.tasks import checks
-    from bertjax.train import loop
-
     checks.check(config, workdir)  # before the data is read or anything is written
     job = FineTuningJob(get_task(config), config, log=log)
     return loop.train(job, config, workdir, log=log)
@@ -60,9 +60,6 @@ def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
 def dry_run_job(config, log=print):
     """The job of `config` for `--dry_run` (its data and checkpoint are read, nothing is
     trained), with the model FLOPs of its stage for MFU: 3 × the encoder's forward pass."""
-    from bertjax.tasks import checks
-    from bertjax.train import flops as flops_lib
-
     checks.check(config, None)
     job = FineTuningJob(get_task(config), config, log=log)
     stage = job.stages[0]

@@ -55,6 +55,7 @@ import ml_collections
 import numpy as np
 from etils import epath
 
+from bertjax import checkpoint_dir
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.tasks import chunks
 from bertjax.train import configs, multihost
@@ -93,8 +94,10 @@ class TrainingTask:
 
     metric_names: tuple[str, ...] = ()
     primary_metric: str = ""
-    min_bucket_length: int = 16  # config.min_bucket_length: the shortest length bucket
     pooled_only: bool = False  # the head reads the pooled token alone (model FLOPs)
+
+    def __init__(self, config):
+        self.min_bucket_length = config.min_bucket_length  # the shortest length bucket
 
     def read(self, config) -> Splits:
         raise NotImplementedError
@@ -259,12 +262,10 @@ class EpochInput:
 def load_pretrained_model(config):
     """(model config with config.model overrides and the dtype policy, host params, tokenizer)
     of config.init_checkpoint."""
-    from bertjax.checkpoint_dir import load_pretrained
-
     overrides = dict(config.model)
     overrides["dtype"] = configs.compute_dtype(overrides.get("dtype", "auto"))
     try:
-        return load_pretrained(config.init_checkpoint, **overrides)
+        return checkpoint_dir.load_pretrained(config.init_checkpoint, **overrides)
     except CheckpointError as e:
         raise CheckpointError(f"config.init_checkpoint: {e}") from None
 
@@ -354,8 +355,6 @@ class FineTuningJob(Job):
     def write_export(self, workdir: epath.Path) -> None:
         """export.json, and the vocabulary beside it: the record names it relative to the
         workdir, so a moved or copied run still predicts and converts."""
-        from bertjax import checkpoint_dir
-
         vocab = checkpoint_dir.vocab_path(self.config.init_checkpoint)
         multihost.write_from_main(lambda: (workdir / vocab.name).write_bytes(vocab.read_bytes()))
         write_json(workdir / EXPORT_FILE, self.export_record(vocab.name))

@@ -8,22 +8,39 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any
 
 from bertjax import paths
 from bertjax.errors import DataError
 
 
-def write_chunk(directory: str, number: int, suffix: str, write) -> str:
-    chunk = os.path.join(directory, f"chunk{number}{suffix}")
-    with open(chunk, "w", encoding="utf-8", newline="") as f:
-        write(f)
-    return chunk
+def chunk_files(units: Iterable[tuple[Any, int]], rows: int, directory: str, suffix: str,
+                write: Callable[[IO[str], list], None]) -> Iterator[tuple[str, int]]:
+    """Consecutive units (an item, the rows it holds) gathered into chunk files of at least
+    `rows` rows, cut only between units: (`directory`/chunk<n><suffix>, its first row's
+    0-based number), each written by `write(file, items)`. An empty input gives one empty
+    chunk (what the one-shot reader reads of an empty file)."""
+    start, items, count, number = 0, [], 0, 0
+
+    def flush() -> str:
+        chunk = os.path.join(directory, f"chunk{number}{suffix}")
+        with open(chunk, "w", encoding="utf-8", newline="") as f:
+            write(f, items)
+        return chunk
+
+    for item, n in units:
+        if count >= rows:
+            yield flush(), start
+            start, items, count, number = start + count, [], 0, number + 1
+        items.append(item)
+        count += n
+    if items or start == 0:
+        yield flush(), start
 
 
 def csv_chunks(path: str, rows: int, id_field: str, directory: str, fill_empty: bool = True,
-                encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
+               encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
     """CSV / TSV chunks, the header repeated; a row without an id (the column absent, or with
     `fill_empty` its cell empty) gets its 0-based row number in the whole file (what the
     one-shot reader gives it)."""
@@ -36,49 +53,35 @@ def csv_chunks(path: str, rows: int, id_field: str, directory: str, fill_empty: 
         names = [h.strip() for h in header]
         add_id = id_field not in names
         column = len(header) if add_id else names.index(id_field)
-        start, buffer, number = 0, [], 0
 
-        def flush():
-            def write(out):
-                writer = csv.writer(out, delimiter=delimiter)
-                writer.writerow(header + ([id_field] if add_id else []))
-                writer.writerows(buffer)
-            return write_chunk(directory, number, path[-4:], write)
-
-        for row in reader:
-            if not row or not any(x.strip() for x in row):
-                continue
-            index = start + len(buffer)
+        def with_id(index: int, row: list[str]) -> list[str]:
             if add_id:
-                row = row + [""] * max(len(header) - len(row), 0) + [str(index)]
-            elif fill_empty and column < len(row) and row[column] == "":
-                row = row[:column] + [str(index)] + row[column + 1:]
-            buffer.append(row)
-            if len(buffer) == rows:
-                yield flush(), start
-                start, buffer, number = start + rows, [], number + 1
-        if buffer or start == 0:
-            yield flush(), start
+                return row + [""] * max(len(header) - len(row), 0) + [str(index)]
+            if fill_empty and column < len(row) and row[column] == "":
+                return row[:column] + [str(index)] + row[column + 1:]
+            return row
+
+        def write(out, batch):
+            writer = csv.writer(out, delimiter=delimiter)
+            writer.writerow(header + ([id_field] if add_id else []))
+            writer.writerows(batch)
+
+        filled = enumerate(row for row in reader if row and any(x.strip() for x in row))
+        yield from chunk_files(((with_id(i, row), 1) for i, row in filled), rows, directory,
+                               path[-4:], write)
 
 
 def jsonl_chunks(path: str, rows: int, id_field: str | None, directory: str,
-                  encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
+                 encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
     """JSONL chunks; an object without `id_field` gets its 0-based number in the whole file."""
-    start, buffer, number = 0, [], 0
+    records = enumerate(record for _, record in paths.jsonl_records(path, DataError, encoding))
+    units = (({**record, id_field: i} if id_field and id_field not in record else record, 1)
+             for i, record in records)
+    yield from chunk_files(units, rows, directory, ".jsonl", write_jsonl)
 
-    def flush():
-        return write_chunk(directory, number, ".jsonl",
-                            lambda out: out.writelines(dump(r) + "\n" for r in buffer))
 
-    for _, record in paths.jsonl_records(path, DataError, encoding):
-        if id_field and id_field not in record:
-            record = {**record, id_field: start + len(buffer)}
-        buffer.append(record)
-        if len(buffer) == rows:
-            yield flush(), start
-            start, buffer, number = start + rows, [], number + 1
-    if buffer or start == 0:
-        yield flush(), start
+def write_jsonl(out: IO[str], records: list[dict[str, Any]]) -> None:
+    out.writelines(dump(r) + "\n" for r in records)
 
 
 def json_array_items(path: str, key: str, block: int = 1 << 20,

@@ -54,7 +54,6 @@ def get_config(scale: str = "demo"):
                         for size, values in zip(PAPER_SIZES, PAPER_VALUES)}
     else:
         common.set_demo_tasks(config, scale, "rotten_tomatoes")
-        # Demo: one lr, the demo model's 3e-4. The other sizes are still near chance after
-        # the first of the two epochs there, but 1e-3 was worse for all four sizes (measured:
-        # 56.4, 64.0, 49.2, 50.8), so a grid would only double the fine-tuning time.
+        # Demo: one lr, the demo model's 3e-4: 1e-3 was worse for all four sizes
+        # (docs/reproducing.md, Table 6), so a grid would only double the fine-tuning time.
     return config

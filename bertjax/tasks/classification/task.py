@@ -93,8 +93,8 @@ class SequenceTask(Task):
     (config.task.kind: classification | regression | multiple_choice)."""
 
     def __init__(self, config):
+        super().__init__(config)
         self.family, self.name = config.task.family, config.task.name
-        self.min_bucket_length = config.min_bucket_length
         self.train_batch_size = config.train.batch_size
         self.group_by_length = bool(config.train.get("group_by_length", False))
         self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from bertjax import paths
 from bertjax.errors import ConfigError, DataError
+from bertjax.models.config import BertConfig
 from bertjax.tasks.pretraining.rules import packing_enabled, plan_phases
+from bertjax.tokenization import load_tokenizer
 from bertjax.validate import (
     check_common,
     check_init_checkpoint,
@@ -58,8 +60,6 @@ def vocab_size(config, given: bool = False) -> int | None:
     path = config.get("vocab")
     if not path:
         return None
-    from bertjax.models.config import BertConfig
-
     entries = vocab_entries(path)
     size = config.model.get("vocab_size")
     if size == entries:
@@ -76,8 +76,6 @@ def load_vocab(path: str, field: str = "config.vocab"):
     """The tokenizer of `path` (a vocab.txt, SentencePiece model or tokenizer directory)."""
     if not paths.exists(path):
         raise ConfigError(f"{field}={path}: no such vocabulary file or directory")
-    from bertjax.tokenization import load_tokenizer
-
     try:
         return load_tokenizer(path)
     except DataError as e:  # VocabError: the message names the file

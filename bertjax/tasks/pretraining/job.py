@@ -19,9 +19,10 @@ from typing import Any
 import jax
 from etils import epath
 
+from bertjax.checkpoint_dir import check_sizes, load_config, load_params, save_pretrained
 from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.tasks.pretraining import rules
-from bertjax.tasks.pretraining.input import masking_mix
+from bertjax.tasks.pretraining import checks, rules
+from bertjax.tasks.pretraining.input import make_input_fn, masking_mix
 from bertjax.tasks.pretraining.objective import (
     batch_spec,
     eval_metrics,
@@ -29,7 +30,7 @@ from bertjax.tasks.pretraining.objective import (
     loss_denominators,
     step_fns,
 )
-from bertjax.train import configs, multihost
+from bertjax.train import configs, loop, multihost
 from bertjax.train import flops as flops_lib
 from bertjax.train.loop import Job, Stage
 from bertjax.train.optimizer import make_optimizer
@@ -38,8 +39,6 @@ from bertjax.train.optimizer import make_optimizer
 def load_init_params(directory: str, model_cfg: BertConfig) -> dict[str, Any]:
     """Host params of a bertjax checkpoint directory (a phase-1 export or a converted release)
     in this run's layout and dtype; the model sizes must agree. No tokenizer is loaded."""
-    from bertjax.checkpoint_dir import check_sizes, load_config, load_params
-
     check_sizes(load_config(directory), model_cfg, f"config.init_checkpoint={directory}")
     return load_params(directory, model_cfg)
 
@@ -137,8 +136,6 @@ class PretrainingJob(Job):
         Every process joins the gather and the save (bertjax.train.multihost)."""
         if not self.config.get("vocab"):
             return
-        from bertjax.checkpoint_dir import save_pretrained
-
         save_pretrained(workdir / "export", self.model_config, multihost.to_host(params),
                         self.config.vocab, overwrite=True,
                         provenance={"source": "bertjax.pretrain"})
@@ -148,8 +145,6 @@ class PretrainingJob(Job):
 
 def make_job(config) -> PretrainingJob:
     """The job of a checked config (checks.check), reading its phases' TFRecords."""
-    from bertjax.tasks.pretraining.input import make_input_fn
-
     return PretrainingJob(config, make_input_fn(config))
 
 
@@ -158,8 +153,5 @@ def train(config, workdir: str, vocab_size_given: bool = False, log=print) -> di
     (checks.check: a bad phase-2 pattern must not surface after all of phase 1); exports the
     final model to workdir/export when config.vocab is set. Returns the loop's summary
     ({"status", ...}, bertjax.train.loop.train)."""
-    from bertjax.tasks.pretraining import checks
-    from bertjax.train import loop
-
     checks.check(config, workdir, vocab_size_given, log)
     return loop.train(make_job(config), config, workdir, log=log)

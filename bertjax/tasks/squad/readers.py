@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from bertjax import paths
 from bertjax.errors import ConfigError, DataError
-from bertjax.tasks.chunks import dump, json_array_items, write_chunk
+from bertjax.tasks.chunks import chunk_files, dump, json_array_items
 
 
 @dataclasses.dataclass
@@ -167,23 +167,17 @@ def read_squad(spec: str, split: str, data_dir: str | None = None,
 
 
 def squad_json_chunks(path: str, rows: int, directory: str,
-                       encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
+                      encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
     """SQuAD-layout .json chunks of whole paragraphs holding at least `rows` questions (an
     article's paragraphs may fall in two chunks: each question is predicted by itself)."""
-    start, buffer, questions, number = 0, [], 0, 0
+    def paragraphs():
+        for article in json_array_items(path, "data", encoding=encoding):
+            if not isinstance(article, dict):
+                raise DataError(f"{path}: data[] holds {type(article).__name__}, not articles")
+            for paragraph in article.get("paragraphs") or ():
+                questions = (len(paragraph.get("qas") or ()) if isinstance(paragraph, dict)
+                             else 0)
+                yield {"title": article.get("title", ""), "paragraphs": [paragraph]}, questions
 
-    def flush():
-        return write_chunk(directory, number, ".json",
-                            lambda out: out.write(dump({"data": buffer})))
-
-    for article in json_array_items(path, "data", encoding=encoding):
-        if not isinstance(article, dict):
-            raise DataError(f"{path}: data[] holds {type(article).__name__}, not articles")
-        for paragraph in article.get("paragraphs") or ():
-            buffer.append({"title": article.get("title", ""), "paragraphs": [paragraph]})
-            questions += len(paragraph.get("qas") or ()) if isinstance(paragraph, dict) else 0
-            if questions >= rows:
-                yield flush(), start
-                start, buffer, questions, number = start + questions, [], 0, number + 1
-    if buffer or start == 0:
-        yield flush(), start
+    yield from chunk_files(paragraphs(), rows, directory, ".json",
+                           lambda out, articles: out.write(dump({"data": articles})))

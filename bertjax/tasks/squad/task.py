@@ -102,13 +102,13 @@ class SquadTask(Task):
     n_best_size, max_answer_length, null_threshold (None: chosen on dev), num_workers."""
 
     def __init__(self, config):
+        super().__init__(config)
         task = config.task
         self.version_2 = bool(task.version_2)
         self.doc_stride, self.max_query_length = task.doc_stride, task.max_query_length
         self.n_best_size, self.max_answer_length = task.n_best_size, task.max_answer_length
         self.null_threshold = task.get("null_threshold")
         self.num_workers = task.get("num_workers", 1)
-        self.min_bucket_length = config.min_bucket_length  # prediction buckets' shortest
         self.bilstm_units = int(task.get("bilstm_units", 0))  # 0: the paper's head
         self.threshold = 0.0 if self.null_threshold is None else float(self.null_threshold)
         if self.version_2:

@@ -13,11 +13,12 @@ in an iob2 file), an empty sentence, a JSON line that is not an object.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+import itertools
+from collections.abc import Iterable, Iterator, Sequence
 
 from bertjax import paths
 from bertjax.errors import DataError
-from bertjax.tasks.chunks import dump, write_chunk
+from bertjax.tasks.chunks import chunk_files, write_jsonl
 from bertjax.tasks.tagging.schemes import SCHEMES, convert, scheme_error, split_tag
 
 
@@ -272,46 +273,42 @@ def check_labels(sentences: Sequence[Sentence], labels: Sequence[str]) -> None:
 
 
 def conll_chunks(path: str, rows: int, directory: str, encoding: str = paths.DEFAULT_ENCODING
-                  ) -> Iterator[tuple[str, int]]:
+                 ) -> Iterator[tuple[str, int]]:
     """CoNLL chunks of at least `rows` sentences, cut only where a document starts
     (-DOCSTART-): a sentence's document context stays what the whole file gives it."""
-    start, lines, sentences, number, in_sentence = 0, [], 0, 0, False
-
-    def flush():
-        return write_chunk(directory, number, ".conll", lambda out: out.writelines(lines))
-
     with paths.open_text(path, encoding) as f:
-        for raw in f:
-            fields = raw.split()
-            if fields and fields[0] == "-DOCSTART-" and sentences >= rows:
-                yield flush(), start
-                start, lines, sentences, number = start + sentences, [], 0, number + 1
-            if fields and fields[0] != "-DOCSTART-":
-                sentences += not in_sentence
-                in_sentence = True
-            else:
-                in_sentence = False
-            lines.append(raw if raw.endswith("\n") else raw + "\n")
-    if lines or start == 0:
-        yield flush(), start
+        yield from chunk_files(conll_documents(f), rows, directory, ".conll",
+                               lambda out, documents: out.writelines(
+                                   line for lines in documents for line in lines))
+
+
+def conll_documents(lines: Iterable[str]) -> Iterator[tuple[list[str], int]]:
+    """(a document's lines, from its -DOCSTART- line (none for the first) to the next, its
+    sentences: runs of word lines)."""
+    document, sentences, in_sentence = [], 0, False
+    for raw in lines:
+        fields = raw.split()
+        if fields and fields[0] == "-DOCSTART-" and document:
+            yield document, sentences
+            document, sentences = [], 0
+        if fields and fields[0] != "-DOCSTART-":
+            sentences += not in_sentence
+            in_sentence = True
+        else:
+            in_sentence = False
+        document.append(raw if raw.endswith("\n") else raw + "\n")
+    if document:
+        yield document, sentences
 
 
 def tagging_jsonl_chunks(path: str, rows: int, directory: str,
-                          encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
+                         encoding: str = paths.DEFAULT_ENCODING) -> Iterator[tuple[str, int]]:
     """JSONL tagging chunks of at least `rows` sentences, cut only where a document starts (a
     line without a "document" field, or with another value than the line before)."""
-    start, buffer, number, previous = 0, [], 0, None
-
-    def flush():
-        return write_chunk(directory, number, ".jsonl",
-                            lambda out: out.writelines(dump(r) + "\n" for r in buffer))
-
-    for _, record in paths.jsonl_records(path, DataError, encoding):
-        document = record["document"] if "document" in record else object()  # alone
-        if len(buffer) >= rows and document != previous:
-            yield flush(), start
-            start, buffer, number = start + len(buffer), [], number + 1
-        previous = document
-        buffer.append(record)
-    if buffer or start == 0:
-        yield flush(), start
+    records = (record for _, record in paths.jsonl_records(path, DataError, encoding))
+    # A line without a document field is a document of its own.
+    documents = itertools.groupby(
+        records, lambda record: record["document"] if "document" in record else object())
+    units = ((group, len(group)) for group in (list(lines) for _, lines in documents))
+    yield from chunk_files(units, rows, directory, ".jsonl",
+                           lambda out, groups: write_jsonl(out, [r for g in groups for r in g]))

@@ -75,8 +75,8 @@ class TokenClassificationTask(Task):
     """config.task.family = token_classification; config.task.name: conll2003 | files."""
 
     def __init__(self, config):
+        super().__init__(config)
         self.config = config
-        self.min_bucket_length = config.min_bucket_length
         self.train_batch_size = config.train.batch_size
         self.group_by_length = bool(config.train.get("group_by_length", False))
         self.scheme = config.task.label_scheme
