@@ -21,14 +21,21 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-# tests/ mirrors the tree, one folder per part; test modules import each other's helpers by
-# module name (the names are unique), in this process and in the Python subprocesses they
-# start: every folder of tests/ is on the import path of both.
+# tests/ mirrors the tree, one folder per part. Helpers shared by several test modules live in
+# plain modules beside them (names not starting with test_; those of several folders at the
+# top: regression_job.py, squad_data.py, ...); no test module imports another. Test modules
+# import the helpers by module name (the names are unique), in this process and in the Python
+# subprocesses they start: every folder of tests/ is on the import path of both.
 TEST_DIRS = [str(d) for d in sorted({ROOT / "tests",
                                      *(f.parent for f in (ROOT / "tests").rglob("test_*.py"))})]
 sys.path[1:1] = [d for d in TEST_DIRS if d not in sys.path]
 os.environ["PYTHONPATH"] = os.pathsep.join(
     TEST_DIRS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+
+# The helper modules' asserts report their operands as the test modules' do.
+pytest.register_assert_rewrite(*sorted(
+    f.stem for d in TEST_DIRS for f in Path(d).glob("*.py")
+    if not f.stem.startswith("test_") and f.stem != "conftest"))
 
 
 # A sentiment-like task for fine-tuning tests: filler words and a keyword that decides the label.

@@ -863,7 +863,7 @@ def test_a_demo_whose_step_fails_ends_in_one_line(tmp_path):
 # fails with ENOSPC), while orbax's asynchronous save threads are still running.
 FAILED_SAVE_COMMAND = """
 import resource, signal, sys
-import test_faults as t
+import regression_job as rj
 from bertjax import cli
 from bertjax.train import checkpoints
 
@@ -880,7 +880,7 @@ def save_on_a_full_disk(self, step, *args, **kwargs):
 def main(argv):
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill
     checkpoints.Checkpointer.save = save_on_a_full_disk
-    t.run(argv[1], 4, pad=64)
+    rj.run(argv[1], 4, pad=64)
 
 
 cli.run(main)

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 
 from bertjax.aot import topology as topology_lib
-from bertjax.aot.measure import use_tpu_dtype
+from bertjax.aot.measure import GIB, use_tpu_dtype
 from bertjax.aot.report import global_batch, run_on_slice
 from bertjax.aot.sweep import sweep
 from bertjax.errors import ConfigError
@@ -54,61 +54,51 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
     total = sum(n for _, n in table)
     bert_total = sum(n for name, n in table if name.startswith("bert/"))
     print_fn(f"Parameters of {type(job.model).__name__} ({config.get('preset', 'custom')}):")
-    for name, n in table:
+    for name, n in table + [("bert (BertModel)", bert_total), ("total", total)]:
         print_fn(f"  {name:<20} {n:>14,}")
-    print_fn(f"  {'bert (BertModel)':<20} {bert_total:>14,}")
-    print_fn(f"  {'total':<20} {total:>14,}")
 
     devices = mesh.devices.size
-    print_fn(
-        f"Mesh {dict(mesh.shape)} on {devices} x {jax.devices()[0].device_kind}; "
-        f"{global_batch(job, micro_batches=False)}; compute dtype {job.model_config.dtype}"
-    )
+    print_fn(f"Mesh {dict(mesh.shape)} on {devices} x {jax.devices()[0].device_kind}; "
+             f"{global_batch(job, micro_batches=False)}; compute dtype {job.model_config.dtype}")
     batch_sharding = sharding_lib.batch_sharding(mesh, config.logical_axis_rules)
     train_steps = step_lib.stage_train_steps(job, tx, schedule, state_sharding, batch_sharding,
                                              config.logical_axis_rules)
-    stages = {}
-    header = (
-        f"  {'stage':<8} {'seq':>5} {'preds':>5} {'GFLOP/seq':>10} {'XLA GFLOP/seq':>14} "
-        f"{'args GiB':>9} {'temp GiB':>9} {'total GiB/device':>17}"
-    )
     print_fn("Train step per stage (FLOPs: forward + backward; memory: per device):")
-    print_fn(header)
+    print_fn(f"  {'stage':<8} {'seq':>5} {'preds':>5} {'GFLOP/seq':>10} {'XLA GFLOP/seq':>14} "
+             f"{'args GiB':>9} {'temp GiB':>9} {'total GiB/device':>17}")
+    stages = {}
     for stage in job.stages:
-        # Masked-LM predictions per sequence (0 for fine-tuning heads).
-        positions = stage.batch_spec.get("masked_lm_positions")
-        preds = positions.shape[1] if positions is not None else 0
         compiled = train_steps[stage.name].lower(abstract_state, stage.batch_spec).compile()
-        memory = compiled.memory_analysis()
-        cost = compiled.cost_analysis()
-        cost = cost[0] if isinstance(cost, list | tuple) else cost
-        # XLA counts a scanned loop body once, so its figure is only meaningful unrolled.
-        xla_flops = None
-        if cost and not job.model_config.scan_layers:
-            batch_size = step_lib.stage_batch(job, stage)[0]
-            xla_flops = float(cost.get("flops", 0.0)) * devices / batch_size
-        flops = stage.flops_per_example
-        args = memory.argument_size_in_bytes
-        temp = memory.temp_size_in_bytes
-        total_bytes = args + memory.output_size_in_bytes - memory.alias_size_in_bytes + temp
-        gib = 1024.0**3
-        stages[stage.name] = dict(
-            seq_len=stage.tokens_per_example,
-            max_predictions=preds,
-            flops_per_sequence=flops,
-            xla_flops_per_sequence=xla_flops,
-            argument_bytes=args,
-            temp_bytes=temp,
-            total_bytes=total_bytes,
-        )
-        print_fn(
-            f"  {stage.name:<8} {stage.tokens_per_example:>5} {preds:>5} {flops / 1e9:>10.2f} "
-            f"{'n/a' if xla_flops is None else f'{xla_flops / 1e9:.2f}':>14} "
-            f"{args / gib:>9.3f} {temp / gib:>9.3f} "
-            f"{total_bytes / gib:>17.3f}"
-        )
+        row = stages[stage.name] = stage_figures(compiled, job, stage, devices)
+        xla = row["xla_flops_per_sequence"]
+        print_fn(f"  {stage.name:<8} {row['seq_len']:>5} {row['max_predictions']:>5} "
+                 f"{row['flops_per_sequence'] / 1e9:>10.2f} "
+                 f"{'n/a' if xla is None else f'{xla / 1e9:.2f}':>14} "
+                 f"{row['argument_bytes'] / GIB:>9.3f} {row['temp_bytes'] / GIB:>9.3f} "
+                 f"{row['total_bytes'] / GIB:>17.3f}")
     return {"parameters": dict(table), "total": total, "bert_total": bert_total,
             "phases": stages}
+
+
+def stage_figures(compiled, job, stage, devices: int) -> dict[str, Any]:
+    """A stage's compiled step on this machine: sequence length, masked-LM predictions per
+    sequence (0 for fine-tuning heads), model and XLA FLOPs per sequence, bytes per device."""
+    positions = stage.batch_spec.get("masked_lm_positions")
+    memory = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    # XLA counts a scanned loop body once, so its figure is only meaningful unrolled.
+    xla_flops = None
+    if cost and not job.model_config.scan_layers:
+        batch_size = step_lib.stage_batch(job, stage)[0]
+        xla_flops = float(cost.get("flops", 0.0)) * devices / batch_size
+    args, temp = memory.argument_size_in_bytes, memory.temp_size_in_bytes
+    return dict(seq_len=stage.tokens_per_example,
+                max_predictions=positions.shape[1] if positions is not None else 0,
+                flops_per_sequence=stage.flops_per_example, xla_flops_per_sequence=xla_flops,
+                argument_bytes=args, temp_bytes=temp,
+                total_bytes=args + memory.output_size_in_bytes - memory.alias_size_in_bytes
+                + temp)
 
 
 def on_slice(make_job: Callable[[Any], Any], config, topology: str | None, sweep_: bool = False,

@@ -9,7 +9,6 @@ import functools
 import flax.linen as nn
 import jax
 import ml_collections
-from etils import epath
 
 from bertjax import paths
 from bertjax.aot import measure
@@ -21,7 +20,7 @@ from bertjax.tasks import get_task
 from bertjax.tasks.base import Task, _predict
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
-from bertjax.train.workdir import CONFIG_FILE
+from bertjax.train.workdir import run_config_path
 
 
 @dataclasses.dataclass
@@ -63,7 +62,7 @@ def inference_costs(workdir: str, topology: str | None = None, batch_size: int |
     dry run does (measure.calibrated). Abstract shapes only: no checkpoint is read."""
     record, _ = read_finished_run(workdir)
     config = ml_collections.ConfigDict(
-        paths.read_json_object(epath.Path(workdir) / CONFIG_FILE, CheckpointError))
+        paths.read_json_object(run_config_path(workdir), CheckpointError))
     task = get_task(config)
     task.restore(record.get("task") or task.legacy_state(record, config))
     fields = dict(record["model"])

@@ -3,7 +3,7 @@
   <cell>/results.json    the run finished (bertjax.train.workdir.RESULTS_FILE)
   <cell>/diverged.json   a fine-tuning run whose loss diverged (bertjax.errors.TrainingError),
                          {"error": its message}: finished too, a normal outcome of a grid
-  <cell>/config.json     the run's config (written by the training loop)
+  <cell>/run_config.json the run's config (written by the training loop)
 
 A cell with neither file is started (its directory exists: a rerun resumes it from its last
 checkpoint) or still to do. A finished cell is reused only with the config it ran with."""
@@ -19,7 +19,7 @@ from etils import epath
 
 from bertjax.errors import ConfigError, TrainingError
 from bertjax.train import multihost
-from bertjax.train.workdir import CONFIG_FILE, DIVERGED_FILE, RESULTS_FILE, flatten
+from bertjax.train.workdir import DIVERGED_FILE, RESULTS_FILE, flatten, run_config_path
 
 DONE, DIVERGED, STARTED, TO_DO = "done", "diverged", "started", "to do"
 
@@ -62,7 +62,7 @@ def finetune_cell(config, workdir: str, log: Callable[[str], Any],
 def check_same_config(run_dir: epath.Path, config) -> None:
     """A finished run may be reused only if it ran with exactly this config: otherwise a
     ConfigError naming (up to five of) the differing fields."""
-    stored = run_dir / CONFIG_FILE
+    stored = run_config_path(run_dir)
     if not stored.exists():
         return
     old, new = json.loads(stored.read_text()), json.loads(config.to_json_best_effort())

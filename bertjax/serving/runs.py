@@ -1,7 +1,7 @@
 """A finished fine-tuning run, from its workdir or its transformers export: the task with its
 learnt state, the model config, the best checkpoint's params and the tokenizer (`TrainedModel`).
 
-A finished workdir holds `config.json` (the run's config: task family, field names,
+A finished workdir holds `run_config.json` (the run's config: task family, field names,
 max_seq_length, batch sizes, mesh), `results.json` (the best step), `export.json` (model
 config, vocabulary, casing, and the task's `state()`: labels, kind, the v2.0 null threshold)
 and the best checkpoint; `python -m bertjax.convert to_hf --input=WORKDIR` reads them the same
@@ -25,7 +25,7 @@ from bertjax.errors import CheckpointError, ConfigError
 from bertjax.models import BertConfig
 from bertjax.tasks.base import Task
 from bertjax.train import configs
-from bertjax.train.workdir import CONFIG_FILE, EXPORT_FILE, RESULTS_FILE
+from bertjax.train.workdir import EXPORT_FILE, RESULTS_FILE, run_config_path
 
 
 def read_finished_run(workdir: str | epath.Path, error: type[Exception] = CheckpointError,
@@ -38,7 +38,7 @@ def read_finished_run(workdir: str | epath.Path, error: type[Exception] = Checkp
     if (workdir / TASK_FILE).exists():
         raise error(f"{flag} {workdir} is a fine-tuning run's transformers export; pass it as "
                     "--export (Predictor.from_export)")
-    config_file = workdir / CONFIG_FILE
+    config_file = run_config_path(workdir)
     if config_file.exists():
         recorded = paths.read_json_object(config_file, error)
         if "phases" in recorded or "task" not in recorded:
@@ -85,7 +85,7 @@ def load_workdir(workdir: str, dtype: str | None = None) -> TrainedModel:
 
     record, step = read_finished_run(workdir)
     config = ml_collections.ConfigDict(
-        paths.read_json_object(epath.Path(workdir) / CONFIG_FILE, CheckpointError))
+        paths.read_json_object(run_config_path(workdir), CheckpointError))
     if config.task.family == "feature_based":
         raise ConfigError(f"--workdir {workdir}: a feature-based tagger (frozen encoder + "
                           "BiLSTM) has no prediction command yet")
@@ -122,7 +122,7 @@ def task_record(workdir: str | epath.Path, error: type[Exception] = CheckpointEr
     record, step = read_finished_run(workdir, error, flag)
     from bertjax.tasks import get_task
 
-    config = paths.read_json_object(epath.Path(workdir) / CONFIG_FILE, error)
+    config = paths.read_json_object(run_config_path(workdir), error)
     state = record.get("task")
     if not state:
         recorded = ml_collections.ConfigDict(config)

@@ -8,9 +8,9 @@ A job (bertjax/tasks/) declares what differs; this loop does the rest, once:
   (or last) parameters. `workdir/results.json` records the evaluations and the best step.
 
 Faults: a resume is checked before anything in the workdir changes (the run recorded in
-`config.json` must match on the fields that fix the checkpoint, `workdir.RESUME_FIELDS`; a
+`run_config.json` must match on the fields that fix the checkpoint, `workdir.RESUME_FIELDS`; a
 checkpoint that fails to restore falls back to the one before, see checkpoints.py), and
-`config.json` / `results.json` are replaced whole, never left half-written. Batches are taken
+`run_config.json` / `results.json` are replaced whole, never left half-written. Batches are taken
 in a background thread (`InputWatch`), so SIGTERM and Ctrl-C work while the input is slow, and
 an input that gives nothing for `config.train.input_timeout_s` seconds stops the run with one
 line. On a multi-process run the processes tell each other before every step whether their

@@ -2,7 +2,9 @@
 its file names, JSON records written whole (from process 0, see multihost.py), and the check
 that a config may resume the run recorded there.
 
-  workdir/config.json      the run's config (written at every start; checked on resume)
+  workdir/run_config.json  the run's config (written at every start; checked on resume); runs
+                           from before 2026-11 have it as config.json, still read
+                           (a checkpoint directory's config.json is the model's: BertConfig)
   workdir/results.json     a fine-tuning run's evaluations and best step
   workdir/export.json      a fine-tuning run's record for `bertjax.convert to_hf`
   workdir/diverged.json    a grid cell whose run diverged (a normal outcome of a grid)
@@ -24,7 +26,8 @@ from bertjax.train import multihost
 RESULTS_FILE = "results.json"
 EXPORT_FILE = "export.json"
 DIVERGED_FILE = "diverged.json"
-CONFIG_FILE = "config.json"
+CONFIG_FILE = "run_config.json"
+LEGACY_CONFIG_FILE = "config.json"
 # Config fields a resumed run must share with the run recorded in its workdir: they fix the
 # checkpoint's shapes, the optimizer state, and what a saved input position means. (The
 # compute dtype and the mesh may change: checkpoints restore onto any mesh.) fnmatch patterns:
@@ -32,6 +35,15 @@ CONFIG_FILE = "config.json"
 RESUME_FIELDS = ("model.*", "optimizer.name", "train.batch_size", "phases.*.batch_size",
                  "task.name", "rng_impl")
 RESUME_FIELDS_FREE = ("model.dtype",)
+
+
+def run_config_path(workdir: str | epath.Path) -> epath.Path:
+    """The run's config record in `workdir`: CONFIG_FILE, or LEGACY_CONFIG_FILE where only that
+    one exists (a run written before the rename)."""
+    workdir = epath.Path(workdir)
+    path = workdir / CONFIG_FILE
+    legacy = workdir / LEGACY_CONFIG_FILE
+    return legacy if not path.exists() and legacy.exists() else path
 
 
 def write_json(path: epath.Path, value: Any) -> None:
@@ -57,9 +69,10 @@ def flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
 
 
 def check_resumable(workdir: epath.Path, config_record: dict) -> None:
-    """Refuses to resume the run recorded in `workdir/config.json` with a config that differs
-    on `RESUME_FIELDS` (fields present in both records), in one line naming each field."""
-    path = workdir / CONFIG_FILE
+    """Refuses to resume the run recorded in `workdir` (run_config_path) with a config that
+    differs on `RESUME_FIELDS` (fields present in both records), in one line naming each
+    field."""
+    path = run_config_path(workdir)
     if not path.exists():
         return
     try:

@@ -1,21 +1,19 @@
-"""Fine-tuning end to end on CPU: a tiny random bertjax checkpoint (written here with
-save_pretrained) learns small generated separable tasks — GLUE-layout classification through
-`python -m bertjax.finetune`, regression and multiple choice from users' files in-process."""
+"""Fine-tuning end to end on CPU: a tiny random bertjax checkpoint (tests/finetune_task.py's,
+written with save_pretrained) learns small generated separable tasks — GLUE-layout
+classification through `python -m bertjax.finetune`, regression and multiple choice from users'
+files in-process."""
 
 import csv
 import json
 import os
 import random
 
+import finetune_task
 import numpy as np
 import pytest
-from conftest import KEYWORD_VOCAB, filler_sentence, run_python, write_tiny_checkpoint
+from conftest import filler_sentence, run_python
 
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny"), KEYWORD_VOCAB)
-
+checkpoint = finetune_task.checkpoint  # the module-scoped tiny-checkpoint fixture
 
 
 @pytest.mark.slow

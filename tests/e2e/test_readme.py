@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from test_pretrain_end_to_end import write_corpus
+from news_corpus import write_corpus
 
 QUICKSTART_MARK = "<!-- quickstart -->"
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

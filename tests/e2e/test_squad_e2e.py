@@ -5,51 +5,16 @@ unanswerable questions have no name run learns to abstain; the prediction files 
 official layouts."""
 
 import json
-import random
 
 import pytest
-from conftest import FILLERS, run_python, write_tiny_checkpoint
+from conftest import run_python, write_tiny_checkpoint
 from convert_cli import convert_main
-
-# An answer is "first<i> [middle<j>]* last<k>": its ends are learnable from the tokens alone.
-FIRST, MIDDLE, LAST = ([f"{kind}{i}" for i in range(6)] for kind in ("first", "middle", "last"))
-VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, *FIRST, *MIDDLE, *LAST, "who",
-         "is", "it", "?"]
+from squad_data import VOCAB, generate
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return write_tiny_checkpoint(tmp_path_factory.mktemp("tiny_qa"), VOCAB)
-
-
-def generate(path, n, seed, impossible_rate=0.0):
-    """SQuAD-format file: two questions per context; the answer is the name run (2-4
-    words), which unanswerable contexts lack."""
-    rng = random.Random(seed)
-    paragraphs = []
-    for p in range(n // 2):
-        words = [rng.choice(FILLERS) for _ in range(rng.randint(10, 70))]
-        impossible = rng.random() < impossible_rate
-        answer = [] if impossible else [rng.choice(FIRST), *rng.sample(MIDDLE, rng.randint(
-            0, 2)), rng.choice(LAST)]
-        at = rng.randint(0, len(words))
-        words[at:at] = answer
-        context = " ".join(words)
-        start = len(" ".join(words[:at])) + (1 if at else 0)
-        text = " ".join(answer)
-        qas = []
-        for q in range(2):
-            question = " ".join(["who", "is", "it", *rng.sample(FILLERS, rng.randint(0, 3)),
-                                 "?"])
-            qa = {"id": f"{seed}-{p}-{q}", "question": question,
-                  "answers": [] if impossible else [{"text": text, "answer_start": start}]}
-            if impossible_rate:
-                qa["is_impossible"] = impossible
-            qas.append(qa)
-        paragraphs.append({"context": context, "qas": qas})
-    path.write_text(json.dumps({"version": "test", "data": [{"title": "gen",
-                                                             "paragraphs": paragraphs}]}))
-    return str(path)
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
 """The paper's ablations (Sec. 5, App. C): the left-to-right objective, the masking mixes of
 Table 8, the "+ BiLSTM" head, and the `bertjax.ablations` runner."""
 
-import functools
 import json
 
 import flax.linen as nn
@@ -10,6 +9,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from ablation_data import write_test_data
 
 from bertjax.checkpoint_dir import load_pretrained
 from bertjax.errors import ConfigError
@@ -268,41 +268,6 @@ def test_bilstm_head_sits_between_encoder_and_head_with_logical_axes(head):
 
 # --------------------------------------------------------------------------- the runner
 
-WORDS = ("the team won a big match", "a market fell on bad news", "the minister lost a vote",
-         "new phones sold well", "the coach said the season was good", "shares rose again")
-
-
-def write_test_data(root):
-    """A vocabulary, unmasked pair TFRecords (create_pretraining_data) and a sentiment task."""
-    import random
-
-    from bertjax import tokenization
-    from data_pipeline import create_pretraining_data as cpd
-
-    words = sorted({w for line in WORDS for w in line.split()} | {"good", "bad", "."})
-    vocab = root / "vocab.txt"
-    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
-    r = random.Random(0)
-    corpus = root / "corpus.txt"
-    corpus.write_text("".join("".join(r.choice(WORDS) + " .\n" for _ in range(6)) + "\n"
-                              for _ in range(40)))
-    cfg = cpd.CreateConfig(input=str(corpus), output_dir=str(root / "pairs"),
-                           max_seq_length=32, max_predictions_per_seq=5, dupe_factor=1)
-    cpd.create_pretraining_data(
-        cfg, functools.partial(tokenization.load_tokenizer, str(vocab), do_lower_case=True))
-    for split, n in (("train", 48), ("dev", 24)):
-        with open(root / f"{split}.jsonl", "w") as f:
-            for i in range(n):
-                good = i % 2
-                f.write(json.dumps({"text": f"{r.choice(WORDS)} {'good' if good else 'bad'}",
-                                    "label": good}) + "\n")
-    return {"pretrain.vocab": str(vocab),
-            "pretrain.phases.phase1.data": str(root / "pairs" / "*.tfrecord"),
-            "pretrain.phases.phase1.eval_data": str(root / "pairs" / "*.tfrecord"),
-            "tasks.rotten_tomatoes.config.data.train": str(root / "train.jsonl"),
-            "tasks.rotten_tomatoes.config.data.validation": str(root / "dev.jsonl"),
-            "tasks.rotten_tomatoes.config.data.test": ""}
-
 
 def cell_value(path, metric="accuracy"):
     return json.loads(path.read_text())["best"][metric]
@@ -366,7 +331,7 @@ def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypat
     ltr = json.loads((workdir / "pretrain/ltr/seed_0/export/config.json").read_text())
     assert ltr["causal"] is True
     ltr_cell = json.loads((workdir / "finetune/ltr_no_nsp/rotten_tomatoes/lr_0.0003/seed_0/"
-                           "config.json").read_text())
+                           "run_config.json").read_text())
     assert ltr_cell["init_checkpoint"] == str(workdir / "pretrain/ltr/seed_0/export")
 
     table = (workdir / "table.md").read_text()
@@ -390,7 +355,7 @@ def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypat
     assert (random_summary["ran"], random_summary["skipped"]) == (3, 3)
     export = workdir / "pretrain" / ablations.RANDOM_WEIGHTS / "seed_0" / "export"
     random_cell = json.loads((workdir / "finetune/random_weights_no_pre_training/"
-                              "rotten_tomatoes/lr_0.0003/seed_0/config.json").read_text())
+                              "rotten_tomatoes/lr_0.0003/seed_0/run_config.json").read_text())
     assert random_cell["init_checkpoint"] == str(export)
     _, params, _ = load_pretrained(export)
     kernels = np.concatenate([np.ravel(leaf) for path, leaf in

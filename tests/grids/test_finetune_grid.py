@@ -1,15 +1,15 @@
 """bertjax.finetune_grid: grid parsing, statistics against NumPy, divergence handling, and a
-real tiny grid (2 combinations × 2 seeds) with the tiny checkpoint of test_finetune_e2e, then
-resumed through the command line."""
+real tiny grid (2 combinations × 2 seeds) with the tiny checkpoint of tests/finetune_task.py,
+then resumed through the command line."""
 
 import csv
 import io
 import json
 import random
 
+import finetune_task
 import numpy as np
 import pytest
-import test_finetune_e2e as e2e
 from conftest import filler_sentence, run_python
 
 from bertjax.errors import ConfigError, TrainingError
@@ -22,7 +22,7 @@ from bertjax.grids.sweep import (
 )
 from experiments.finetune_files import get_config
 
-checkpoint = e2e.checkpoint  # the module-scoped tiny-checkpoint fixture
+checkpoint = finetune_task.checkpoint  # the module-scoped tiny-checkpoint fixture
 
 
 def read_csv(path):
@@ -85,7 +85,7 @@ def test_stub_grid_counts_divergence_and_selects_by_mean(tmp_path):
         calls.append((lr, seed))
         path = epath.Path(workdir)
         path.mkdir(parents=True)
-        (path / "config.json").write_text(config.to_json_best_effort())
+        (path / "run_config.json").write_text(config.to_json_best_effort())
         if lr == 1.0:
             raise TrainingError("loss is nan at step 3; lower config.optimizer.learning_rate")
         acc = {0.1: 0.6, 0.01: 0.7}[lr] + 0.05 * seed

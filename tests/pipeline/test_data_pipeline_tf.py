@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
-from test_data_pipeline import (
+from pipeline_data import (
     CLS,
     SEP,
     check_masking_statistics,

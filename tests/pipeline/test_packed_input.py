@@ -14,7 +14,7 @@ import textwrap
 import numpy as np
 import pytest
 import tensorflow as tf
-from test_data_pipeline import (
+from pipeline_data import (
     CLS,
     SEP,
     stand_in_tokenizer,
@@ -50,7 +50,7 @@ def test_segments_writer_never_imports_tensorflow_and_workers_match_one_process(
     script = textwrap.dedent(f"""
         import sys
         from data_pipeline import create_segments
-        from test_data_pipeline import stand_in_tokenizer
+        from pipeline_data import stand_in_tokenizer
         for workers in (1, 2):
             cfg = create_segments.SegmentsConfig(
                 input={str(tmp_path / "corpus.txt")!r},

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 from conftest import records_by_step
-from test_trainer import final_params
+from subprocess_runs import final_params
 
 from bertjax.errors import ConfigError
 from bertjax.tasks.pretraining import PretrainingJob, make_input_fn

@@ -467,7 +467,7 @@ def test_a_cpu_predicts_in_batches_of_at_most_8_rows(checkpoint, tmp_path, monke
 
 @pytest.mark.slow
 def test_squad_v2_predictions_equal_the_run_files(tmp_path):
-    from test_squad_e2e import VOCAB, generate
+    from squad_data import VOCAB, generate
 
     from bertjax import Predictor
     from experiments.squad import get_config

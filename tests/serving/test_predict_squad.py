@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import FILLERS
-from test_squad_e2e import VOCAB, generate
+from squad_data import VOCAB, generate
 
 MAX_LEN = 128
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 from conftest import run_python
-from test_tokenization import make_corpus
+from tokenization_corpus import make_corpus
 
 from bertjax.tokenization import SPECIAL_TOKENS, load_tokenizer
 
@@ -118,11 +118,11 @@ def test_bad_inputs_give_one_line_errors(tmp_path):
 def test_bench_compares_with_hf_on_given_files(corpus_files, tmp_path):
     """The bench on a small ASCII English file with a trained vocabulary: every path counts the
     same tokens as HF and reports 100% identical ids (prose from the stdlib, no network)."""
-    from test_tokenization import _prose_lines
+    from tokenization_corpus import prose_lines
 
     from bertjax.tokenization.train import train_wordpiece
 
-    lines = [s for s in _prose_lines() if s.isascii()][:3000]
+    lines = [s for s in prose_lines() if s.isascii()][:3000]
     text = tmp_path / "en.txt"
     text.write_text("\n".join(lines) + "\n", encoding="utf-8")
     vocab = tmp_path / "vocab.txt"

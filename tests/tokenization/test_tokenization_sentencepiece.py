@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import sentencepiece as spm
-from test_tokenization import make_corpus
+from tokenization_corpus import make_corpus
 
 from bertjax.tokenization import SPECIAL_TOKENS, VocabError, load_tokenizer
 from bertjax.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("tensorflow_text")
 
-from test_tokenization import _prose_lines, make_corpus  # noqa: E402
+from tokenization_corpus import make_corpus, prose_lines  # noqa: E402
 
 from bertjax.tokenization import WordPieceTokenizer, tf_text_backend  # noqa: E402
 from bertjax.tokenization.train import train_wordpiece  # noqa: E402
@@ -32,7 +32,7 @@ def adversarial_ascii(n_lines: int = 3000, seed: int = 1) -> list[str]:
     """Safe ASCII lines: prose, every printable character in context, odd whitespace, words of
     99-102 characters (the [UNK] length limit) with and without punctuation, odd casing."""
     r = random.Random(seed)
-    prose = [s for s in _prose_lines() if tf_text_backend.is_safe(s)]
+    prose = [s for s in prose_lines() if tf_text_backend.is_safe(s)]
     printable = string.ascii_letters + string.digits + string.punctuation.replace("[", "")
     lines = [f"a{c}b {c}{c}x {c} X{c}" for c in printable]
     lines += [f"w {'ab' * 50}{'c' * k}, {'Q' * (99 + k)}" for k in range(4)]

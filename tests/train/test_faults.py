@@ -7,9 +7,9 @@ tensorstore, tests/fault_fs.c), a checkpoint from before
 config.rng_impl resumes exactly or is refused, and empty, truncated, corrupted or foreign
 TFRecords are named.
 
-The loop tests run `loop.train` in-process on a one-matrix regression job (compiles in well
-under a second); the loop never looks inside a job, so pre-training and fine-tuning take the
-same paths. The SIGTERM and file-system-layer tests start a subprocess.
+The loop tests run `loop.train` in-process on a one-matrix regression job (tests/regression_job.py,
+compiles in well under a second); the loop never looks inside a job, so pre-training and
+fine-tuning take the same paths. The SIGTERM and file-system-layer tests start a subprocess.
 """
 
 import errno
@@ -24,14 +24,13 @@ import sys
 import threading
 import time
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import optax
 import pytest
-from conftest import ROOT, records_by_step
+from conftest import ROOT
+from regression_job import RegressionInput, RegressionJob, losses, make_config, run, steps_on_disk
 
 from bertjax.errors import CheckpointError, ConfigError, DataError, TrainingError
 from bertjax.train import checkpoints, loop, multihost
@@ -39,87 +38,7 @@ from bertjax.train import metrics as metrics_lib
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
 
-# ------------------------------------------------------------------------- a tiny job
-
-
-class RegressionInput:
-    """Batch i is a pure function of i (so a resumed run sees the same batches); its position
-    is saved as JSON. Asking for batch `stall_at` blocks on `release` (a stalled input)."""
-
-    def __init__(self, stall_at=None, release=None):
-        self.index, self.stall_at, self.release = 0, stall_at, release
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.index == self.stall_at:
-            self.release()
-        rng = np.random.default_rng(self.index)
-        self.index += 1
-        x = rng.normal(size=(8, 4)).astype(np.float32)
-        return {"x": x, "y": x @ np.arange(8, dtype=np.float32).reshape(4, 2)}
-
-    def save(self, prefix):
-        with open(prefix + ".json", "w") as f:
-            json.dump({"index": self.index}, f)
-
-    def restore(self, prefix):
-        with open(prefix + ".json") as f:
-            self.index = json.load(f)["index"]
-
-
-class RegressionJob(loop.Job):
-    """Least squares on [8, 4] batches; `pad` adds an unused [pad, pad] matrix to make the
-    checkpoint bigger (the disk-full test)."""
-
-    model_config, grad_accum_steps, best_metric, batch_size = None, 1, None, 8
-
-    def __init__(self, total_steps, make_input=RegressionInput, pad=0):
-        self.total_steps, self.pad = total_steps, pad
-        self.stages = [loop.Stage("main", 0, total_steps, make_input, {}, 0.0, 4, "Stage main")]
-
-    def init_params(self, rng):
-        params = {"w": nn.LogicallyPartitioned(jax.random.normal(rng, (4, 2)),
-                                               ("embed", "classes"))}
-        if self.pad:
-            params["pad"] = nn.LogicallyPartitioned(jax.random.normal(rng, (self.pad, self.pad)),
-                                                    ("embed", "classes"))
-        return params
-
-    def loss(self, params, batch, rng):
-        loss = jnp.mean((batch["x"] @ params["w"] - batch["y"]) ** 2)
-        return loss, {"loss": loss}
-
-    def optimizer(self):
-        return optax.adam(0.05), optax.constant_schedule(0.05)
-
-    def pretrained_params(self):
-        return None
-
-    def finish(self, params, runner, workdir, log):
-        pass
-
-
-def make_config(every=2, hidden_size=4, optimizer="adam", **train):
-    return ml_collections.ConfigDict(dict(
-        seed=0, log_every_steps=1, model=dict(hidden_size=hidden_size, dtype="float32"),
-        optimizer=dict(name=optimizer), train=dict(batch_size=8, **train),
-        mesh=dict(data=-1, fsdp=1, tensor=1),
-        logical_axis_rules=(("batch", ("data", "fsdp")), ("embed", "fsdp"), ("classes", None)),
-        checkpoint=dict(every_steps=every, max_to_keep=5, async_save=True)))
-
-
-def run(workdir, steps, config=None, **job):
-    lines = []
-    summary = loop.train(RegressionJob(steps, **job), config or make_config(), str(workdir),
-                         log=lines.append)
-    return summary, lines
-
-
-def losses(workdir):
-    """step → train loss, the last record of each step winning."""
-    return {step: record["loss"] for step, record in records_by_step(workdir).items()}
+# ------------------------------------------------------------- the tiny job's workdirs
 
 
 def snapshot(directory):
@@ -132,10 +51,6 @@ def snapshot(directory):
             with open(path, "rb") as f:
                 files[os.path.relpath(path, directory)] = f.read()
     return files, folders
-
-
-def steps_on_disk(workdir):
-    return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
 
 
 def truncate_state(workdir, step):
@@ -249,7 +164,21 @@ def test_failed_resume_names_the_fields_and_leaves_every_file_byte_identical(fou
     changed.model.dtype = "bfloat16"
     summary, _ = run(workdir, 6, changed)
     assert summary["status"] == "done"
-    assert json.loads((workdir / "config.json").read_text())["model"]["dtype"] == "bfloat16"
+    assert json.loads((workdir / "run_config.json").read_text())["model"]["dtype"] == "bfloat16"
+
+
+def test_a_run_recorded_under_the_old_config_name_is_checked_and_resumed(four_steps, tmp_path):
+    """A workdir from before the rename holds its config as config.json: a resume is checked
+    against it (a differing field refused), an agreeing one resumes and records
+    run_config.json."""
+    workdir = copy_of(four_steps, tmp_path, "run")
+    (workdir / "run_config.json").rename(workdir / "config.json")
+    with pytest.raises(ConfigError, match=r"config.model.hidden_size: 4 in the run at .*, 8 now"):
+        run(workdir, 6, make_config(hidden_size=8))
+    summary, _ = run(workdir, 6, make_config())
+    assert summary["status"] == "done"
+    assert (json.loads((workdir / "run_config.json").read_text())
+            == json.loads((workdir / "config.json").read_text()))
 
 
 # ------------------------------------------------------- a checkpoint from before rng_impl
@@ -372,12 +301,12 @@ def test_stalled_input_stops_after_the_timeout_saving_nothing_more(tmp_path):
 
 STALLED_RUN = """
 import sys
-import test_faults as t
+import regression_job as rj
 
 # Batch 3 opens a FIFO nobody writes to: the input thread blocks in a system call, as a
 # TFRecord reader does on a file system that stopped answering.
 stall = lambda: open(sys.argv[2], "rb")
-summary, lines = t.run(sys.argv[1], 6, make_input=lambda: t.RegressionInput(3, stall))
+summary, lines = rj.run(sys.argv[1], 6, make_input=lambda: rj.RegressionInput(3, stall))
 print("\\n".join(lines), flush=True)
 print("status", summary["status"], flush=True)
 """
@@ -589,7 +518,7 @@ FAULT_FS_COMMAND = """
 import ctypes
 import sys
 
-import test_faults as t
+import regression_job as rj
 from bertjax import cli
 from bertjax.train import checkpoints, multihost
 
@@ -608,7 +537,7 @@ def save_then_arm(self, step, *args, **kwargs):
 
 checkpoints.Checkpointer.save = save_then_arm
 try:
-    cli.report_errors(lambda: t.run(workdir, steps))
+    cli.report_errors(lambda: rj.run(workdir, steps))
 finally:
     print(f"injected {layer.fault_fs_failed()} write errors", flush=True)
 """

@@ -2,7 +2,7 @@
 stops, a rerun resumes bitwise; a second Ctrl-C quits at once, unsaved; a run saves every
 config.checkpoint.every_minutes, each such checkpoint kept until the next save.
 
-On the least-squares job of test_faults.py, in-process (the Python API: `loop.Interrupted`)
+On the least-squares job of tests/regression_job.py, in-process (the Python API: `loop.Interrupted`)
 and, for the command's lines and exit status, in a subprocess through `cli.run`; on 2
 processes (time-based saves agree); and `bertjax.finetune` itself.
 """
@@ -18,19 +18,28 @@ import sys
 import threading
 import time
 
+import finetune_task
 import numpy as np
 import pytest
-import test_finetune_e2e as e2e
 from conftest import ROOT, run_python
-from test_faults import RegressionInput, RegressionJob, losses, make_config, run, steps_on_disk
-from test_trainer import start, wait_for
-from test_training_core import finetune_args, outputs, train_losses, write_task
+from finetune_task import finetune_args, outputs, train_losses, write_task
+from regression_job import (
+    Clock,
+    RegressionInput,
+    RegressionJob,
+    losses,
+    make_config,
+    run,
+    steps_on_disk,
+    timed_input,
+)
+from subprocess_runs import start, wait_for
 
 from bertjax.errors import TrainingError
 from bertjax.train import checkpoints, loop
 
 STEPS = 8
-checkpoint = e2e.checkpoint  # the module-scoped tiny pre-trained checkpoint (fine-tuning)
+checkpoint = finetune_task.checkpoint  # the module-scoped tiny pre-trained checkpoint (fine-tuning)
 
 
 def same_params(workdir, reference, step):
@@ -118,25 +127,6 @@ def test_ctrl_c_before_the_first_step_is_done_is_a_plain_keyboard_interrupt(tmp_
 # -------------------------------------------------------------------- time-based saves
 
 
-class Clock:
-    """A fake `loop.clock`: each batch taken moves it on by `per_batch_s`."""
-
-    def __init__(self, per_batch_s):
-        self.now, self.per_batch_s = 0.0, per_batch_s
-
-    def __call__(self):
-        return self.now
-
-
-def timed_input(clock, **stall):
-    class TimedInput(RegressionInput):
-        def __next__(self):
-            clock.now += clock.per_batch_s
-            return super().__next__()
-
-    return lambda: TimedInput(**stall)
-
-
 def test_saves_every_n_minutes_keeping_each_until_the_next_save(tmp_path, monkeypatch,
                                                                 uninterrupted):
     """every_minutes=1, 24 s a batch: steps 3 and 6 are saved by time (the decision comes with
@@ -188,12 +178,12 @@ def test_time_based_saves_never_evict_the_checkpoints_kept_by_steps(tmp_path, mo
 
 COMMAND = """
 import functools, os, sys, time
-import test_faults as t
+import regression_job as rj
 from bertjax import cli
 from bertjax.train import checkpoints, loop
 
 
-class SlowInput(t.RegressionInput):
+class SlowInput(rj.RegressionInput):
     def __next__(self):
         time.sleep(0.2)
         return super().__next__()
@@ -210,8 +200,8 @@ if os.environ.get("SLOW_SAVE"):  # a save that takes a minute: time for a second
 
 
 def main(argv):
-    job = t.RegressionJob(int(os.environ["STEPS"]), make_input=SlowInput)
-    summary = loop.train(job, t.make_config(every=1000), os.environ["WORKDIR"],
+    job = rj.RegressionJob(int(os.environ["STEPS"]), make_input=SlowInput)
+    summary = loop.train(job, rj.make_config(every=1000), os.environ["WORKDIR"],
                          log=functools.partial(print, flush=True))
     print(f"Training {summary['status']}.", flush=True)
 
@@ -287,7 +277,7 @@ def test_ctrl_c_in_the_command_saves_says_where_and_exits_130_then_resumes_bitwi
 
 @pytest.mark.slow
 def test_finetuning_ctrl_c_then_the_same_command_ends_as_a_straight_run(checkpoint, tmp_path):
-    """`bertjax.finetune` (tests/train/test_training_core.py's task): Ctrl-C after step 2 saves,
+    """`bertjax.finetune` (tests/finetune_task.py's task): Ctrl-C after step 2 saves,
     exits 130 saying where; the same command again resumes, and the losses, every evaluation,
     the best step and the test predictions equal an uninterrupted run's, bit for bit."""
     write_task(tmp_path)
@@ -340,18 +330,17 @@ def test_a_second_ctrl_c_quits_at_once_without_saving(tmp_path):
 AGREEING_COMMAND = """
 import sys
 import jax
-import test_faults as t
-import test_interrupt as ti
+import regression_job as rj
 from bertjax import cli
 from bertjax.train import checkpoints, loop
 
 
 def main(argv):
-    config = t.make_config(every=1000)
+    config = rj.make_config(every=1000)
     config.checkpoint.every_minutes = 1
     config.distributed = dict(timeout_s=60)
     cli.initialize_distributed(config)
-    clock = ti.Clock(24.0 if jax.process_index() == 0 else 0.0)
+    clock = rj.Clock(24.0 if jax.process_index() == 0 else 0.0)
     loop.clock = clock
     save = checkpoints.Checkpointer.save
 
@@ -360,7 +349,7 @@ def main(argv):
         return save(self, step, *args, **kwargs)
 
     checkpoints.Checkpointer.save = saving
-    t.run(argv[1], ti.STEPS, config, make_input=ti.timed_input(clock))
+    rj.run(argv[1], int(argv[2]), config, make_input=rj.timed_input(clock))
 
 
 cli.define_distributed_flags()
@@ -373,7 +362,7 @@ def test_every_process_saves_when_process_0_says_time_is_up(tmp_path):
     from multihost import Process, coordinator_flags, devices_env, free_port
 
     port = free_port()
-    processes = [Process(f"process {i}", ["-c", AGREEING_COMMAND, str(tmp_path / "run")]
+    processes = [Process(f"process {i}", ["-c", AGREEING_COMMAND, str(tmp_path / "run"), str(STEPS)]
                          + coordinator_flags(port, i, 2), devices_env(1)) for i in range(2)]
     for p in processes:
         p.proc.wait(timeout=600)

@@ -22,7 +22,8 @@ import time
 
 import pytest
 import tagging_data as td
-from conftest import FILLERS, KEYWORD_VOCAB, filler_sentence, run_python, write_tiny_checkpoint
+from ablation_data import write_test_data
+from conftest import KEYWORD_VOCAB, filler_sentence, run_python
 from multihost import (
     assert_same_evals,
     assert_same_export,
@@ -33,9 +34,9 @@ from multihost import (
     files_under,
     run_pair_and_reference,
 )
-from test_ablations import write_test_data
-from test_squad_e2e import VOCAB as SQUAD_VOCAB
-from test_squad_e2e import generate
+from multihost_finetune import finetune, sentiment_rows, tiny_checkpoint, write_jsonl
+from squad_data import VOCAB as SQUAD_VOCAB
+from squad_data import generate
 
 # A tiny pre-training model over KEYWORD_VOCAB, logging every step.
 PRETRAIN_MODEL = ["--config.model.num_layers=2", "--config.model.hidden_size=32",
@@ -76,29 +77,6 @@ def write_pretraining_data(root) -> tuple[str, str]:
     return str(vocab), str(root / "data" / "*.tfrecord")
 
 
-def tiny_checkpoint(tmp_path, vocab=KEYWORD_VOCAB) -> str:
-    (tmp_path / "tiny").mkdir()
-    return write_tiny_checkpoint(tmp_path / "tiny", vocab)
-
-
-def write_jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
-
-
-def sentiment_rows(rng, n, labelled=True):
-    """Short texts whose keyword (good / bad) decides the label: learnt within 16 steps, so
-    that the test predictions differ from row to row."""
-    rows = []
-    for _ in range(n):
-        good = rng.random() < 0.5
-        words = [rng.choice(FILLERS) for _ in range(rng.randint(1, 4))]
-        words.insert(rng.randint(0, len(words)), "good" if good else "bad")
-        rows.append({"text": " ".join(words), **({"label": "pos" if good else "neg"}
-                                                 if labelled else {})})
-    return rows
-
-
 # --------------------------------------------------------------------------------- the jobs
 
 
@@ -136,17 +114,6 @@ def test_pretraining_with_vocab_exports_the_same_model_and_resumes_on_one_proces
     assert "at step 6" in result.stdout, result.stdout[-3000:]
     assert_same_losses(resumed, tmp_path / "single")
     assert_same_export(resumed / "export", tmp_path / "single" / "export")
-
-
-def finetune(config: str, checkpoint: str, *flags: str, learning_rate: float = 1e-3):
-    """args_for of `python -m bertjax.finetune`: global batch 8, every step logged; the
-    reference's uncorrected Adam, whose larger early steps these few-step runs were set for."""
-    return lambda out: ["-m", "bertjax.finetune", f"--config={config}",
-                        f"--config.init_checkpoint={checkpoint}", f"--workdir={out}",
-                        "--config.train.batch_size=8", "--config.log_every_steps=1",
-                        "--config.optimizer.name=bert_adamw",
-                        "--config.optimizer.schedule=reference",
-                        f"--config.optimizer.learning_rate={learning_rate}", *flags]
 
 
 def check_finetuning(job: str, tmp_path, pair, reference, outputs: list[str]) -> None:

@@ -169,7 +169,7 @@ def finetune_args(tmp_path):
     examples, global batch 8, 2 epochs (16 steps), checkpoints every 2 steps."""
     import random
 
-    from test_multihost import finetune, sentiment_rows, tiny_checkpoint, write_jsonl
+    from multihost_finetune import finetune, sentiment_rows, tiny_checkpoint, write_jsonl
 
     rng = random.Random(1)
     train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(rng, 64))
@@ -264,25 +264,25 @@ def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path, j
 
 # ------------------------------------------------------------------------- a stalled input
 
-# The regression job of tests/train/test_faults.py as a multi-process command: the input of process
+# The regression job of tests/regression_job.py as a multi-process command: the input of process
 # `argv[2]` opens a FIFO nobody writes to for batch 3, i.e. step 4 (a file system that stopped
 # answering).
 STALLING_COMMAND = """
 import sys
 import jax
-import test_faults as t
+import regression_job as rj
 from bertjax import cli
 
 
 def main(argv):
     workdir, stalling, fifo, input_timeout, timeout = argv[1:6]
-    config = t.make_config(input_timeout_s=float(input_timeout))
+    config = rj.make_config(input_timeout_s=float(input_timeout))
     config.distributed = dict(timeout_s=int(timeout))
     cli.initialize_distributed(config)
     stall = lambda: open(fifo, "rb")
-    make_input = (lambda: t.RegressionInput(3, stall)) if jax.process_index() == int(
-        stalling) else t.RegressionInput
-    summary, lines = t.run(workdir, 6, config, make_input=make_input)
+    make_input = (lambda: rj.RegressionInput(3, stall)) if jax.process_index() == int(
+        stalling) else rj.RegressionInput
+    summary, lines = rj.run(workdir, 6, config, make_input=make_input)
     print("\\n".join(lines), flush=True)
 
 
@@ -351,11 +351,11 @@ def test_a_process_killed_while_the_others_wait_at_a_barrier_is_named_within_the
 
 # ------------------------------------------------------------ a flaky remote file system
 
-# The regression job of tests/train/test_faults.py on 2 processes, its parameters sharded over them
+# The regression job of tests/regression_job.py on 2 processes, its parameters sharded over them
 # (fsdp) so that each writes its own part of every checkpoint.
 FLAKY_SAVES_COMMAND = """
 import sys
-import test_faults as t
+import regression_job as rj
 from bertjax import cli
 from bertjax.train import multihost
 
@@ -364,12 +364,12 @@ multihost.RETRY_DELAYS_S = (0.5, 1.0)
 
 def main(argv):
     workdir, steps, checkpoint_timeout = argv[1], int(argv[2]), int(argv[3])
-    config = t.make_config()
+    config = rj.make_config()
     config.mesh = dict(data=1, fsdp=-1, tensor=1)
     config.checkpoint.timeout_s = checkpoint_timeout
     config.distributed = dict(timeout_s=int(argv[4]))
     cli.initialize_distributed(config)
-    summary, lines = t.run(workdir, steps, config)
+    summary, lines = rj.run(workdir, steps, config)
     print("\\n".join(lines), flush=True)
 
 

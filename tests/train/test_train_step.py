@@ -5,6 +5,7 @@ import numpy as np
 import optax
 import pytest
 from conftest import run_python
+from tiny_pretraining import make_step, synthetic_batch, tiny_config
 
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.models.config import ConfigError
@@ -100,47 +101,6 @@ def test_mesh_shape_fills_and_rejects_mismatches():
         sharding_lib.mesh_shape({"model": 2}, 8)
 
 
-def synthetic_batch(cfg, batch_size, seq_len, max_predictions, seed=0):
-    r = np.random.default_rng(seed)
-    ids = r.integers(5, cfg.vocab_size, (batch_size, seq_len)).astype(np.int32)
-    positions = np.stack([r.choice(np.arange(1, seq_len), max_predictions, replace=False)
-                          for _ in range(batch_size)]).astype(np.int32)
-    return {
-        "input_ids": ids,
-        "input_mask": np.ones_like(ids),
-        "segment_ids": np.repeat((np.arange(seq_len)[None] >= seq_len // 2), batch_size, 0)
-        .astype(np.int32),
-        "masked_lm_positions": positions,
-        "masked_lm_ids": np.take_along_axis(ids, positions, 1),
-        "masked_lm_weights": np.ones(positions.shape, np.float32),
-        "next_sentence_labels": r.integers(0, 2, batch_size).astype(np.int32),
-    }
-
-
-def make_step(config, mesh=None, grad_accum_steps=1):
-    cfg = BertConfig.from_dict(config.model)
-    model = BertForPreTraining(cfg)
-    tx, schedule = make_optimizer(config.optimizer, config.train.num_train_steps)
-    mesh = mesh or sharding_lib.make_mesh(config.mesh)
-    init, loss = pretraining.step_fns(model)
-    _, state_sharding = step_lib.state_shardings(init, tx, mesh, config.logical_axis_rules)
-    state = step_lib.create_train_state(init, tx, jax.random.key(0), state_sharding)
-    step = step_lib.jit_train_step(loss, tx, schedule, state_sharding,
-                                   sharding_lib.batch_sharding(mesh, config.logical_axis_rules),
-                                   grad_accum_steps=grad_accum_steps,
-                                   rules=config.logical_axis_rules)
-    return state, step
-
-
-def tiny_config(**model_overrides):
-    config = pretrain_experiment.get_config("tiny")
-    config.model.update(dict(dtype="float32", num_layers=1, vocab_size=64), **model_overrides)
-    config.optimizer.warmup_steps = 2
-    config.optimizer.learning_rate = 5e-3
-    config.train.num_train_steps = 100
-    return config
-
-
 @pytest.mark.parametrize("impl", step_lib.RNG_IMPLS)
 def test_rng_impl_sets_the_dropout_key_and_not_the_params(impl):
     """The dropout base key is of config.rng_impl, derived from the seed; params are not."""
@@ -197,7 +157,7 @@ def test_gradient_accumulation_equals_the_full_batch_step():
 
 SHARDED_SCRIPT = r"""
 import jax, numpy as np
-from test_train_step import tiny_config, make_step, synthetic_batch
+from tiny_pretraining import tiny_config, make_step, synthetic_batch
 from bertjax.models import BertConfig
 from bertjax.train import sharding as sharding_lib
 results = {}
@@ -271,7 +231,7 @@ def test_fsdp_shards_the_activations_like_data_parallelism():
 BF16_REDUCE_SCRIPT = r"""
 import functools, re
 import jax, jax.numpy as jnp, numpy as np
-from test_train_step import tiny_config, synthetic_batch
+from tiny_pretraining import tiny_config, synthetic_batch
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.tasks import pretraining
 from bertjax.train import sharding as sharding_lib, step as step_lib
@@ -398,7 +358,7 @@ def test_an_axis_its_mesh_axes_do_not_divide_is_left_whole():
 
 SHARDED_OPTIMIZER_SCRIPT = r"""
 import jax, numpy as np
-from test_train_step import tiny_config, synthetic_batch
+from tiny_pretraining import tiny_config, synthetic_batch
 from bertjax.models import BertConfig, BertForPreTraining
 from bertjax.tasks import pretraining
 from bertjax.train import sharding as sharding_lib, step as step_lib

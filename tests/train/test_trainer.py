@@ -6,33 +6,20 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, run_python
-
-# A small model whose axes divide by 8 (so every mesh below can shard it).
-MODEL = ["--config.model.num_layers=2", "--config.model.hidden_size=64",
-         "--config.model.num_heads=8", "--config.model.intermediate_size=256",
-         "--config.model.vocab_size=128", "--config.model.dtype=float32"]
-
-
-def pretrain_args(workdir, steps, phase1_steps=None, every=5, extra=()):
-    phase1_steps = steps if phase1_steps is None else phase1_steps
-    return ["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",
-            f"--workdir={workdir}", *MODEL,
-            "--config.phases.phase1.data=synthetic", "--config.phases.phase2.data=synthetic",
-            "--config.phases.phase1.seq_len=32", "--config.phases.phase1.max_predictions=5",
-            "--config.phases.phase2.seq_len=64", "--config.phases.phase2.max_predictions=10",
-            f"--config.train.num_train_steps={steps}",
-            f"--config.phases.phase1.steps={phase1_steps}",
-            f"--config.phases.phase2.steps={steps - phase1_steps}",
-            "--config.train.batch_size=16", "--config.log_every_steps=1",
-            f"--config.checkpoint.every_steps={every}", "--config.optimizer.warmup_steps=3",
-            "--config.optimizer.learning_rate=1e-3", *extra]
+from conftest import run_python
+from subprocess_runs import (
+    MODEL,
+    final_params,
+    latest_checkpoint,
+    one_line_error,
+    pretrain_args,
+    start,
+    wait_for,
+)
 
 
 def devices_env(n):
@@ -49,45 +36,6 @@ def read_metrics(workdir, split="train"):
             if record["split"] == split:
                 records[record["step"]] = record
     return records
-
-
-def final_params(workdir, step):
-    """The params of checkpoint `step`, restored onto this process's one device, flattened."""
-    import flax
-    import jax
-    import orbax.checkpoint as ocp
-
-    path = os.path.join(workdir, "checkpoints", str(step), "state")
-    checkpointer = ocp.StandardCheckpointer()
-    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    target = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                          checkpointer.metadata(path).item_metadata.tree)
-    restored = checkpointer.restore(path, target)
-    return {k: np.asarray(v)
-            for k, v in flax.traverse_util.flatten_dict(restored["params"], sep="/").items()}
-
-
-def start(args, env=None):
-    return subprocess.Popen([sys.executable, *args], cwd=ROOT,
-                            env=dict(os.environ, **(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def wait_for(predicate, timeout=180):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
-
-
-def latest_checkpoint(workdir):
-    root = os.path.join(workdir, "checkpoints")
-    if not os.path.isdir(root):
-        return None
-    steps = [int(d) for d in os.listdir(root) if d.isdigit()]
-    return max(steps, default=None)
 
 
 @pytest.mark.slow
@@ -220,15 +168,6 @@ def test_restore_onto_a_different_mesh(tmp_path):
         np.testing.assert_allclose(resumed[step]["loss"], straight[step]["loss"], rtol=1e-5)
 
 
-def _one_line_error(proc):
-    """The single `error: ...` line of a failed run (library log lines aside), no traceback."""
-    assert proc.returncode != 0, proc.stdout[-2000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
-    assert len(errors) == 1, proc.stderr[-3000:]
-    return errors[0]
-
-
 @pytest.mark.parametrize("extra,needle,devices", [
     (["--config.train.batch_size=12"], "config.train.batch_size=12", 8),
     (["--config.mesh.data=16"], "config.mesh", 8),
@@ -241,7 +180,7 @@ def _one_line_error(proc):
 def test_bad_input_fails_with_one_line(tmp_path, extra, needle, devices):
     proc = run_python(pretrain_args(str(tmp_path / "run"), 4, extra=extra),
                       env=devices_env(devices))
-    assert needle in _one_line_error(proc)
+    assert needle in one_line_error(proc)
 
 
 PROFILE_SCRIPT = r"""
@@ -274,7 +213,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     proc = run_python(pretrain_args(workdir, 200, every=2, extra=[
         "--config.optimizer.learning_rate=1e12", "--config.optimizer.clip_norm=0",
         "--config.optimizer.warmup_steps=1"]))
-    line = _one_line_error(proc)
+    line = one_line_error(proc)
     assert "loss is" in line and "last good checkpoint" in line
     saved = latest_checkpoint(workdir)
     if saved is not None:
@@ -324,7 +263,7 @@ def test_init_checkpoint_of_another_size_fails_with_one_line(tmp_path):
     _write_checkpoint_dir(tmp_path / "source", hidden_size=32)
     proc = run_python(pretrain_args(str(tmp_path / "run"), 2, extra=[
         f"--config.init_checkpoint={tmp_path / 'source' / 'ckpt'}"]))
-    assert "model.hidden_size" in _one_line_error(proc)
+    assert "model.hidden_size" in one_line_error(proc)
 
 
 # ------------------------------------------------------------ packed no-NSP pre-training
@@ -335,7 +274,7 @@ def test_packed_no_nsp_run_learns(tmp_path):
     """corpus → segments (python -m data_pipeline.create_segments) → packed no-NSP training."""
     import re
 
-    from test_pretrain_end_to_end import write_corpus
+    from news_corpus import write_corpus
 
     write_corpus(tmp_path / "corpus.txt", num_docs=150)
     text = (tmp_path / "corpus.txt").read_text().lower()
@@ -383,6 +322,6 @@ def test_packed_no_nsp_run_learns(tmp_path):
 def test_packed_with_nsp_fails_with_one_line(tmp_path):
     proc = run_python(pretrain_args(str(tmp_path / "run"), 4,
                                     extra=["--config.packing.enabled=true"]))
-    line = _one_line_error(proc)
+    line = one_line_error(proc)
     assert "config.packing.enabled=True needs config.train.nsp_weight=0.0" in line, line
     assert not (tmp_path / "run").exists()  # refused before anything is written

@@ -3,59 +3,19 @@ a grid cell interrupted mid-run resumes from its checkpoint; models/train/tasks 
 TensorFlow; pre-training and fine-tuning resolve the same compute dtype; data patterns that
 match nothing fail before step 0."""
 
-import json
 import os
-import random
 import signal
 import subprocess
 import sys
 
+import finetune_task
 import numpy as np
 import pytest
-import test_finetune_e2e as e2e
-from conftest import ROOT, filler_sentence, run_python
-from test_trainer import _one_line_error, latest_checkpoint, pretrain_args, start, wait_for
+from conftest import ROOT, run_python
+from finetune_task import finetune_args, outputs, train_losses, write_task
+from subprocess_runs import latest_checkpoint, one_line_error, pretrain_args, start, wait_for
 
-checkpoint = e2e.checkpoint  # the module-scoped tiny-checkpoint fixture
-
-
-def write_task(directory):
-    """A binary JSONL task: "good" → 1, "bad" → 0; train, dev and test splits."""
-    rng = random.Random(5)
-    for name, n in (("train", 96), ("dev", 32), ("test", 24)):
-        with open(directory / f"{name}.jsonl", "w") as f:
-            for _ in range(n):
-                y = rng.random() < 0.5
-                f.write(json.dumps({"text": filler_sentence(rng, "good" if y else "bad"),
-                                    "label": int(y)}) + "\n")
-
-
-def finetune_args(checkpoint, data, workdir, epochs=3, every=2):
-    return ["-m", "bertjax.finetune", "--config=experiments/finetune_files.py:classification",
-            f"--workdir={workdir}", f"--config.init_checkpoint={checkpoint}",
-            f"--config.data.train={data}/train.jsonl", f"--config.data.validation={data}/dev.jsonl",
-            f"--config.data.test={data}/test.jsonl", "--config.max_seq_length=32",
-            "--config.min_bucket_length=32", "--config.train.batch_size=16",
-            f"--config.train.num_epochs={epochs}", "--config.optimizer.learning_rate=1e-3",
-            "--config.log_every_steps=1", f"--config.checkpoint.every_steps={every}",
-            "--config.checkpoint.max_to_keep=2", "--config.eval.every_steps=5",
-            "--config.eval.batch_size=16"]
-
-
-def train_losses(workdir):
-    """step → loss, the last record of each step winning (a resumed run repeats steps)."""
-    out = {}
-    for line in open(os.path.join(workdir, "metrics.jsonl")):
-        record = json.loads(line)
-        if record["split"] == "train":
-            out[record["step"]] = record["loss"]
-    return out
-
-
-def outputs(workdir):
-    results = json.loads(open(os.path.join(workdir, "results.json")).read())
-    predictions = open(os.path.join(workdir, "submission", "test.tsv")).read()
-    return results, predictions
+checkpoint = finetune_task.checkpoint  # the module-scoped tiny-checkpoint fixture
 
 
 @pytest.mark.slow
@@ -176,7 +136,7 @@ def test_phase2_pattern_matching_nothing_fails_before_step_zero(tmp_path):
     workdir = str(tmp_path / "run")
     proc = run_python(pretrain_args(workdir, 8, phase1_steps=4, extra=[
         "--config.phases.phase2.data=/nonexistent/phase2-*.tfrecord"]))
-    line = _one_line_error(proc)
+    line = one_line_error(proc)
     assert "config.phases.phase2.data" in line and "/nonexistent/phase2-" in line
     assert not os.path.exists(os.path.join(workdir, "metrics.jsonl"))  # no step ran
 
@@ -188,7 +148,7 @@ def test_test_split_matching_nothing_fails_before_step_zero(checkpoint, tmp_path
     args = finetune_args(checkpoint, tmp_path, workdir)
     args = [a if not a.startswith("--config.data.test=") else
             f"--config.data.test={tmp_path}/missing.jsonl" for a in args]
-    line = _one_line_error(run_python(args))
+    line = one_line_error(run_python(args))
     assert "config.data.test" in line and "missing.jsonl" in line
     assert not (workdir / "metrics.jsonl").exists()
 

@@ -116,7 +116,7 @@ def test_the_command_refuses_a_mismatch_before_step_0_and_in_the_dry_run(vocab, 
         assert len(lines) == 1 and lines[0].startswith(expected) and fix in lines[0], \
             proc.stderr
         assert "Traceback" not in proc.stderr
-        assert not workdir.exists()  # no checkpoint, no config.json, no step
+        assert not workdir.exists()  # no checkpoint, no run_config.json, no step
 
 
 @pytest.mark.slow
@@ -129,7 +129,7 @@ def test_the_command_takes_the_size_trains_exports_and_resumes(vocab, tmp_path):
             f"{vocab}") in proc.stdout
     export = json.loads((workdir / "export" / "config.json").read_text())
     assert export["vocab_size"] == len(KEYWORD_VOCAB)
-    recorded = json.loads((workdir / "config.json").read_text())
+    recorded = json.loads((workdir / "run_config.json").read_text())
     assert recorded["model"]["vocab_size"] == len(KEYWORD_VOCAB)
     # The same command again resumes the finished run (the size resolves the same way).
     proc = run_python(args)
