@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # pytest and the benchmarks get it here). A value set by the user wins.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: install test test-fast demo bench lint clean parity fidelity fidelity_model
+.PHONY: install test test-fast demo bench bench-accelerator lint clean parity fidelity fidelity_model
 
 install: $(STAMP)
 
@@ -38,6 +38,10 @@ bench: install data/demo_corpus.txt
 	$(PY) -m bertjax.benchmarks.squad_features
 	$(PY) -m bertjax.benchmarks.tokenization
 	$(PY) -m bertjax.benchmarks.inference
+
+# bertjax beside transformers on whatever accelerator JAX finds (docs/performance.md).
+bench-accelerator: install
+	$(PY) -m bertjax.benchmarks.accelerator
 
 lint: install
 	$(PY) -m ruff check bertjax data_pipeline experiments tests

@@ -119,3 +119,16 @@ def fused_attention(
     return jax.lax.platform_dependent(
         query, key, value, mask, cpu=functools.partial(einsum_attention, heads_first=True),
         default=fused)
+
+
+def attention_path(cfg, training: bool, platform: str) -> str:
+    """Which attention BertSelfAttention runs for `cfg` on `platform` ("cpu", "gpu", "tpu"),
+    in training (dropout active) or not, as benchmarks report it. "auto" applies attention
+    dropout on the einsum path (XLA); without dropout it runs `fused_attention`: the
+    heads-first einsum on a CPU, `jax.nn.dot_product_attention`'s XLA path elsewhere."""
+    impl = cfg.attention_impl
+    if impl != "auto":
+        return impl
+    if training and cfg.attention_dropout_prob > 0:
+        return "einsum (dropout)"
+    return "einsum, heads first" if platform == "cpu" else "xla fused"
