@@ -104,7 +104,7 @@ def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     config.init_checkpoint = ""
     # vocab.txt / SentencePiece model of the data (needed by dynamic masking and the export).
     # Its entries are the model's vocab_size: taken when model.vocab_size is left at 30522,
-    # else they must agree (bertjax.validate.vocab_size), in --dry_run too.
+    # else they must agree (bertjax/tasks/pretraining/checks.py: vocab_size), in --dry_run too.
     config.vocab = ""
 
     config.mesh = common.mesh()

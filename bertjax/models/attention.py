@@ -127,6 +127,9 @@ def attention_path(cfg, training: bool, platform: str) -> str:
     dropout on the einsum path (XLA); without dropout it runs `fused_attention`: the
     heads-first einsum on a CPU, `jax.nn.dot_product_attention`'s XLA path elsewhere."""
     impl = cfg.attention_impl
+    if impl == "flash":
+        return {"tpu": "flash (Pallas TPU)", "gpu": "flash (Pallas GPU)"}.get(
+            platform, "flash (interpreted)")
     if impl != "auto":
         return impl
     if training and cfg.attention_dropout_prob > 0:

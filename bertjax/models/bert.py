@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import attention as attn_lib
-from bertjax.models import dropout_attention
+from bertjax.models import dropout_attention, dropout_hash
 from bertjax.models import flash_attention as flash_lib
 from bertjax.models.config import BertConfig
 from bertjax.models.dense import Dense
@@ -85,7 +85,7 @@ def dropout_keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[
 
 
 def hashed_words(rng: Array, shape: tuple[int, ...]) -> Array:
-    """uint32 draws of `shape`: `dropout_attention.position_hash` of each element's position
+    """uint32 draws of `shape`: `dropout_hash.position_hash` of each element's position
     within its leading-axis row, keyed by the row and a 32-bit seed drawn from `rng`."""
     seed = jax.lax.bitcast_convert_type(jax.random.bits(rng, (), jnp.uint32), jnp.int32)
     grid = shape if len(shape) > 1 else (1, *shape)
@@ -93,7 +93,7 @@ def hashed_words(rng: Array, shape: tuple[int, ...]) -> Array:
     position = jnp.zeros(grid, jnp.int32)
     for axis in range(1, len(grid)):
         position = position * grid[axis] + jax.lax.broadcasted_iota(jnp.int32, grid, axis)
-    bits = dropout_attention.position_hash(seed, row, position)
+    bits = dropout_hash.position_hash(seed, row, position)
     return jax.lax.bitcast_convert_type(bits, jnp.uint32).reshape(shape)
 
 

@@ -14,9 +14,10 @@ float32 [batch, heads, 1, seq], not broadcast to 128 lanes as in JAX's flash ker
 backward computes di = Σ out·d_out per query itself, as such a row.
 
 The keep mask is a stateless hash of (seed, batch row, head, query, key) computed in the
-kernel from iotas: the forward and the backward draw the same mask, nothing of it is stored,
-and the pure-jnp `keep_mask` gives the same bits (tests compare against it). 24-bit draws: the
-keep probability is 1 − round(rate·2²⁴)/2²⁴.
+kernel from iotas (dropout_hash.py): the forward and the backward draw the same mask, nothing
+of it is stored, and the pure-jnp `dropout_hash.keep_mask` gives the same bits (tests compare
+against it). Lowered for a GPU, the same contract runs on the Triton kernels of
+dropout_attention_gpu.py.
 """
 
 from __future__ import annotations
@@ -30,66 +31,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from bertjax.models import dropout_attention_gpu as gpu
 from bertjax.models import flash_attention as flash
 from bertjax.models.config import heads_per_tile
+from bertjax.models.dropout_hash import _mix, keep_bits, keep_probability, threshold
 
 LANES = flash.LANES
 SUBLANES = flash.SUBLANES
-MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
-BITS = 24  # draw width: the top 24 bits of each 32-bit hash
-
-
-def _u32(value: int) -> jnp.ndarray:
-    """A uint32 constant as the int32 with the same bits (the kernels compute in int32)."""
-    return jnp.int32(value - (1 << 32) if value >= 1 << 31 else value)
-
-
-def _mix(x):
-    """murmur3's 32-bit finaliser on int32 bit patterns (wrapping multiplies, logical shifts)."""
-    x = x ^ lax.shift_right_logical(x, jnp.int32(16))
-    x = x * _u32(0x85EBCA6B)
-    x = x ^ lax.shift_right_logical(x, jnp.int32(13))
-    x = x * _u32(0xC2B2AE35)
-    return x ^ lax.shift_right_logical(x, jnp.int32(16))
-
-
-def position_hash(seed, row, position):
-    """int32 hash bits of `position` keyed by (`row`, `seed`) (int32 arrays that broadcast):
-    two murmur3 finalisers, one of the salted row, one of the position mixed with it. The
-    hidden dropout's draws on TPU (bert.hashed_words)."""
-    return _mix(position ^ _mix(row * _u32(0x9E3779B9) + seed))
-
-
-def keep_bits(seed, row, head, num_heads: int, query, key, key_len: int):
-    """Keep-decision draws int32 in [0, 2²⁴) for one (batch row, head): one murmur3 finaliser
-    of the position query·key_len + key (query, key: int32 index arrays of one shape) XORed
-    with a salt of (row, head, seed). The salt is a scalar per grid step, so a score costs one
-    finaliser (three were a third of the kernels' scheduled cycles). Used in the kernels and
-    outside."""
-    salt = _mix(_mix(row * num_heads + head + _u32(0x9E3779B9)) ^ seed)
-    return lax.shift_right_logical(_mix((query * key_len + key) ^ salt), jnp.int32(32 - BITS))
-
-
-def threshold(rate: float) -> int:
-    """Draws below this are dropped."""
-    return round(rate * (1 << BITS))
-
-
-def keep_probability(rate: float) -> float:
-    return 1.0 - threshold(rate) / (1 << BITS)
-
-
-def keep_mask(seed, shape: tuple[int, int, int, int], rate: float) -> jax.Array:
-    """The kernels' keep mask [batch, heads, q, k] bool, computed with plain jnp."""
-    batch, heads, q_len, k_len = shape
-
-    def one(row, head):
-        query = lax.broadcasted_iota(jnp.int32, (q_len, k_len), 0)
-        key = lax.broadcasted_iota(jnp.int32, (q_len, k_len), 1)
-        return keep_bits(seed, row, head, heads, query, key, k_len) >= threshold(rate)
-
-    rows = jnp.arange(batch, dtype=jnp.int32)
-    return jax.vmap(jax.vmap(one, (None, 0)), (0, None))(rows, jnp.arange(heads, dtype=jnp.int32))
+MASK_VALUE = flash.MASK_VALUE
 
 
 @dataclasses.dataclass(frozen=True)
@@ -303,10 +252,19 @@ def _backward_call(static, interpret, seed, q, k, v, segments, lse, out, d_out):
     )(seed, q, k, v, *seg_inputs, lse, out, d_out)
 
 
-def _on_platform(call, static, *args):
-    """The Mosaic kernel when lowered for a TPU, the interpreter elsewhere."""
+def _on_platform(call, gpu_call, static, *args):
+    """The Mosaic kernel when lowered for a TPU, the Triton one (dropout_attention_gpu.py) for
+    a GPU, the TPU kernel's interpreter elsewhere."""
     return lax.platform_dependent(*args, tpu=functools.partial(call, static, False),
+                                  cuda=functools.partial(gpu_call, gpu_static(static, args[1]),
+                                                         False),
                                   default=functools.partial(call, static, True))
+
+
+def gpu_static(static: Static, q) -> gpu.Static:
+    """The GPU kernels' settings for `static` on q [batch, seq, heads·head_dim]."""
+    return gpu.padded_static(q.shape[1], static.causal, static.scale, static.rate,
+                             static.num_heads, static.head_dim)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -316,13 +274,15 @@ def _attend(seed, q, k, v, segments, static):
 
 
 def _attend_fwd(seed, q, k, v, segments, static):
-    out, lse = _on_platform(_forward_call, static, seed, q, k, v, segments)
+    out, lse = _on_platform(_forward_call, gpu.forward_padded, static, seed, q, k, v,
+                            segments)
     return out, (seed, q, k, v, segments, out, lse)
 
 
 def _attend_bwd(static, residuals, d_out):
     seed, q, k, v, segments, out, lse = residuals
-    dq, dk, dv = _on_platform(_backward_call, static, seed, q, k, v, segments, lse, out, d_out)
+    dq, dk, dv = _on_platform(_backward_call, gpu.backward_padded, static, seed, q, k, v,
+                              segments, lse, out, d_out)
     return None, dq, dk, dv, None
 
 

@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bertjax.errors import ConfigError
 
+MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # a masked score (finite: no NaN)
 PAD_SEGMENT = -1  # packing ids and the 0 of unpacked input are >= 0
 BLOCK = 128  # the kernels' smallest block along the sequence (and their lane width)
 MAX_SEQ = 512  # one block holds the whole sequence (BERT's longest)

@@ -111,7 +111,7 @@ def read_batches(config, pattern: str, seq_len: int, predictions: int, num: int
                  ) -> list[dict[str, np.ndarray]]:
     """`num` global batches of BATCH rows from the trainer's reader."""
     from bertjax.tasks.pretraining.input import make_input_fn
-    from bertjax.train.configs import Phase
+    from bertjax.tasks.pretraining.rules import Phase
 
     phase = Phase("parity", 0, num, seq_len, predictions, pattern, "")
     batches = make_input_fn(config)(phase, BATCH)

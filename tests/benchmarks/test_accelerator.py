@@ -61,6 +61,9 @@ def test_attention_path_names_what_auto_runs():
     assert attention_path(no_dropout, True, "tpu") == "xla fused"
     explicit = BertConfig.from_preset("tiny", attention_impl="cudnn", attention_dropout_prob=0.0)
     assert attention_path(explicit, False, "gpu") == "cudnn"
+    kernels = BertConfig.from_preset("tiny", attention_impl="flash")
+    assert attention_path(kernels, True, "gpu") == "flash (Pallas GPU)"
+    assert attention_path(kernels, True, "tpu") == "flash (Pallas TPU)"
 
 
 # The command with TensorFlow made unimportable, as on a GPU image that has none.

@@ -1,6 +1,7 @@
-"""attention_impl "flash" (this project's Pallas TPU kernel, bertjax/models/dropout_attention.py)
-and "flash_jax" (JAX's Pallas flash kernels), interpreted on CPU, against the einsum path; the
-kernels' cost estimates against counts read off the kernels themselves."""
+"""attention_impl "flash" (this project's Pallas TPU kernel, bertjax/models/dropout_attention.py,
+and its GPU kernels, dropout_attention_gpu.py) and "flash_jax" (JAX's Pallas flash kernels),
+interpreted on CPU, against the einsum path; the kernels' cost estimates against counts read
+off the kernels themselves."""
 
 import functools
 import importlib.util
@@ -13,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.models import BertConfig, BertModel
+from bertjax.models import BertConfig, BertModel, dropout_hash
 from bertjax.models import attention as attn_lib
 from bertjax.models import dropout_attention as dropout
 from bertjax.models import flash_attention as flash
@@ -307,13 +308,13 @@ def test_tpu_compile_holds_the_mosaic_kernels_and_cpu_the_interpreter(impl, kern
 
 def test_keep_mask_rate_and_independence():
     rate, shape = 0.1, (4, 3, 128, 128)
-    keep = np.asarray(dropout.keep_mask(jnp.int32(7), shape, rate))
-    kept = dropout.keep_probability(rate)
+    keep = np.asarray(dropout_hash.keep_mask(jnp.int32(7), shape, rate))
+    kept = dropout_hash.keep_probability(rate)
     n = keep.size
     assert abs(keep.mean() - kept) < 5 * math.sqrt(kept * (1 - kept) / n)
     # Rows, heads and seeds draw independently: two masks agree where both keep or both drop.
     agree = kept ** 2 + (1 - kept) ** 2
-    other_seed = np.asarray(dropout.keep_mask(jnp.int32(8), shape, rate))
+    other_seed = np.asarray(dropout_hash.keep_mask(jnp.int32(8), shape, rate))
     for a, b in ((keep[0, 0], keep[0, 1]), (keep[0, 0], keep[1, 0]), (keep, other_seed),
                  (keep[0, 0, :-1], keep[0, 0, 1:]), (keep[0, 0, :, :-1], keep[0, 0, :, 1:])):
         tolerance = 5 * math.sqrt(agree * (1 - agree) / a.size)
@@ -329,23 +330,35 @@ def test_dropout_scales_kept_probabilities_by_one_over_keep():
     segments = jnp.zeros((batch, seq), jnp.int32)
     out = dropout.dropout_attention(_packed(q), _packed(q), _packed(v), segments,
                                     jnp.array([3], jnp.int32), rate, heads)
-    kept = dropout.keep_probability(rate)
+    kept = dropout_hash.keep_probability(rate)
     sd = math.sqrt((1 - kept) / (kept * seq)) / math.sqrt(batch * heads * seq)
     assert abs(float(out.mean()) - 1.0) < 5 * sd
     assert float(out.min()) < 1.0 < float(out.max())  # rows do differ: masks are applied
 
 
-@pytest.mark.parametrize("causal,rate", [(False, 0.1), (True, 0.1), (False, 0.0)])
-def test_dropout_kernel_equals_einsum_with_the_same_mask(causal, rate):
+def _gpu_kernels_interpreted(call, gpu_call, static, *args):
+    """dropout_attention's platform switch taking the GPU (Triton) kernels, interpreted."""
+    return gpu_call(dropout.gpu_static(static, args[1]), True, *args)
+
+
+@pytest.mark.parametrize("platform,causal,rate,seq", [
+    (platform, causal, rate, 128) for platform in ("tpu", "gpu")
+    for causal, rate in ((False, 0.1), (True, 0.1), (False, 0.0))] + [("gpu", False, 0.1, 384)])
+def test_dropout_kernel_equals_einsum_with_the_same_mask(platform, causal, rate, seq,
+                                                         monkeypatch):
     """Values and q/k/v gradients against einsum_attention given the kernel's own mask
-    (`keep_mask`): forward and backward draw that same mask and scale by 1/keep."""
-    batch, heads, seq, head_dim = 2, 2, 128, 64
+    (`keep_mask`): forward and backward draw that same mask and scale by 1/keep. The GPU
+    kernels (dropout_attention_gpu.py) behind the same switch draw the same mask; at 384
+    tokens they run padded to 512."""
+    if platform == "gpu":
+        monkeypatch.setattr(dropout, "_on_platform", _gpu_kernels_interpreted)
+    batch, heads, head_dim = 2, 2, 64
     q, k, v, weights = _inputs(5, batch, seq, heads, head_dim)
     input_mask = jnp.asarray(np.arange(seq)[None] < np.array([[100], [seq]]), jnp.int32)
     segments = flash.segment_ids(input_mask, None, (batch, seq))
     mask = attn_lib.attention_mask(input_mask, None, causal=causal, seq_len=seq)
     seed = jnp.array([12345], jnp.int32)
-    keep = dropout.keep_mask(seed[0], (batch, heads, seq, seq), rate)
+    keep = dropout_hash.keep_mask(seed[0], (batch, heads, seq, seq), rate)
     static = dropout.Static(causal, head_dim ** -0.5, rate, heads, head_dim)
     real = input_mask.astype(jnp.float32)
 
@@ -357,12 +370,38 @@ def test_dropout_kernel_equals_einsum_with_the_same_mask(causal, rate):
 
     def reference(q, k, v):
         return attn_lib.einsum_attention(
-            q, k, v, mask, lambda shape: (keep, dropout.keep_probability(rate)))
+            q, k, v, mask, lambda shape: (keep, dropout_hash.keep_probability(rate)))
 
     got = _loss_and_grads(kernel, q, k, v, weights, real)
     expected = _loss_and_grads(reference, q, k, v, weights, real)
     for name, a, b in zip(("loss", "dq", "dk", "dv"), jax.tree.leaves(got),
                           jax.tree.leaves(expected)):
+        np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=name)
+
+
+def test_gpu_kernels_handle_packed_rows_like_the_tpu_kernel(monkeypatch):
+    """Packed rows (several examples a row, block-diagonal attention) with dropout: the GPU
+    kernels' values and gradients equal the TPU kernel's (both interpreted), the same mask
+    drawn from the same seed."""
+    batch, heads, seq, head_dim, rate = 2, 2, 128, 32, 0.2
+    q, k, v, weights = _inputs(9, batch, seq, heads, head_dim)
+    packing = jnp.asarray(np.repeat([[0, 1, 2, 3]], batch, 0).repeat(seq // 4, 1), jnp.int32)
+    segments = flash.segment_ids(jnp.ones((batch, seq), jnp.int32), packing, (batch, seq))
+    static = dropout.Static(False, head_dim ** -0.5, rate, heads, head_dim)
+    seed = jnp.array([77], jnp.int32)
+
+    def kernel(q, k, v):
+        def packed(x):
+            return x.reshape(batch, seq, heads * head_dim)
+        out = dropout._attend(seed, packed(q), packed(k), packed(v), segments, static)
+        return out.reshape(batch, seq, heads, head_dim)
+
+    real = jnp.ones((batch, seq), jnp.float32)
+    tpu = _loss_and_grads(kernel, q, k, v, weights, real)
+    monkeypatch.setattr(dropout, "_on_platform", _gpu_kernels_interpreted)
+    gpu = _loss_and_grads(kernel, q, k, v, weights, real)
+    for name, a, b in zip(("loss", "dq", "dk", "dv"), jax.tree.leaves(gpu),
+                          jax.tree.leaves(tpu)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=name)
 
 
@@ -382,10 +421,12 @@ def test_dropout_cost_estimates_match_the_kernels(heads):
     shape = flash.Shape(batch, heads, seq, head_dim, 2)
     expected = {"_forward_kernel": (dropout.forward_cost(shape, static.group), 1),
                 "_backward_kernel": (dropout.backward_cost(shape, static.group), 2)}
-    assert set(by_kernel) == set(expected)
+    # The GPU kernels (dropout_attention_gpu.py) sit beside them behind the platform switch.
+    assert set(by_kernel) == set(expected) | {"_forward_gpu_kernel", "_dq_gpu_kernel",
+                                              "_dkv_gpu_kernel"}
     scores = batch * heads * seq * seq
-    for name, eqn in by_kernel.items():
-        cost, passes = expected[name]
+    for name, (cost, passes) in expected.items():
+        eqn = by_kernel[name]
         assert eqn.params["cost_estimate"] == cost, name
         steps = math.prod(eqn.params["grid_mapping"].grid)
         flops, exps = _kernel_counts(eqn.params["jaxpr"])
