@@ -77,13 +77,24 @@ def train_wordpiece(
     max_alphabet: int = 1000,
     min_char_count: int = 2,
 ) -> list[str]:
-    """A WordPiece vocabulary (tokens in id order) of at most `vocab_size` entries."""
+    """A WordPiece vocabulary (tokens in id order) of at most `vocab_size` entries: the
+    special tokens, the alphabet (each character alone and as a continuation), then the most
+    frequent adjacent pieces merged, most frequent first."""
     n_special = len(SPECIAL_TOKENS)
     if vocab_size <= n_special:
         raise TrainError(f"--vocab_size must exceed {n_special} (the special tokens)")
     words = count_words(lines, lowercase)
     if not words:
         raise TrainError("--input: the input files contain no words")
+    vocab = _alphabet_vocab(words, vocab_size, max_alphabet, min_char_count)
+    seqs, weights = _piece_runs(words, set(vocab))
+    return _merge_pairs(seqs, weights, vocab, vocab_size)
+
+
+def _alphabet_vocab(words: collections.Counter, vocab_size: int, max_alphabet: int,
+                    min_char_count: int) -> list[str]:
+    """The special tokens, then the most frequent characters (at least `min_char_count`
+    occurrences, at most `max_alphabet`), each alone and as a "##" continuation."""
     chars = collections.Counter()
     for word, count in words.items():
         for ch in word:
@@ -95,27 +106,42 @@ def train_wordpiece(
         if len(vocab) + 2 > vocab_size:
             break
         vocab += [c, "##" + c]
-    known = set(vocab)
-    # Words as piece sequences; words with characters outside the alphabet cannot merge
-    # through them, so they are cut into independent runs at those characters.
+    return vocab
+
+
+def _piece_runs(words: collections.Counter, known: set[str]) -> tuple[list[list[str]],
+                                                                       list[int]]:
+    """(words as piece sequences, their counts). Words with characters outside the alphabet
+    cannot merge through them, so they are cut into independent runs at those characters;
+    runs of one piece (nothing to merge) and words longer than MAX_WORD_CHARS ([UNK] whatever
+    the vocabulary) are left out."""
     seqs: list[list[str]] = []
     weights: list[int] = []
     for word, count in words.items():
         if len(word) > MAX_WORD_CHARS:
-            continue  # tokenized as [UNK] whatever the vocabulary
+            continue
         run: list[str] = []
         for i, ch in enumerate(word):
             piece = ch if i == 0 else "##" + ch
             if piece in known:
                 run.append(piece)
-            else:
-                if len(run) > 1:
-                    seqs.append(run)
-                    weights.append(count)
-                run = []
+                continue
+            if len(run) > 1:
+                seqs.append(run)
+                weights.append(count)
+            run = []
         if len(run) > 1:
             seqs.append(run)
             weights.append(count)
+    return seqs, weights
+
+
+def _merge_pairs(seqs: list[list[str]], weights: list[int], vocab: list[str],
+                 vocab_size: int) -> list[str]:
+    """`vocab` grown by merging the most frequent adjacent pair (weighted by word counts) of
+    `seqs` until `vocab_size` entries or no pair occurs twice. A heap of pair counts, updated
+    only for the words that hold the merged pair (an index of where each pair occurs)."""
+    known = set(vocab)
     pair_count: collections.Counter = collections.Counter()
     pair_where: dict[tuple[str, str], set[int]] = collections.defaultdict(set)
     for k, seq in enumerate(seqs):
@@ -136,15 +162,7 @@ def train_wordpiece(
             known.add(new)
         changed: set[tuple[str, str]] = set()
         for k in pair_where.pop(pair, ()):
-            seq, w = seqs[k], weights[k]
-            merged, i = [], 0
-            while i < len(seq):
-                if i + 1 < len(seq) and (seq[i], seq[i + 1]) == pair:
-                    merged.append(new)
-                    i += 2
-                else:
-                    merged.append(seq[i])
-                    i += 1
+            seq, merged = seqs[k], _merged(seqs[k], pair, new)
             if len(merged) == len(seq):
                 continue  # stale index entry: the pair left this word in an earlier merge
             seqs[k] = merged
@@ -153,20 +171,31 @@ def train_wordpiece(
             for p in before.keys() | after.keys():
                 delta = after[p] - before[p]
                 if delta:
-                    pair_count[p] += delta * w
+                    pair_count[p] += delta * weights[k]
                     changed.add(p)
                     if delta > 0:
                         pair_where[p].add(k)
         pair_count.pop(pair, None)
-        for p in changed:
+        for p in changed - {pair}:
             n = pair_count.get(p, 0)
-            if p == pair:
-                continue
             if n > 0:
                 heapq.heappush(heap, (-n, p))
             else:
                 pair_count.pop(p, None)
     return vocab
+
+
+def _merged(seq: list[str], pair: tuple[str, str], new: str) -> list[str]:
+    """`seq` with every non-overlapping occurrence of `pair`, left to right, as `new`."""
+    merged, i = [], 0
+    while i < len(seq):
+        if i + 1 < len(seq) and (seq[i], seq[i + 1]) == pair:
+            merged.append(new)
+            i += 2
+        else:
+            merged.append(seq[i])
+            i += 1
+    return merged
 
 
 def train_sentencepiece(
