@@ -116,7 +116,16 @@ def test_ctrl_c_while_the_input_stalls_stops_unsaved_after_the_grace(tmp_path):
     assert steps_on_disk(tmp_path / "run") == ["2"]
 
 
-def test_ctrl_c_before_the_first_step_is_done_is_a_plain_keyboard_interrupt(tmp_path):
+@pytest.fixture
+def python_sigint():
+    """SIGINT handled as in a plain script (a test worker's own handler may differ)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_before_the_first_step_is_done_is_a_plain_keyboard_interrupt(tmp_path,
+                                                                            python_sigint):
     """Before the first step has run (the compile), Ctrl-C quits as anywhere else."""
     with pytest.raises(KeyboardInterrupt) as e:
         run(tmp_path / "run", STEPS, make_config(every=1000), make_input=lambda: CtrlCInput(0))
