@@ -24,6 +24,10 @@ def __getattr__(name):
         from bertjax.serving.predictor import Predictor
 
         return Predictor
+    if name == "Embedder":
+        from bertjax.serving.embedder import Embedder
+
+        return Embedder
     if name == "FillMask":
         from bertjax.serving.fill_mask import FillMask
 

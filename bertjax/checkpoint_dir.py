@@ -38,6 +38,7 @@ from etils import epath
 from bertjax import paths
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.models.embedding import POOLING_FILE, Pooling
 from bertjax.models.layout import to_layout
 from bertjax.train import multihost
 
@@ -375,6 +376,21 @@ def load_do_lower_case(directory: str | epath.Path) -> bool:
     if not tokenizer_config.exists():
         return True
     return json.loads(tokenizer_config.read_text()).get("do_lower_case", True)
+
+
+def load_pooling(directory: str | epath.Path) -> Pooling | None:
+    """How the directory's texts become vectors (DIR/pooling.json, written for a converted
+    sentence-transformers model or an embedding run), or None where it has no such file."""
+    path = epath.Path(directory) / POOLING_FILE
+    if not path.exists():
+        return None
+    fields = paths.read_json_object(path, CheckpointError)
+    if not isinstance(fields.get("normalize", False), bool):
+        raise CheckpointError(f"{path}: normalize={fields['normalize']!r} is not true or false")
+    try:
+        return Pooling.from_dict(fields)
+    except (ConfigError, TypeError) as e:
+        raise CheckpointError(f"{path}: {e}") from None
 
 
 def load_params(directory: str | epath.Path, config: BertConfig) -> dict[str, Any]:

@@ -9,6 +9,10 @@ masked-word predictions of a pre-trained checkpoint.
   python -m bertjax.predict --workdir=runs/mrpc --dry_run [--topology=v5e-8] [--batch_size=256]
   python -m bertjax.predict fill_mask --checkpoint=runs/demo/export \
       "the capital of france is [MASK]." [--top_k=5]
+  python -m bertjax.predict embed --checkpoint=checkpoints/minilm --input=texts.jsonl \
+      --output=vectors.npy [--text_a=text --id=id] [--chunk_rows=100000]
+  python -m bertjax.predict search --workdir=runs/qa_embed --corpus=passages.jsonl \
+      --queries=questions.jsonl --output=hits.jsonl [--top_k=10]
 
 --input: .csv / .tsv / .jsonl rows (classification, regression, multiple choice; field flags
 as the users'-files configs, default the run's config.data), SQuAD-layout .json or .jsonl
@@ -24,6 +28,14 @@ where a document starts; bitwise the same output, no metrics). On a pod slice (-
 every process computes its share of each batch and process 0 writes. On a machine with no
 accelerator the CPU is split into one JAX device per core (at most 4; --cpu_devices), whole
 batches on each in turn: bitwise the predictions of one device, sooner.
+
+embed and search take an embedding run (--workdir, --export) or any bertjax checkpoint
+directory (--checkpoint: a converted sentence-transformers model pools as it did, another BERT
+by the mean of its tokens; --pooling / --normalize override). embed writes the vectors as a
+float32 .npy [rows, hidden] and their ids beside it (NAME.ids.jsonl, one JSON string a line;
+the --id column, else the row number). search embeds --corpus and --queries (the same
+--text_a / --id columns) and writes, per query, {id, hits: [{id, score}]}, the --top_k corpus
+rows of highest cosine, by exact search.
 """
 
 from __future__ import annotations
@@ -69,9 +81,18 @@ def define_flags() -> None:
                         "with the TPU compiler, on any machine (e.g. v5e-8, v5p-32).")
     cli.define_cpu_devices_flag()
     cli.define_compilation_cache_flag()
-    flags.DEFINE_string("checkpoint", None, "fill_mask: a bertjax checkpoint directory.")
-    flags.DEFINE_integer("top_k", 5, "fill_mask: candidates per [MASK].")
-    flags.DEFINE_integer("max_seq_length", 128, "fill_mask: tokens per text.")
+    flags.DEFINE_string("checkpoint", None, "fill_mask, embed, search: a bertjax checkpoint "
+                        "directory.")
+    flags.DEFINE_integer("top_k", None, "fill_mask: candidates per [MASK] (default 5); "
+                         "search: hits per query (default 10).")
+    flags.DEFINE_integer("max_seq_length", 128, "fill_mask, and embed / search with "
+                         "--checkpoint: tokens per text.")
+    flags.DEFINE_enum("pooling", None, ["mean", "cls", "max"], "embed, search with "
+                      "--checkpoint: pooling (default: the checkpoint's pooling.json, else mean).")
+    flags.DEFINE_bool("normalize", None, "embed, search with --checkpoint: unit-length vectors "
+                      "(default: the checkpoint's pooling.json, else no).")
+    flags.DEFINE_string("corpus", None, "search: the texts searched (.csv | .tsv | .jsonl).")
+    flags.DEFINE_string("queries", None, "search: the query texts (.csv | .tsv | .jsonl).")
     cli.define_distributed_flags()
 
 
@@ -82,13 +103,14 @@ def fill_mask(texts: Sequence[str]) -> None:
     if not texts:
         sys.exit('error: fill_mask: give one or more texts with [MASK], e.g. "the capital of '
                  'france is [MASK]."')
-    if f.top_k < 1:
-        sys.exit(f"error: --top_k={f.top_k} must be positive")
+    top_k = 5 if f.top_k is None else f.top_k
+    if top_k < 1:
+        sys.exit(f"error: --top_k={top_k} must be positive")
     from bertjax.serving.fill_mask import FillMask
     from bertjax.train import multihost
 
     filler = FillMask.from_checkpoint(f.checkpoint, f.max_seq_length, dtype=f.dtype)
-    results = filler(list(texts), top_k=f.top_k)  # every process: the batches are collective
+    results = filler(list(texts), top_k=top_k)  # every process: the batches are collective
     if not multihost.is_main():
         return
     for text, masks in zip(texts, results):
@@ -96,6 +118,107 @@ def fill_mask(texts: Sequence[str]) -> None:
         for mask in masks:
             shown = ", ".join(f"{c['word']} {c['probability']:.3f}" for c in mask["candidates"])
             print(f"  [MASK] at token {mask['position']}: {shown}")
+
+
+def embedder():
+    """The Embedder of --workdir, --export or --checkpoint (exactly one)."""
+    from bertjax.models.embedding import Pooling
+    from bertjax.serving.embedder import Embedder
+
+    f = flags.FLAGS
+    sources = [name for name in ("workdir", "export", "checkpoint") if f[name].value]
+    if len(sources) != 1:
+        sys.exit("error: give one of --workdir (an embedding run), --export (its convert to_hf "
+                 "directory) or --checkpoint (a bertjax checkpoint directory)")
+    devices = cli.turn_devices()
+    if f.checkpoint:
+        pooling = None
+        if f.pooling is not None or f.normalize is not None:
+            from bertjax.checkpoint_dir import load_pooling
+
+            stored = load_pooling(f.checkpoint) or Pooling()
+            pooling = Pooling(f.pooling or stored.mode,
+                              stored.normalize if f.normalize is None else f.normalize)
+        return Embedder.from_checkpoint(f.checkpoint, f.max_seq_length, pooling, f.batch_size,
+                                        f.dtype, devices)
+    if f.pooling is not None or f.normalize is not None:
+        sys.exit("error: --pooling / --normalize apply to --checkpoint; a run pools as it "
+                 "was trained")
+    if f.workdir:
+        return Embedder.from_workdir(f.workdir, f.batch_size, f.dtype, devices)
+    return Embedder.from_export(f.export, f.batch_size, f.dtype, devices)
+
+
+def text_fields() -> dict:
+    f = flags.FLAGS
+    return {"text_a": f.text_a, "id": f.id, "encoding": f.encoding}
+
+
+def embed(args: Sequence[str]) -> None:
+    from bertjax.serving.embedder import VectorFile, check_vectors_path, ids_path
+    from bertjax.train import multihost
+
+    f = flags.FLAGS
+    if args:
+        sys.exit(f"error: embed: unexpected arguments {list(args)}; give --input=FILE")
+    for name in ("input", "output"):
+        if not f[name].value:
+            sys.exit(f"error: embed: --{name} is required")
+    if f.chunk_rows < 0:
+        sys.exit(f"error: --chunk_rows={f.chunk_rows} must be 0 or positive")
+    check_vectors_path(f.output)  # before the model is loaded
+    model = embedder()
+    out = multihost.write_from_main(lambda: VectorFile(f.output))
+    for ids, vectors in model.embed_file(f.input, text_fields(), f.chunk_rows):
+        multihost.write_from_main(lambda ids=ids, vectors=vectors: out.write(ids, vectors))
+    multihost.write_from_main(out.close if out is not None else lambda: None)
+    if multihost.is_main():
+        print(f"wrote {out.rows} vectors [{out.rows}, {out.hidden}] to {f.output}, their ids "
+              f"to {ids_path(f.output)} ({model.pooling.mode} pooling"
+              f"{', normalised' if model.pooling.normalize else ''}; "
+              f"{model.engine.trained.workdir})")
+
+
+def search(args: Sequence[str]) -> None:
+    import numpy as np
+
+    from bertjax import paths
+    from bertjax.tasks.chunks import dump
+    from bertjax.train import multihost
+
+    f = flags.FLAGS
+    if args:
+        sys.exit(f"error: search: unexpected arguments {list(args)}; give --queries=FILE")
+    for name in ("corpus", "queries", "output"):
+        if not f[name].value:
+            sys.exit(f"error: search: --{name} is required")
+    top_k = 10 if f.top_k is None else f.top_k
+    if top_k < 1:
+        sys.exit(f"error: --top_k={top_k} must be positive")
+    model = embedder()
+
+    def embedded(path):
+        ids, vectors = [], []
+        for chunk_ids, chunk in model.embed_file(path, text_fields(), f.chunk_rows):
+            ids += chunk_ids
+            vectors.append(chunk)
+        return ids, np.concatenate(vectors)
+
+    corpus_ids, corpus = embedded(f.corpus)
+    query_ids, queries = embedded(f.queries)
+    scores, rows = model.search(queries, corpus, top_k)
+
+    def write():
+        with paths.open(f.output, "w", encoding="utf-8") as out:
+            for q, query in enumerate(query_ids):
+                hits = [{"id": corpus_ids[r], "score": round(float(s), 6)}
+                        for s, r in zip(scores[q], rows[q])]
+                out.write(dump({"id": query, "hits": hits}) + "\n")
+
+    multihost.write_from_main(write)
+    if multihost.is_main():
+        print(f"wrote the top {min(top_k, len(corpus_ids))} of {len(corpus_ids)} corpus rows "
+              f"for {len(query_ids)} queries to {f.output}")
 
 
 def dry_run() -> None:
@@ -169,11 +292,12 @@ def main(argv: Sequence[str]) -> None:
     cli.initialize_distributed()  # before anything touches a JAX backend
     if not flags.FLAGS.dry_run:  # a dry run's TPU programs cannot be read back on this host
         cli.use_compilation_cache()
-    if len(argv) > 1 and argv[1] == "fill_mask":
-        return fill_mask(argv[2:])
+    commands = {"fill_mask": fill_mask, "embed": embed, "search": search}
+    if len(argv) > 1 and argv[1] in commands:
+        return commands[argv[1]](argv[2:])
     if len(argv) > 1:
-        sys.exit(f"error: unexpected arguments {argv[1:]}; flags are --name=value (or the "
-                 "fill_mask command)")
+        sys.exit(f"error: unexpected arguments {argv[1:]}; flags are --name=value (or a "
+                 f"command: {' | '.join(commands)})")
     return predict()
 
 

@@ -81,7 +81,7 @@ class Features:
         return len(self.sequences)
 
 
-def _stack(encodings) -> np.ndarray:
+def stack_encodings(encodings) -> np.ndarray:
     rows = []
     for enc in encodings:
         n = int(sum(enc.input_mask))  # encode pads to max_seq_length; keep the real tokens
@@ -141,14 +141,14 @@ def encode(tokenizer, examples: Sequence[Example | ChoiceExample], max_seq_lengt
         texts_a = [e.context for e in examples for _ in range(k)]
         texts_b = [ending for e in examples for ending in e.endings]
         encodings = tokenizer.encode_batch(texts_a, texts_b, max_seq_length=max_seq_length)
-        sequences = [_stack(encodings[i * k:(i + 1) * k]) for i in range(len(examples))]
+        sequences = [stack_encodings(encodings[i * k:(i + 1) * k]) for i in range(len(examples))]
         truncated = count_truncated(encodings, texts_a, texts_b, per_example=k)
     else:
         texts_b = [e.text_b for e in examples]
         encodings = tokenizer.encode_batch(
             [e.text_a for e in examples], texts_b if any(b is not None for b in texts_b) else None,
             max_seq_length=max_seq_length)
-        sequences = [_stack([enc]) for enc in encodings]
+        sequences = [stack_encodings([enc]) for enc in encodings]
         truncated = count_truncated(encodings, [e.text_a for e in examples], texts_b)
     dtype = np.float32 if regression else np.int32
     labels = np.array([0 if e.label is None else e.label for e in examples], dtype)

@@ -4,8 +4,10 @@ r"""Convert BERT checkpoints to and from bertjax checkpoint directories.
       --config uncased_L-12_H-768_A-12/bert_config.json \
       --vocab uncased_L-12_H-768_A-12/vocab.txt --output checkpoints/bert_base_uncased
   python -m bertjax.convert from_hf --input hf/bert-base-uncased --output checkpoints/base
+  python -m bertjax.convert from_hf --input st/all-MiniLM-L6-v2 --output checkpoints/minilm
   python -m bertjax.convert to_hf --input checkpoints/base --output hf/base \
       [--architecture BertForPreTraining|BertForMaskedLM|BertModel]
+  python -m bertjax.convert to_hf --input checkpoints/minilm --output st/minilm
   python -m bertjax.convert to_hf --input runs/mrpc --output hf/mrpc   # a fine-tuning workdir
 
 A fine-tuning workdir is written as its task's transformers class (BertForSequenceClassification
@@ -14,6 +16,13 @@ BertForQuestionAnswering) from its best checkpoint, or with --architecture=BertM
 fine-tuned encoder alone; the task's class also gets bertjax_task.json (the run's config and
 task state), so `python -m bertjax.predict --export=DIR` / `bertjax.Predictor.from_export(DIR)`
 predict with it.
+
+A sentence-transformers directory (modules.json: a BERT Transformer, a mean | cls | max
+Pooling, an optional Normalize) is read by from_hf as its Transformer's weights plus the
+pooling, kept as pooling.json beside them (`BertForEmbedding(config, pooling)` computes its
+vectors; its max_seq_length is reported and kept in conversion.json). to_hf writes a checkpoint
+directory that has pooling.json as a BertModel with the sentence-transformers modules, so that
+`SentenceTransformer(DIR)` loads it. Other modules (Dense, ...) stop with one line.
 
 from_tf and from_hf also take --do_lower_case/--nodo_lower_case, --seed and --overwrite;
 to_hf takes --dtype and --overwrite. Every source tensor is either converted or listed as
@@ -34,8 +43,10 @@ from etils import epath
 from bertjax import checkpoint_dir, cli
 from bertjax.convert.mapping import ConversionError
 from bertjax.models.config import BertConfig
+from bertjax.models.embedding import POOLING_FILE, Pooling
 from bertjax.train import multihost
 
+SENTENCE_TRANSFORMERS = "sentence_transformers"  # conversion.json: what from_hf read there
 GROUP_NAMES = {
     "bert/pooler": "the pooler (bert/pooler)",
     "mlm": "the masked-LM head (mlm: cls/predictions)",
@@ -60,8 +71,8 @@ def define_flags() -> None:
     flags.DEFINE_bool("overwrite", False, "Replace the weights already in --output.")
     flags.DEFINE_enum("architecture", None,
                       ["BertForPreTraining", "BertForMaskedLM", "BertModel"], "to_hf: the model "
-                      "class to write (default: BertForPreTraining; a fine-tuning workdir: its "
-                      "task's class).")
+                      "class to write (default: BertForPreTraining; a checkpoint with "
+                      "pooling.json: BertModel; a fine-tuning workdir: its task's class).")
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16", "float64"],
                       "to_hf: dtype of the written weights.")
 
@@ -99,15 +110,39 @@ def _vocab_file(vocab: str, flag: str) -> epath.Path:
         raise ConversionError(f"{flag}: {e}") from e
 
 
-def _import(args, config: BertConfig, params, vocab, source: str, skipped, notes) -> None:
+def _import(args, config: BertConfig, params, vocab, source: str, skipped, notes,
+            do_lower_case: bool | None = None, sentence_model=None) -> None:
     # save_pretrained initialises (and reports) the head groups the source lacks.
     provenance = {"source": source, "skipped": skipped, "notes": notes}
+    if sentence_model is not None:
+        provenance[SENTENCE_TRANSFORMERS] = {
+            "pooling": sentence_model.pooling.to_dict(),
+            "max_seq_length": sentence_model.max_seq_length}
+    if do_lower_case is None:
+        do_lower_case = args.do_lower_case
     summary = checkpoint_dir.save_pretrained(
-        args.output, config, params, vocab, do_lower_case=args.do_lower_case,
+        args.output, config, params, vocab, do_lower_case=do_lower_case,
         provenance=provenance, seed=args.seed, overwrite=args.overwrite,
     )
+
+    def write_pooling():  # pooling.json, or none: a stale one would mislead
+        path = epath.Path(args.output) / POOLING_FILE
+        if sentence_model is not None:
+            path.write_text(json.dumps(sentence_model.pooling.to_dict(), indent=2) + "\n")
+        elif path.exists():
+            path.unlink()
+
+    multihost.write_from_main(write_pooling)
     converted_params, converted_tensors = _count(params)
     _report(summary, args.output, converted_params, converted_tensors)
+    if sentence_model is not None:
+        print(f"pooling: {_describe(sentence_model.pooling)} "
+              f"(max_seq_length={sentence_model.max_seq_length}); wrote "
+              f"{epath.Path(args.output) / POOLING_FILE}")
+
+
+def _describe(pooling) -> str:
+    return pooling.mode + (", normalized" if pooling.normalize else "")
 
 
 def from_tf(args) -> None:
@@ -124,11 +159,13 @@ def from_tf(args) -> None:
 
 
 def from_hf(args) -> None:
-    from bertjax.convert import huggingface
+    from bertjax.convert import huggingface, sentence_transformers
 
     directory = epath.Path(args.input)
     if not directory.is_dir():
         raise ConversionError(f"--input {directory} is not a directory")
+    if sentence_transformers.is_sentence_transformers(directory):
+        return _from_sentence_transformers(args, directory)
     config = huggingface.read_config(directory)
     vocab_flag = "--vocab" if args.vocab else "--input"
     vocab = _vocab_file(args.vocab or str(directory), vocab_flag)
@@ -136,21 +173,93 @@ def from_hf(args) -> None:
     _import(args, config, params, vocab, f"Hugging Face {directory}", skipped, [])
 
 
+def _from_sentence_transformers(args, directory: epath.Path) -> None:
+    """The Transformer module's BERT, as from_hf converts it, and the pooling (pooling.json)."""
+    import tempfile
+
+    from bertjax.convert import huggingface, sentence_transformers
+
+    found = sentence_transformers.read_directory(directory)
+    weights = found.transformer_directory
+    config = huggingface.read_config(weights)
+    notes = list(found.notes)
+    do_lower_case = args.do_lower_case
+    if do_lower_case is None and found.do_lower_case:
+        do_lower_case = True
+        notes.append(f"do_lower_case=True: {weights / sentence_transformers.SBERT_CONFIG_FILE} "
+                     "lower-cases the texts (bertjax also strips accents, as uncased BERT "
+                     "tokenizers do)")
+    with tempfile.TemporaryDirectory() as scratch:
+        tokenizer_json = weights / "tokenizer.json"
+        if args.vocab:
+            vocab = _vocab_file(args.vocab, "--vocab")
+        elif (not (weights / checkpoint_dir.VOCAB_FILE).exists()
+              and not any(weights.glob("*.model")) and tokenizer_json.exists()):
+            # transformers 5 saves tokenizer.json alone: its WordPiece vocabulary, lower-cased
+            # as its tokenizer_config.json (or its normalizer) says.
+            tokens = sentence_transformers.wordpiece_vocab(tokenizer_json)
+            vocab = epath.Path(scratch) / checkpoint_dir.VOCAB_FILE
+            vocab.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
+            how = f"vocabulary: the WordPiece tokens of {tokenizer_json}"
+            if do_lower_case is None:
+                do_lower_case, source = sentence_transformers.tokenizer_lower_case(weights)
+                if do_lower_case is not None:
+                    how += f"; do_lower_case={do_lower_case} from {source}"
+            notes.append(how)
+        else:
+            vocab = _vocab_file(str(weights), "--input")
+        params, skipped = huggingface.read_hf_checkpoint(weights, config)
+        _import(args, config, params, vocab, f"sentence-transformers {directory}", skipped,
+                notes, do_lower_case=do_lower_case, sentence_model=found)
+
+
 def to_hf(args) -> None:
-    from bertjax.convert import huggingface
+    from bertjax.convert import huggingface, sentence_transformers
 
     directory = epath.Path(args.input)
     if (directory / "checkpoints").is_dir():
         return _finetuned_to_hf(args, directory)
-    architecture = args.architecture or "BertForPreTraining"
     config = checkpoint_dir.load_config(directory)
+    pooling = checkpoint_dir.load_pooling(directory)  # a sentence embedding model
+    architecture = args.architecture or ("BertForPreTraining" if pooling is None
+                                         else "BertModel")
     config = BertConfig.from_dict({**config.to_dict(), "scan_layers": False})
     params = checkpoint_dir.load_params(directory, config)
-    notes = multihost.write_from_main(lambda: huggingface.write_hf_checkpoint(
-        args.output, config, params, checkpoint_dir.vocab_path(directory),
-        checkpoint_dir.load_do_lower_case(directory), architecture, args.dtype, args.overwrite,
-    ))
+    vocab = checkpoint_dir.vocab_path(directory)
+    do_lower_case = checkpoint_dir.load_do_lower_case(directory)
+    max_seq_length = _sentence_max_seq_length(directory, config)
+
+    def write():
+        notes = huggingface.write_hf_checkpoint(
+            args.output, config, params, vocab, do_lower_case, architecture, args.dtype,
+            args.overwrite)
+        if pooling is not None:
+            sentence_transformers.write_modules(args.output, pooling, max_seq_length,
+                                                do_lower_case, config.hidden_size)
+        return notes
+
+    notes = multihost.write_from_main(write)
     _wrote(args, architecture, directory, notes)
+    if pooling is not None and notes is not None:
+        if checkpoint_dir.is_sentencepiece(vocab):
+            print(f"note: wrote the sentence-transformers modules ({_describe(pooling)} "
+                  "pooling), but SentenceTransformer needs a tokenizer transformers reads")
+        else:
+            print(f"sentence-transformers: {_describe(pooling)} pooling, "
+                  f"max_seq_length={max_seq_length}; SentenceTransformer({args.output}) "
+                  "loads it")
+
+
+def _sentence_max_seq_length(directory: epath.Path, config: BertConfig) -> int:
+    """The max_seq_length a converted sentence-transformers model had (conversion.json), else
+    the position embeddings' length."""
+    path = directory / checkpoint_dir.CONVERSION_FILE
+    try:
+        record = json.loads(path.read_text()).get(SENTENCE_TRANSFORMERS) or {}
+        length = int(record["max_seq_length"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return config.max_position_embeddings
+    return min(length, config.max_position_embeddings)
 
 
 def _wrote(args, architecture: str, source, notes: list[str] | None) -> None:
@@ -163,7 +272,7 @@ def _wrote(args, architecture: str, source, notes: list[str] | None) -> None:
 
 def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes."""
-    from bertjax.convert import huggingface
+    from bertjax.convert import huggingface, sentence_transformers
     from bertjax.models import layout
     from bertjax.serving.runs import TASK_FILE, read_finished_run, run_vocab, task_record
     from bertjax.train.checkpoints import read_params
@@ -178,18 +287,28 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     config = BertConfig.from_dict({**record["model"], "scan_layers": False})
     params = layout.to_layout(read_params(str(workdir), step), scan_layers=False)
     task = task_record(workdir, ConversionError, "--input")
+    pooling = Pooling.from_dict(record["pooling"]) if record.get("pooling") else None
 
     def write():
         notes = huggingface.write_hf_checkpoint(
             args.output, config, params, run_vocab(workdir, record), record["do_lower_case"],
             architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
             problem_type=record.get("problem_type"), extra_config=record.get("extra_config"))
-        if architecture != "BertModel":  # the task record: bertjax.Predictor.from_export
+        # The task record (bertjax.Predictor / Embedder.from_export): a task head's class, or
+        # a sentence embedding model (BertModel and its pooling).
+        if architecture != "BertModel" or pooling is not None:
             (epath.Path(args.output) / TASK_FILE).write_text(json.dumps(task, indent=2) + "\n")
+        if pooling is not None:
+            sentence_transformers.write_modules(args.output, pooling,
+                                                int(task["config"]["max_seq_length"]),
+                                                record["do_lower_case"], config.hidden_size)
         return notes
 
     notes = multihost.write_from_main(write)
     _wrote(args, architecture, f"{workdir} (best step {step})", notes)
+    if pooling is not None and notes is not None:
+        print(f"sentence-transformers: {_describe(pooling)} pooling; "
+              f"SentenceTransformer({args.output}) loads it")
 
 
 # command → (function, required flags, optional flags)

@@ -4,6 +4,8 @@
   squad/           SQuAD v1.1 / v2.0: readers, window features, task, post-processing, metrics
   tagging/         CoNLL / JSONL tagging: tag schemes, readers, features, fine-tuned and
                    feature-based taggers, metrics
+  embedding/       sentence embeddings: pairs / scored pairs / BEIR readers, contrastive and
+                   CoSENT losses, STS and retrieval metrics
 Each fine-tuning family is a plug-in of base.py (`Task`: data, features, head, loss,
 predictions, metrics, output files); its heads are flax modules in bertjax/models. Importing
 never loads TensorFlow (a TFDS reader imports it when called).
@@ -32,6 +34,7 @@ FAMILIES: dict[str, str] = {
     "squad": "bertjax.tasks.squad.task:SquadTask",
     "token_classification": "bertjax.tasks.tagging.task:TokenClassificationTask",
     "feature_based": "bertjax.tasks.tagging.feature_based:FeatureBasedTask",
+    "embedding": "bertjax.tasks.embedding.task:EmbeddingTask",
 }
 
 

@@ -291,6 +291,7 @@ class FineTuningJob(Job):
         self.grad_accum_steps = config.train.get("grad_accum_steps", 1)
         self.grad_reduce_dtype = configs.grad_reduce_dtype(config)
         self.best_metric = task.primary_metric
+        self.evaluate_at_start = bool(config.eval.get("at_start", False))
         self.steps_per_epoch = task.num_batches(self.train_features, self.batch_size)
         self.total_steps = max(1, int(round(self.steps_per_epoch * config.train.num_epochs)))
         log(f"Task {config.task.name}: {len(self.splits.train)} train, "

@@ -116,6 +116,7 @@ class Job:
     total_steps: int
     stages: list[Stage]
     best_metric: str | None = None  # None: no best checkpoint (pre-training)
+    evaluate_at_start: bool = False  # a fresh run logs the starting params' scores first
     denominators: Callable[[dict], dict] | None = None
     grad_reduce_dtype: str = step_lib.DEFAULT_GRAD_REDUCE_DTYPE
     phases: tuple = ()  # pre-training's phases (the dry run names their own flags)
@@ -357,6 +358,13 @@ class _Run:
         step = first = int(state.step)
         throughput.reset(step)
         self.log(stage.description)
+        if step == 0 and self.job.evaluate_at_start and stage.eval_every:
+            # Not in the history: no checkpoint holds these params to be kept as the best.
+            results = self.job.evaluate(state.params, stage, 0, self.runner)
+            multihost.write_from_main(functools.partial(self.writer.write, 0, results,
+                                                        split="eval"))
+            self.log("eval before training (the starting checkpoint): " + json.dumps(
+                {k: round(v, 4) for k, v in results.items()}))
         ctrl_c = contextlib.ExitStack()
         try:
             while step < stage.end:

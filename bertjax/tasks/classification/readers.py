@@ -147,7 +147,7 @@ def _field(fields: list[str], column: int, name: Any, path: str, line: int) -> s
     return fields[column]
 
 
-def _text(value: str, name: Any, path: str, line: int) -> str:
+def nonempty_text(value: str, name: Any, path: str, line: int) -> str:
     if not value.strip():
         raise DataError(f"{path}:{line}: empty text in column {name!r}")
     return value
@@ -202,7 +202,8 @@ def read_glue_file(path: str, task: GlueTask, labelled: bool,
     for line, fields in rows:
         where = f"{path}:{line}"
         try:
-            texts = [None if c is None else _text(_field(fields, c, n, path, line), n, path, line)
+            texts = [None if c is None
+                     else nonempty_text(_field(fields, c, n, path, line), n, path, line)
                      for c, n in zip(text_cols, names)]
             if label_col is None:
                 label = None
@@ -255,7 +256,7 @@ def read_tfds_split(task: GlueTask, split: str, labelled: bool,
         where = f"{name}[{split}] idx {idx}"
         texts = [record[k].decode("utf-8") for k in task.tfds_text]
         for key, text in zip(task.tfds_text, texts):
-            _text(text, key, name, f"[{split}] idx {idx}")
+            nonempty_text(text, key, name, f"[{split}] idx {idx}")
         label = None
         if labelled:
             if task.regression:
@@ -299,8 +300,8 @@ def read_swag_file(path: str, labelled: bool, encoding: str = paths.DEFAULT_ENCO
     examples = []
     for line, fields in rows:
         value = {k: _field(fields, c, k, path, line) for k, c in cols.items()}
-        context = _text(value["sent1"], "sent1", path, line)
-        endings = tuple(_text(f"{value['sent2']} {value[k]}".strip(), k, path, line)
+        context = nonempty_text(value["sent1"], "sent1", path, line)
+        endings = tuple(nonempty_text(f"{value['sent2']} {value[k]}".strip(), k, path, line)
                         for k in SWAG_ENDINGS)
         label = (label_id(value["label"], ("0", "1", "2", "3"), f"{path}:{line}")
                  if labelled else None)
@@ -323,7 +324,7 @@ def read_swag(data_dir: str, encoding: str = paths.DEFAULT_ENCODING
 # Users' own files: CSV, TSV or JSONL with configurable columns
 
 
-def _records(path: str, encoding: str = paths.DEFAULT_ENCODING
+def records(path: str, encoding: str = paths.DEFAULT_ENCODING
              ) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line, {column: value}) for a .csv, .tsv or .jsonl file (type from the extension)."""
     if not paths.exists(path):
@@ -354,7 +355,7 @@ def _records(path: str, encoding: str = paths.DEFAULT_ENCODING
         yield line, dict(zip(header, fields))
 
 
-def _get(record: dict[str, Any], column: str, path: str, line: int, field: str) -> Any:
+def get_field(record: dict[str, Any], column: str, path: str, line: int, field: str) -> Any:
     """record[column]; `field`: the setting that names the column (config.data.<field>, and
     predict's --<field>), for the error."""
     if column not in record or record[column] is None:
@@ -363,10 +364,15 @@ def _get(record: dict[str, Any], column: str, path: str, line: int, field: str) 
     return record[column]
 
 
+def text_field(record: dict[str, Any], column: str, path: str, line: int, field: str) -> str:
+    """The non-empty text of record[column] (`field` as in `get_field`)."""
+    return nonempty_text(str(get_field(record, column, path, line, field)), column, path, line)
+
+
 def first_record(path: str, encoding: str = paths.DEFAULT_ENCODING) -> dict[str, Any]:
     """The first row of a user file as {column: value} (a CSV / TSV header-only file: its
     columns, empty values), to tell labelled from unlabelled files."""
-    for _, record in _records(path, encoding):
+    for _, record in records(path, encoding):
         return record
     if path.lower().endswith((".csv", ".tsv")):
         header = next(_open_rows(path, "\t" if path.lower().endswith(".tsv") else ",",
@@ -387,21 +393,19 @@ def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str
     is its `id_column` value where the row has one, else its 0-based row number.
     """
     examples = []
-    for line, record in _records(path, encoding):
+    for line, record in records(path, encoding):
         where = f"{path}:{line}"
         row_id = record.get(id_column) if id_column else None
         index = str(len(examples)) if row_id is None or row_id == "" else str(row_id)
-        raw = str(_get(record, label, path, line, "label")) if labelled else None
+        raw = str(get_field(record, label, path, line, "label")) if labelled else None
         if kind == "multiple_choice":
-            context = _text(str(_get(record, text_a, path, line, "text_a")), text_a, path, line)
-            endings = tuple(_text(str(_get(record, c, path, line, "choices")), c, path, line)
-                            for c in choices)
+            context = text_field(record, text_a, path, line, "text_a")
+            endings = tuple(text_field(record, c, path, line, "choices") for c in choices)
             y = label_id(raw, [str(i) for i in range(len(choices))], where) if labelled else None
             examples.append(ChoiceExample(where, context, endings, y, index))
             continue
-        a = _text(str(_get(record, text_a, path, line, "text_a")), text_a, path, line)
-        b = (_text(str(_get(record, text_b, path, line, "text_b")), text_b, path, line)
-             if text_b else None)
+        a = text_field(record, text_a, path, line, "text_a")
+        b = text_field(record, text_b, path, line, "text_b") if text_b else None
         if not labelled:
             y = None
         elif kind == "regression":
@@ -423,8 +427,8 @@ def infer_labels(path: str, label: str, encoding: str = paths.DEFAULT_ENCODING
                  ) -> tuple[str, ...]:
     """The sorted distinct values of column `label` (numeric order when all are integers)."""
     values = set()
-    for line, record in _records(path, encoding):
-        value = str(_get(record, label, path, line, "label")).strip()
+    for line, record in records(path, encoding):
+        value = str(get_field(record, label, path, line, "label")).strip()
         if not value:  # would become a class of its own
             raise DataError(f"{path}:{line}: empty label in column {label!r}")
         values.add(value)

@@ -1,0 +1,109 @@
+"""Sentence embeddings: the encoder's final token vectors pooled into one vector per text
+(flax module and pure pooling functions; losses live in bertjax/tasks/embedding/losses.py).
+
+Pooling reads real tokens only (input_mask): "mean" (sentence-transformers' default), "cls"
+(the final [CLS] vector, not the NSP pooler's tanh layer) or "max"; `normalize` scales each
+vector to unit length, so a dot product is the cosine. `Pooling` is the record a checkpoint
+directory keeps beside its weights (POOLING_FILE), read from a sentence-transformers
+directory's modules.json and 1_Pooling/config.json by `bertjax.convert from_hf`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.errors import ConfigError
+from bertjax.models.bert import BertModel
+from bertjax.models.config import BertConfig
+
+Array = jax.Array
+
+POOLING_FILE = "pooling.json"  # in a checkpoint directory: how its texts become vectors
+MODES = ("mean", "cls", "max")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pooling:
+    """How the token vectors of a text become its vector: `mode` over real tokens, then unit
+    length if `normalize`."""
+
+    mode: str = "mean"
+    normalize: bool = False
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise ConfigError(f"pooling mode {self.mode!r} is not one of {' | '.join(MODES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> Pooling:
+        unknown = set(fields) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise ConfigError(f"unknown pooling field(s): {', '.join(sorted(unknown))}")
+        return cls(**fields)
+
+
+def pool(tokens: Array, input_mask: Array, mode: str) -> Array:
+    """tokens [n, seq, hidden], input_mask [n, seq] (1 = real token) → [n, hidden] float32.
+
+    A row with no real token (a filler row) gives zeros."""
+    tokens = tokens.astype(jnp.float32)
+    mask = input_mask.astype(jnp.float32)[..., None]
+    if mode == "cls":
+        return tokens[:, 0]
+    if mode == "mean":
+        return jnp.sum(tokens * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1e-9)
+    if mode == "max":
+        masked = jnp.where(mask > 0, tokens, -jnp.inf)
+        return jnp.where(jnp.sum(mask, axis=1) > 0, jnp.max(masked, axis=1), 0.0)
+    raise ConfigError(f"pooling mode {mode!r} is not one of {' | '.join(MODES)}")
+
+
+def l2_normalize(vectors: Array, eps: float = 1e-12) -> Array:
+    """[..., hidden] → the same at unit length (a zero vector stays zero)."""
+    norm = jnp.sqrt(jnp.sum(jnp.square(vectors), axis=-1, keepdims=True))
+    return vectors / jnp.maximum(norm, eps)
+
+
+class BertForEmbedding(nn.Module):
+    """params: {"bert": BertModel params} (the pooler's weights are kept but unused).
+
+    Texts come in columns (anchor, positive, negatives...; or the two texts of a scored
+    pair): input_ids, segment_ids, input_mask [batch, columns, seq] → [batch, columns, hidden]
+    float32, every text encoded on its own."""
+
+    config: BertConfig
+    pooling: Pooling = Pooling()
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        segment_ids: Array | None = None,
+        input_mask: Array | None = None,
+        *,
+        deterministic: bool = True,
+    ) -> Array:
+        batch, columns, seq = input_ids.shape
+        if input_mask is None:
+            input_mask = jnp.ones_like(input_ids)
+
+        def flat(x):
+            return None if x is None else x.reshape(batch * columns, seq)
+
+        outputs = BertModel(self.config, name="bert")(
+            flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic,
+            pooled_only=self.pooling.mode == "cls")
+        vectors = pool(outputs["sequence_output"], flat(input_mask)[:, :outputs[
+            "sequence_output"].shape[1]], self.pooling.mode)
+        if self.pooling.normalize:
+            vectors = l2_normalize(vectors)
+        vectors = vectors.reshape(batch, columns, -1)
+        return nn.with_logical_constraint(vectors, ("batch", None, "embed"))

@@ -1,0 +1,171 @@
+"""Sentence-embedding evaluation: STS correlations, exact nearest-neighbour search on device,
+and retrieval metrics in trec_eval's definitions (as BEIR reports them).
+
+No SciPy, scikit-learn or pytrec_eval at run time; tests/tasks/embedding/test_metrics.py checks
+each function against them.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.errors import DataError
+from bertjax.models.embedding import l2_normalize
+from bertjax.tasks.classification import metrics as classification_metrics
+
+RETRIEVAL_METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100")
+SIMILARITIES = ("cosine", "dot")
+
+
+def pair_cosines(vectors_a, vectors_b) -> np.ndarray:
+    """vectors_a, vectors_b [n, hidden] → the cosine of each row pair [n], in float64."""
+    a = np.asarray(vectors_a, np.float64)
+    b = np.asarray(vectors_b, np.float64)
+    if a.shape != b.shape or a.ndim != 2:
+        raise ValueError(f"vectors {a.shape} and {b.shape} must be equal 2-D shapes")
+    norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
+    # A zero vector has cosine 0 with everything rather than NaN.
+    return np.sum(a * b, axis=1) / np.maximum(norms, 1e-12)
+
+
+def sts(vectors_a, vectors_b, scores) -> dict[str, float]:
+    """Correlations of the pair cosines with the gold similarity `scores` [n].
+
+    vectors_a, vectors_b [n, hidden] → {"spearman", "pearson"}."""
+    cosines = pair_cosines(vectors_a, vectors_b)
+    return {
+        "spearman": classification_metrics.spearman(scores, cosines),
+        "pearson": classification_metrics.pearson(scores, cosines),
+    }
+
+
+@functools.partial(jax.jit, static_argnames=("k", "similarity"))
+def _search_chunk(best_scores, best_indices, queries, chunk, offset, rows, *, k, similarity):
+    """Merge one corpus chunk into the running top k.
+
+    best_scores [block, k] float32, best_indices [block, k] int32: the top k so far, best
+    first; queries [block, hidden]; chunk [chunk_rows, hidden], of which the first `rows` are
+    real and start at corpus row `offset`."""
+    if similarity == "cosine":
+        queries, chunk = l2_normalize(queries), l2_normalize(chunk)
+    # Full float32 products: the default precision of TPUs (and TF32 GPUs) would reorder
+    # near-equal neighbours.
+    scores = jnp.matmul(queries, chunk.T, precision=jax.lax.Precision.HIGHEST)
+    # Padding rows score -inf, below every real row, so they are never among the top k.
+    scores = jnp.where(jnp.arange(chunk.shape[0]) < rows, scores, -jnp.inf)
+    chunk_scores, positions = jax.lax.top_k(scores, min(k, chunk.shape[0]))
+    # The running top k comes first and holds lower corpus rows, and top_k puts the lower
+    # index first among equals: ties go to the lower corpus row.
+    scores = jnp.concatenate([best_scores, chunk_scores], axis=1)
+    indices = jnp.concatenate([best_indices, positions + offset], axis=1)
+    best_scores, picked = jax.lax.top_k(scores, k)
+    return best_scores, jnp.take_along_axis(indices, picked, axis=1)
+
+
+def _rows(array: np.ndarray, start: int, size: int) -> np.ndarray:
+    """array[start:start + size], zero-padded to `size` rows."""
+    block = array[start:start + size]
+    return np.pad(block, ((0, size - len(block)), (0, 0))) if len(block) < size else block
+
+
+def search(queries, corpus, k: int, similarity: str = "cosine", chunk_rows: int = 16384,
+           query_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k search of each query over the corpus, on the default device.
+
+    queries [q, hidden], corpus [n, hidden] → (scores [q, k] float32, indices [q, k] int64),
+    best first; k is capped at n. similarity: "cosine" (of the L2-normalised vectors) or
+    "dot". Equal scores rank the lower corpus row first. The corpus is sent `chunk_rows` rows
+    at a time and the queries are taken `query_rows` at a time; the last chunk and block are
+    padded so that one shape compiles."""
+    if similarity not in SIMILARITIES:
+        raise ValueError(f"similarity must be one of {SIMILARITIES}, not {similarity!r}")
+    if k < 1 or chunk_rows < 1 or query_rows < 1:
+        raise ValueError(f"k {k}, chunk_rows {chunk_rows}, query_rows {query_rows} must be >= 1")
+    queries = np.asarray(queries, np.float32)
+    corpus = np.asarray(corpus, np.float32)
+    if queries.ndim != 2 or corpus.ndim != 2 or queries.shape[1] != corpus.shape[1]:
+        raise ValueError(f"queries {queries.shape} and corpus {corpus.shape} must be "
+                         "[rows, hidden] with equal hidden")
+    num_queries, n = len(queries), len(corpus)
+    k = min(k, n)
+    if k == 0 or num_queries == 0:
+        return np.zeros((num_queries, k), np.float32), np.zeros((num_queries, k), np.int64)
+
+    chunk = min(chunk_rows, n)
+    block = min(query_rows, num_queries)
+    blocks = [jnp.asarray(_rows(queries, start, block))
+              for start in range(0, num_queries, block)]
+    best = [(jnp.full((block, k), -jnp.inf, jnp.float32), jnp.full((block, k), -1, jnp.int32))
+            for _ in blocks]
+    # Chunks outside, query blocks inside: each chunk goes to the device once.
+    for offset in range(0, n, chunk):
+        chunk_vectors = jnp.asarray(_rows(corpus, offset, chunk))
+        real = jnp.int32(min(chunk, n - offset))
+        best = [_search_chunk(*state, query_block, chunk_vectors, jnp.int32(offset), real,
+                              k=k, similarity=similarity)
+                for state, query_block in zip(best, blocks)]
+    scores = np.concatenate([np.asarray(s) for s, _ in best])[:num_queries]
+    indices = np.concatenate([np.asarray(i) for _, i in best])[:num_queries]
+    return scores, indices.astype(np.int64)
+
+
+def _repeated(ids) -> str | None:
+    """The first id that appears a second time, or None."""
+    seen = set()
+    for i in ids:
+        if i in seen:
+            return i
+        seen.add(i)
+    return None
+
+
+def rank_ids(indices, query_ids, corpus_ids) -> dict[str, list[str]]:
+    """indices [q, k] (rows of the corpus, best first, as `search` gives them) → {query id:
+    [corpus id, ...]}, the `ranked` argument of `retrieval_metrics`."""
+    indices, query_ids, corpus_ids = np.asarray(indices), list(query_ids), list(corpus_ids)
+    # A repeated corpus id would count one document twice in a ranking.
+    for field, ids in (("query ids", query_ids), ("corpus ids", corpus_ids)):
+        if (repeated := _repeated(ids)) is not None:
+            raise DataError(f"{field}: id {repeated!r} appears more than once")
+    if indices.ndim != 2 or len(indices) != len(query_ids):
+        raise ValueError(f"indices {indices.shape} must be [{len(query_ids)} queries, k]")
+    return {qid: [corpus_ids[i] for i in row] for qid, row in zip(query_ids, indices.tolist())}
+
+
+def _query_metrics(qid: str, ranking: list[str], judged: dict[str, int]) -> dict[str, float]:
+    """The metrics of one query: `ranking` corpus ids best first, `judged` {doc id: relevance}
+    (relevance <= 0: not relevant, gain 0)."""
+    ranking = list(ranking)[:100]
+    if (repeated := _repeated(ranking)) is not None:
+        raise DataError(f"ranking of query {qid!r}: corpus id {repeated!r} appears twice")
+    relevance = [max(judged.get(doc, 0), 0) for doc in ranking]
+    num_relevant = sum(r > 0 for r in judged.values())
+    # nDCG as trec_eval's ndcg_cut: linear gain, discount log2(rank + 1), the ideal ranking
+    # made of the judged relevances.
+    ideal = sorted((r for r in judged.values() if r > 0), reverse=True)[:10]
+    dcg = sum(r / np.log2(rank + 1) for rank, r in enumerate(relevance[:10], 1))
+    idcg = sum(r / np.log2(rank + 1) for rank, r in enumerate(ideal, 1))
+    first = next((rank for rank, r in enumerate(relevance[:10], 1) if r > 0), None)
+    metrics = {"ndcg@10": float(dcg / idcg), "mrr@10": 1.0 / first if first else 0.0}
+    for cutoff in (1, 10, 100):
+        metrics[f"recall@{cutoff}"] = sum(r > 0 for r in relevance[:cutoff]) / num_relevant
+    return metrics
+
+
+def retrieval_metrics(ranked: dict[str, list[str]],
+                      qrels: dict[str, dict[str, int]]) -> dict[str, float]:
+    """nDCG@10, MRR@10 and recall@{1,10,100} as trec_eval defines them, averaged over the
+    queries of `qrels` with at least one relevant (relevance > 0) document.
+
+    ranked {query id: [corpus id, ...] best first}; qrels {query id: {corpus id: relevance}}.
+    A query of `ranked` absent from `qrels` is ignored; one of `qrels` absent from `ranked`
+    scores 0."""
+    per_query = [_query_metrics(qid, ranked.get(qid, []), judged)
+                 for qid, judged in qrels.items() if any(r > 0 for r in judged.values())]
+    if not per_query:
+        return {name: 0.0 for name in RETRIEVAL_METRICS}
+    return {name: float(np.mean([m[name] for m in per_query])) for name in RETRIEVAL_METRICS}

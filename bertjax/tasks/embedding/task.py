@@ -1,0 +1,244 @@
+"""EmbeddingTask: sentence embeddings fine-tuned contrastively or on scored pairs, one task
+family of the fine-tuning plug-in (tasks/base.py).
+
+config.task.kind:
+  pairs   rows of texts in config.data.columns: anchor, positive, then hard negatives; the
+          in-batch-negatives loss (losses.in_batch_loss) over the whole global batch
+  scored  pairs with a score (config.data.text_a, text_b, score); CoSENT (default) or the
+          cosine's squared error (config.task.loss=cosine, scores in [-1, 1])
+Dev sets: scored pairs (config.data.validation: STS Spearman / Pearson of the cosine) and/or a
+BEIR directory (config.data.beir: nDCG@10, MRR@10, Recall@1/10/100 by exact search over the
+whole corpus). The vectors are bertjax/models/embedding.py's: pooling and normalisation from
+config.task (auto: the init checkpoint's pooling.json, else mean pooling, not normalised).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import checkpoint_dir, paths
+from bertjax.errors import ConfigError, DataError
+from bertjax.models.embedding import BertForEmbedding, Pooling
+from bertjax.tasks.base import Splits, Task, hf_head
+from bertjax.tasks.embedding import losses
+from bertjax.tasks.embedding import metrics as metrics_lib
+from bertjax.tasks.embedding.readers import RetrievalSet, TextsExample, read_beir, read_texts
+from data_pipeline import finetune_data
+
+Array = jax.Array
+
+KINDS = ("pairs", "scored")
+LOSSES = {"pairs": ("in_batch",), "scored": ("cosent", "cosine")}
+STS_METRICS = ("spearman", "pearson")
+RETRIEVAL_METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100")
+
+
+class RetrievalExamples(list):
+    """The texts of a retrieval set to embed, queries first, then the corpus (one column
+    each); `retrieval` keeps the ids and qrels the metrics need."""
+
+    def __init__(self, retrieval: RetrievalSet):
+        super().__init__(
+            [TextsExample(f"query {q}", (t,), None, q) for q, t in retrieval.queries.items()]
+            + [TextsExample(f"document {d}", (t,), None, d) for d, t in retrieval.corpus.items()])
+        self.retrieval = retrieval
+
+
+class EmbeddingFeatures(finetune_data.Features):
+    """Features of texts in columns (`Features` with `multiple_choice` rows: [columns, 3,
+    length]); labels hold the scores (0 without); `retrieval`: the set, for retrieval dev."""
+
+    retrieval: RetrievalSet | None = None
+
+
+def _flag(value, name: str) -> bool | None:
+    """config strings "auto" | "true" | "false" (None: auto)."""
+    text = str(value).lower()
+    if text not in ("auto", "true", "false"):
+        raise ConfigError(f"{name}={value!r} is not one of auto | true | false")
+    return None if text == "auto" else text == "true"
+
+
+def pooling_of(config) -> Pooling:
+    """config.task.pooling / normalize, "auto" taken from the init checkpoint's pooling.json
+    (a converted sentence-transformers model), else mean pooling, not normalised."""
+    stored = checkpoint_dir.load_pooling(config.init_checkpoint) if config.init_checkpoint \
+        else None
+    stored = stored or Pooling()
+    mode = config.task.pooling
+    normalize = _flag(config.task.normalize, "config.task.normalize")
+    return Pooling(stored.mode if mode == "auto" else mode,
+                   stored.normalize if normalize is None else normalize)
+
+
+class EmbeddingTask(Task):
+    """config.task.family: embedding (config.task.kind: pairs | scored)."""
+
+    primary_metric = "spearman"
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.kind = config.task.kind
+        if self.kind not in KINDS:
+            raise ConfigError(f"config.task.kind={self.kind!r} is not one of "
+                              f"{' | '.join(KINDS)}")
+        self.loss_name = config.task.loss
+        if self.loss_name == "auto":
+            self.loss_name = LOSSES[self.kind][0]
+        if self.loss_name not in LOSSES[self.kind]:
+            raise ConfigError(f"config.task.loss={self.loss_name!r}: a {self.kind} task trains "
+                              f"with {' | '.join(LOSSES[self.kind])}")
+        self.scale = float(config.task.scale)
+        self.symmetric = bool(config.task.symmetric)
+        self.group_by_length = bool(config.train.get("group_by_length", False))
+        self.pooling = pooling_of(config)
+        self.columns = 2
+
+    # ---- data
+
+    def read(self, config) -> Splits:
+        data = config.data
+        encoding = data.get("encoding") or paths.DEFAULT_ENCODING
+        if not data.train:
+            raise ConfigError("config.data.train is empty")
+        if not data.validation and not data.beir:
+            raise ConfigError("give a dev set: config.data.validation (scored pairs: STS "
+                              "metrics) and/or config.data.beir (a BEIR directory: retrieval "
+                              "metrics)")
+        scored_columns = (data.text_a, data.text_b)
+        if self.kind == "pairs":
+            columns = tuple(c.strip() for c in data.columns.split(",") if c.strip())
+            if len(columns) < 2:
+                raise ConfigError(f"config.data.columns={data.columns!r}: name the anchor and "
+                                  "positive columns (then any hard negatives), e.g. "
+                                  "query,passage")
+            train = read_texts(data.train, columns, field="columns", encoding=encoding)
+        else:
+            train = read_texts(data.train, scored_columns, score=data.score, field="text_a",
+                               encoding=encoding)
+        self.columns = len(train[0].texts)
+        dev = {}
+        if data.validation:
+            dev["sts"] = read_texts(data.validation, scored_columns, score=data.score,
+                                    field="text_a", encoding=encoding)
+        if data.beir:
+            dev["retrieval"] = RetrievalExamples(read_beir(data.beir, data.beir_split, encoding))
+        names = (STS_METRICS if "sts" in dev else ()) + (
+            RETRIEVAL_METRICS if "retrieval" in dev else ())
+        prefixed = len(dev) > 1  # FineTuningJob prefixes each dev set's metrics then
+        self.metric_names = tuple(
+            (f"{'sts' if m in STS_METRICS else 'retrieval'}_{m}" if prefixed else m)
+            for m in names)
+        self.primary_metric = self.metric_names[len(STS_METRICS) if prefixed else 0]
+        return Splits(train, dev, {})
+
+    def encode(self, tokenizer, examples, max_seq_length: int) -> EmbeddingFeatures:
+        """Each text as `[CLS] text [SEP]` on its own; a row's columns padded to its longest."""
+        if not examples:
+            raise DataError("no examples to encode")
+        self.buckets = self.bucket_lengths(max_seq_length)
+        k = len(examples[0].texts)
+        texts = [t for e in examples for t in e.texts]
+        encodings = tokenizer.encode_batch(texts, None, max_seq_length=max_seq_length)
+        sequences = [finetune_data.stack_encodings(encodings[i * k:(i + 1) * k])
+                     for i in range(len(examples))]
+        truncated = finetune_data.count_truncated(encodings, texts, [None] * len(texts), k)
+        scores = np.array([0.0 if e.score is None else e.score for e in examples], np.float32)
+        features = EmbeddingFeatures(sequences, scores, True, truncated)
+        features.retrieval = getattr(examples, "retrieval", None)
+        finetune_data.warn_truncated(features, examples, max_seq_length)
+        return features
+
+    def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
+        return finetune_data.batches(features, batch_size, self.buckets, shuffle=shuffle,
+                                     seed=seed, process_index=jax.process_index(),
+                                     process_count=jax.process_count(),
+                                     group_by_length=self.group_by_length)
+
+    def batch_spec(self, batch_size: int, max_seq_length: int):
+        tokens = jax.ShapeDtypeStruct((batch_size, self.columns, max_seq_length), jnp.int32)
+        rows = lambda dtype: jax.ShapeDtypeStruct((batch_size,), dtype)  # noqa: E731
+        return {"input_ids": tokens, "segment_ids": tokens, "input_mask": tokens,
+                "labels": rows(jnp.float32), "weights": rows(jnp.float32),
+                "example_index": rows(jnp.int32)}
+
+    def describe(self, features) -> str:
+        return (f"; {self.columns} text(s) a row, {self.pooling.mode} pooling"
+                f"{', normalised' if self.pooling.normalize else ''}, loss {self.loss_name}")
+
+    # ---- model and loss
+
+    def model(self, model_config):
+        return BertForEmbedding(model_config, self.pooling)
+
+    def init_inputs(self) -> tuple:
+        ids = jnp.zeros((1, self.columns, 8), jnp.int32)
+        return ids, ids, ids
+
+    def loss(self, vectors, batch, denominators=None):
+        """vectors [batch, columns, hidden] float32."""
+        denominator = None if denominators is None else denominators["examples"]
+        if self.loss_name == "in_batch":
+            return losses.in_batch_loss(vectors, batch["weights"], self.scale, self.symmetric,
+                                        denominator)
+        if self.loss_name == "cosine":
+            return losses.cosine_loss(vectors, batch["labels"], batch["weights"], denominator)
+        return losses.cosent_loss(vectors, batch["labels"], batch["weights"], self.scale)
+
+    @property
+    def denominators(self):
+        """Accumulated micro-batches sum to one batch's mean (CoSENT ranks the pairs of one
+        batch: it has no per-example terms, its micro-batches average)."""
+        if self.loss_name == "cosent":
+            return None
+        return lambda batch: {"examples": jnp.maximum(
+            jnp.sum(batch["weights"].astype(jnp.float32)), 1e-6)}
+
+    def predict(self, vectors, batch) -> dict[str, Array]:
+        return {"vectors": vectors.astype(jnp.float32)}
+
+    def metrics(self, predictions, features, split: str) -> dict[str, float]:
+        vectors = np.stack(predictions["vectors"])  # [rows, columns, hidden]
+        if features.retrieval is None:
+            return metrics_lib.sts(vectors[:, 0], vectors[:, 1], features.labels)
+        retrieval = features.retrieval
+        queries = len(retrieval.queries)
+        scores, indices = metrics_lib.search(vectors[:queries, 0], vectors[queries:, 0], k=100)
+        ranked = metrics_lib.rank_ids(indices, list(retrieval.queries), list(retrieval.corpus))
+        return metrics_lib.retrieval_metrics(ranked, retrieval.qrels)
+
+    # ---- export and serving
+
+    def hf_head(self):
+        return {**hf_head("BertModel"), "pooling": self.pooling.to_dict()}
+
+    def state(self):
+        return {"kind": self.kind, "pooling": self.pooling.to_dict(), "columns": self.columns}
+
+    def restore(self, state):
+        self.kind, self.columns = state["kind"], 1
+        self.pooling = Pooling.from_dict(state["pooling"])
+
+    def read_inputs(self, path, fields):
+        """Rows of a .csv / .tsv / .jsonl file, the text in column --text_a."""
+        column = fields.get("text_a") or "text"
+        encoding = fields.get("encoding") or paths.DEFAULT_ENCODING
+        return read_texts(path, (column,), id_column=fields.get("id") or "id", field="text_a",
+                          encoding=encoding), False
+
+    def examples(self, items):
+        if not items:
+            raise DataError("no inputs")
+        out = []
+        for i, item in enumerate(items):
+            if not isinstance(item, str):
+                raise DataError(f"input[{i}]: give a text (str)")
+            out.append(TextsExample(f"input[{i}]", (item,), None, str(i)))
+        return out
+
+    def records(self, predictions, features, examples):
+        """{id, embedding [hidden]} per text."""
+        return [{"id": e.index, "embedding": np.asarray(v)[0].tolist()}
+                for e, v in zip(examples, predictions["vectors"])]

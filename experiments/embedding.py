@@ -1,0 +1,44 @@
+r"""Sentence embeddings: contrastive fine-tuning on (anchor, positive[, negatives]) rows, or
+on scored pairs (STS), from your own CSV / TSV / JSONL files.
+
+  python -m bertjax.finetune --config=experiments/embedding.py:pairs \
+      --config.init_checkpoint=checkpoints/minilm --workdir=runs/qa_embed \
+      --config.data.train=pairs.jsonl --config.data.columns=question,answer \
+      --config.data.beir=data/my_beir    # corpus.jsonl, queries.jsonl, qrels/dev.tsv
+  python -m bertjax.finetune --config=experiments/embedding.py:scored \
+      --config.init_checkpoint=checkpoints/minilm --workdir=runs/sts \
+      --config.data.train=sts_train.csv --config.data.validation=sts_dev.csv \
+      --config.data.text_a=sentence1 --config.data.text_b=sentence2 --config.data.score=score
+
+`arg` = pairs | scored. pairs: the in-batch-negatives loss (scale 20; every other row's
+positive and hard negatives in the global batch are an anchor's negatives, across every
+device and host), batch 64, 1 epoch. scored: CoSENT (only the order of the scores matters),
+batch 16, 4 epochs. Pooling: "auto" takes a converted sentence-transformers model's own
+(pooling.json), else mean pooling.
+"""
+
+import ml_collections
+
+from experiments.glue import base_config
+
+KINDS = ("pairs", "scored")
+
+
+def get_config(arg: str = "pairs") -> ml_collections.ConfigDict:
+    if arg not in KINDS:
+        raise ValueError(f"experiments/embedding.py: unknown kind {arg!r}; choose one of {KINDS}")
+    config = base_config()
+    config.task.family, config.task.name, config.task.kind = "embedding", arg, arg
+    # pooling: auto | mean | cls | max; normalize: auto | true | false; loss: auto (pairs:
+    # in_batch; scored: cosent) | cosine (scored, scores in [-1, 1]); symmetric: each
+    # positive also ranks its anchor among every anchor.
+    config.task.update(dict(pooling="auto", normalize="auto", loss="auto", scale=20.0,
+                            symmetric=False))
+    config.data.update(dict(columns="anchor,positive", text_a="sentence1", text_b="sentence2",
+                            score="score", beir="", beir_split="dev"))
+    config.eval.at_start = True  # the starting checkpoint's score, for comparison
+    if arg == "pairs":
+        config.train.batch_size, config.train.num_epochs = 64, 1.0
+    else:
+        config.train.batch_size, config.train.num_epochs = 16, 4.0
+    return config

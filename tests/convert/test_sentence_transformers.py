@@ -1,0 +1,205 @@
+"""from_hf / to_hf with sentence-transformers directories, against sentence-transformers itself:
+a tiny random BERT with a Pooling (and Normalize) module, saved by SentenceTransformer.save."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from convert_cli import convert_main
+
+from bertjax import checkpoint_dir
+from bertjax.convert.sentence_transformers import read_modules
+from bertjax.errors import CheckpointError
+from bertjax.models.embedding import POOLING_FILE, BertForEmbedding, Pooling
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+st = pytest.importorskip("sentence_transformers")
+st_modules = pytest.importorskip("sentence_transformers.sentence_transformer.modules")
+
+L, H, A, FFN, P = 2, 32, 4, 37, 64
+MAX_SEQ_LENGTH = 16  # below the position embeddings: the long sentence is cut there
+WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "to", "house", "cafe", "big",
+         "small", "red", "blue", "is", "was", "and", "quick", "brown", "fox", "jump", "over",
+         "lazy", "run", "play", "##s", "##ed", "##ing", "##er", "##ly", ".", ",", "!", "?", "'"]
+TOKENS = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+          + [f"w{i}" for i in range(100 - 5 - len(WORDS))])
+SENTENCES = [
+    "The cat sat.",
+    "A big, RED dog ran to the house!",
+    "Café?",  # accents stripped by the uncased tokenizer
+    "the quick brown fox jumps over the lazy dog and the cat plays on the mat",  # > 16 tokens
+    "Runs played jumper xyzzy",  # word pieces and an unknown word
+    "is",
+]
+# (pooling mode, normalize): each mode once, normalisation once.
+CASES = [("mean", True), ("cls", False), ("max", False)]
+
+
+def convert(*args):
+    convert_main([str(a) for a in args])
+
+
+def _save_sentence_transformer(root, mode, normalize):
+    """A BERT saved by transformers, wrapped in sentence-transformers modules, saved by
+    SentenceTransformer.save (transformers 5 keeps tokenizer.json, not vocab.txt)."""
+    bert_dir = root / "bert"
+    bert_dir.mkdir()
+    (bert_dir / "vocab.txt").write_text("".join(t + "\n" for t in TOKENS))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        vocab_size=len(TOKENS), hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
+        intermediate_size=FFN, max_position_embeddings=P, hidden_act="gelu")
+    model = transformers.BertModel(config).eval()
+    with torch.no_grad():  # non-trivial biases and LayerNorm parameters too
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(bert_dir)
+    transformers.BertTokenizer(str(bert_dir / "vocab.txt"), do_lower_case=True).save_pretrained(
+        bert_dir)
+    modules = [st_modules.Transformer(str(bert_dir), max_seq_length=MAX_SEQ_LENGTH),
+               st_modules.Pooling(H, pooling_mode=mode)]
+    if normalize:
+        modules.append(st_modules.Normalize())
+    out = root / "st"
+    st.SentenceTransformer(modules=modules, device="cpu").save(str(out))
+    return out
+
+
+@pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}{'_normalized' * c[1]}")
+def converted(request, tmp_path_factory):
+    """(sentence-transformers dir, bertjax checkpoint converted from it, the report)."""
+    mode, normalize = request.param
+    root = tmp_path_factory.mktemp(f"st_{mode}")
+    source = _save_sentence_transformer(root, mode, normalize)
+    convert("from_hf", "--input", source, "--output", root / "ckpt")
+    return source, root / "ckpt", Pooling(mode, normalize)
+
+
+def _reference(directory):
+    model = st.SentenceTransformer(str(directory), device="cpu")
+    assert model.max_seq_length == MAX_SEQ_LENGTH
+    return model.encode(SENTENCES, convert_to_numpy=True)
+
+
+def _bertjax_vectors(directory, pooling):
+    config, params, tokenizer = checkpoint_dir.load_pretrained(directory)
+    assert tokenizer.do_lower_case
+    encodings = tokenizer.encode_batch(SENTENCES, max_seq_length=MAX_SEQ_LENGTH)
+    ids, segments, mask = (np.array([getattr(e, name) for e in encodings])[:, None]
+                           for name in ("input_ids", "segment_ids", "input_mask"))
+    assert ids.shape == (len(SENTENCES), 1, MAX_SEQ_LENGTH) and mask[3].all()  # one was cut
+    vectors = BertForEmbedding(config, pooling).apply(
+        {"params": {"bert": params["bert"]}}, ids, segments, mask)
+    return np.asarray(vectors)[:, 0]
+
+
+def test_vectors_match_sentence_transformers(converted):
+    source, ckpt, pooling = converted
+    assert checkpoint_dir.load_pooling(ckpt) == pooling
+    assert read_modules(source)[1] == pooling
+    report = json.loads((ckpt / "conversion.json").read_text())
+    assert report["sentence_transformers"]["max_seq_length"] == MAX_SEQ_LENGTH
+    ours = _bertjax_vectors(ckpt, pooling)
+    reference = _reference(source)
+    assert ours.shape == reference.shape == (len(SENTENCES), H)
+    np.testing.assert_allclose(ours, reference, rtol=1e-5, atol=1e-5)
+    if pooling.normalize:
+        np.testing.assert_allclose(np.linalg.norm(ours, axis=-1), 1.0, rtol=1e-6)
+
+
+def test_to_hf_writes_a_directory_sentence_transformers_loads(converted, tmp_path, capsys):
+    source, ckpt, pooling = converted
+    convert("to_hf", "--input", ckpt, "--output", tmp_path / "hf")
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'hf'}: BertModel (float32)" in out  # the default for pooling
+    assert f"SentenceTransformer({tmp_path / 'hf'}) loads it" in out
+    transformer_dir, read_back = read_modules(tmp_path / "hf")
+    assert read_back == pooling and transformer_dir == tmp_path / "hf"
+    np.testing.assert_allclose(_reference(tmp_path / "hf"), _reference(source),
+                               rtol=1e-5, atol=1e-5)
+    # ... and from_hf reads the written (older) layout back to the same checkpoint.
+    convert("from_hf", "--input", tmp_path / "hf", "--output", tmp_path / "again")
+    out = capsys.readouterr().out
+    assert (f"pooling: {pooling.mode}{', normalized' if pooling.normalize else ''} "
+            f"(max_seq_length={MAX_SEQ_LENGTH})") in out
+    assert checkpoint_dir.load_pooling(tmp_path / "again") == pooling
+
+
+def test_from_hf_of_plain_hf_directory_writes_no_pooling(converted, tmp_path):
+    """A stale pooling.json goes when --output is overwritten from a plain BERT directory."""
+    source, ckpt, _ = converted
+    shutil.copytree(ckpt, tmp_path / "ckpt")
+    plain = tmp_path / "plain"
+    shutil.copytree(source.parent / "bert", plain)
+    convert("from_hf", "--input", plain, "--output", tmp_path / "ckpt", "--overwrite")
+    assert not (tmp_path / "ckpt" / POOLING_FILE).exists()
+    assert checkpoint_dir.load_pooling(tmp_path / "ckpt") is None
+
+
+def _edit_json(path, edit):
+    value = json.loads(path.read_text())
+    value = edit(value) or value
+    path.write_text(json.dumps(value))
+
+
+BAD_CASES = {
+    "dense": ("modules.json", lambda m: m.append(
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}),
+        "module 2 (sentence_transformers.models.Dense) is not supported after the Pooling"),
+    "weightedmean": ("1_Pooling/config.json", lambda c: c.update(pooling_mode="weightedmean"),
+                     "pooling mode 'weightedmean' is not supported"),
+    "two_modes": ("1_Pooling/config.json", lambda c: c.update(pooling_mode=["cls", "mean"]),
+                  "pooling modes cls + mean at once"),
+    "roberta": ("config.json", lambda c: c.update(model_type="roberta"),
+                "model_type='roberta' is not supported"),
+}
+
+
+@pytest.fixture(scope="module")
+def mean_source(tmp_path_factory):
+    return _save_sentence_transformer(tmp_path_factory.mktemp("st_bad"), "mean", False)
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CASES))
+def test_unsupported_modules_fail_with_one_line_naming_the_file(mean_source, tmp_path, case):
+    source = mean_source
+    name, edit, expected = BAD_CASES[case]
+    bad = tmp_path / "bad"
+    shutil.copytree(source, bad)
+    _edit_json(bad / name, edit)
+    with pytest.raises(SystemExit) as exc:
+        convert("from_hf", "--input", bad, "--output", tmp_path / "out")
+    message = str(exc.value)
+    assert message.startswith(f"error: {bad / name}: ") and "\n" not in message, message
+    assert expected in message, message
+    if case != "roberta":
+        assert "supported: Transformer (BERT), then Pooling with one mode of mean" in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_malformed_pooling_json_is_one_line_naming_it(tmp_path):
+    (tmp_path / POOLING_FILE).write_text(json.dumps({"mode": "sum"}))
+    with pytest.raises(CheckpointError, match=f"^{tmp_path / POOLING_FILE}: pooling mode 'sum'"):
+        checkpoint_dir.load_pooling(tmp_path)
+    (tmp_path / POOLING_FILE).write_text("{")
+    with pytest.raises(CheckpointError, match="invalid JSON"):
+        checkpoint_dir.load_pooling(tmp_path)
+    assert checkpoint_dir.load_pooling(tmp_path / "none") is None
+
+
+def test_prompts_are_reported_not_kept(mean_source, tmp_path, capsys):
+    source = tmp_path / "prompted"
+    shutil.copytree(mean_source, source)
+    _edit_json(source / "config_sentence_transformers.json", lambda c: c.update(
+        prompts={"query": "query: ", "passage": "passage: ", "empty": ""},
+        default_prompt_name="query"))
+    _edit_json(source / "1_Pooling/config.json", lambda c: c.update(include_prompt=False))
+    convert("from_hf", "--input", source, "--output", tmp_path / "ckpt")
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert any("prepends the default prompt 'query' ('query: ') to every text" in n
+               for n in notes), notes
+    assert any("prompts 'passage' are not kept" in n for n in notes), notes
+    assert any("include_prompt=false" in n for n in notes), notes
+    assert checkpoint_dir.load_pooling(tmp_path / "ckpt") == Pooling("mean", False)
