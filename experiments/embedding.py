@@ -31,9 +31,11 @@ def get_config(arg: str = "pairs") -> ml_collections.ConfigDict:
     config.task.family, config.task.name, config.task.kind = "embedding", arg, arg
     # pooling: auto | mean | cls | max; normalize: auto | true | false; loss: auto (pairs:
     # in_batch; scored: cosent) | cosine (scored, scores in [-1, 1]); symmetric: each
-    # positive also ranks its anchor among every anchor.
+    # positive also ranks its anchor among every anchor. cache_chunk_rows: a batch larger
+    # than memory, encoded this many rows at a time with the whole batch's loss and
+    # gradients (GradCache; 0: off; it must divide train.batch_size).
     config.task.update(dict(pooling="auto", normalize="auto", loss="auto", scale=20.0,
-                            symmetric=False))
+                            symmetric=False, cache_chunk_rows=0))
     config.data.update(dict(columns="anchor,positive", text_a="sentence1", text_b="sentence2",
                             score="score", beir="", beir_split="dev"))
     config.eval.at_start = True  # the starting checkpoint's score, for comparison

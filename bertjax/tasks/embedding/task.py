@@ -24,6 +24,7 @@ from bertjax.models.embedding import BertForEmbedding, Pooling
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.embedding import losses
 from bertjax.tasks.embedding import metrics as metrics_lib
+from bertjax.tasks.embedding.cached import cached_vectors
 from bertjax.tasks.embedding.readers import RetrievalSet, TextsExample, read_beir, read_texts
 from data_pipeline import finetune_data
 
@@ -95,6 +96,12 @@ class EmbeddingTask(Task):
         self.group_by_length = bool(config.train.get("group_by_length", False))
         self.pooling = pooling_of(config)
         self.columns = 2
+        # GradCache: a training batch encoded this many rows at a time (0: all at once).
+        self.cache_chunk_rows = int(config.task.get("cache_chunk_rows", 0))
+        batch = int(config.train.get("batch_size", 0))
+        if self.cache_chunk_rows and (self.cache_chunk_rows < 0 or batch % self.cache_chunk_rows):
+            raise ConfigError(f"config.task.cache_chunk_rows={self.cache_chunk_rows} must divide "
+                              f"config.train.batch_size={batch}")
 
     # ---- data
 
@@ -176,6 +183,21 @@ class EmbeddingTask(Task):
     def init_inputs(self) -> tuple:
         ids = jnp.zeros((1, self.columns, 8), jnp.int32)
         return ids, ids, ids
+
+    def outputs(self, model, params, batch, **kwargs):
+        """[batch, columns, hidden]; in training with config.task.cache_chunk_rows, encoded
+        a chunk at a time with the whole batch's gradients (cached.py)."""
+        rows = batch["input_ids"].shape[0]
+        if "rngs" not in kwargs or not self.cache_chunk_rows or rows <= self.cache_chunk_rows:
+            return super().outputs(model, params, batch, **kwargs)
+
+        def encode(params, ids, segments, mask, key):
+            return model.apply({"params": params}, ids, segments, mask, deterministic=False,
+                               rngs={"dropout": key})
+
+        return cached_vectors(encode, params, batch["input_ids"], batch["segment_ids"],
+                              batch["input_mask"], kwargs["rngs"]["dropout"],
+                              self.cache_chunk_rows)
 
     def loss(self, vectors, batch, denominators=None):
         """vectors [batch, columns, hidden] float32."""

@@ -126,6 +126,19 @@ four, four_grad = step(params, put(ids), put(mask), put(weights))
 np.testing.assert_allclose(four, one, rtol=1e-6)
 for a, b in zip(jax.tree.leaves(four_grad), jax.tree.leaves(one_grad)):
     np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
+# The cached mode (GradCache, 4 rows a chunk: one per device) on the sharded batch.
+from bertjax.tasks.embedding.cached import cached_vectors
+
+def cached_loss(params, ids, mask, weights):
+    encode = lambda p, i, s, m, key: model.apply({"params": p}, i, s, m)
+    v = cached_vectors(encode, params, ids, jnp.zeros_like(ids), mask, None, 4)
+    return losses.in_batch_loss(v, weights, 20.0, False)[0]
+
+cached, cached_grad = jax.jit(jax.value_and_grad(cached_loss))(params, put(ids), put(mask),
+                                                               put(weights))
+np.testing.assert_allclose(cached, one, rtol=1e-6)
+for a, b in zip(jax.tree.leaves(cached_grad), jax.tree.leaves(one_grad)):
+    np.testing.assert_allclose(a, b, rtol=2e-4, atol=1e-6)
 # Per-device negatives (each device's 4 rows alone) give another loss: the test can fail.
 local = [loss(params, ids[i:i + 4], mask[i:i + 4], weights[i:i + 4]) for i in range(0, 16, 4)]
 real = [weights[i:i + 4].sum() for i in range(0, 16, 4)]
@@ -137,7 +150,8 @@ print("GLOBAL_OK", float(one), float(local_mean))
 
 def test_global_negatives_on_4_devices_equal_one_device_with_the_whole_batch():
     """The step's batch sharded over 4 CPU devices: every anchor ranks its positive among the
-    16 rows' candidates (the loss and gradients of one device), not among its device's 4."""
+    16 rows' candidates (the loss and gradients of one device), not among its device's 4;
+    the same in the cached mode."""
     proc = run_python(["-c", GLOBAL_NEGATIVES_SCRIPT],
                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert "GLOBAL_OK" in proc.stdout, proc.stdout + proc.stderr
