@@ -38,6 +38,7 @@ bench: install data/demo_corpus.txt
 	$(PY) -m bertjax.benchmarks.squad_features
 	$(PY) -m bertjax.benchmarks.tokenization
 	$(PY) -m bertjax.benchmarks.inference
+	$(PY) -m bertjax.benchmarks.embedding
 
 # bertjax beside transformers on whatever accelerator JAX finds (docs/performance.md).
 bench-accelerator: install

@@ -1,0 +1,239 @@
+r"""Sentence embeddings: `predict embed` against sentence-transformers' encode, and the
+contrastive training step with global negatives.
+
+  python -m bertjax.benchmarks.embedding [--rows=1000] [--repeats=3] [--batch_size=64]
+
+The model: a sentence-transformers directory written here (random weights of
+all-MiniLM-L6-v2's shape: 6 layers, 384 wide, mean pooling then normalised; a WordPiece
+vocabulary of 8,000 trained on the rows' corpus), converted with `bertjax.convert from_hf`.
+Rows: the first `rows` sentences of data/demo_corpus.txt (`make corpus`). float32, the same
+CPU, the same rows in the same order:
+
+  bertjax Embedder          `python -m bertjax.predict embed`'s path: the prediction engine's
+                            length buckets, the CPU split into one device per core (at most 4),
+                            whole batches on each in turn
+  sentence-transformers     SentenceTransformer.encode (PyTorch, batch_size rows, its own
+                            length sort), normalised the same way
+
+The training step (bertjax's jitted train step in a subprocess with 4 CPU devices, data
+parallel; 64 pairs at 64 tokens, dropout 0.1, AdamW): the in-batch-negatives loss over the
+global batch (every device's rows are every anchor's negatives) and its cached mode
+(GradCache, 16 rows a chunk), against the same step with a loss of each pair alone (the
+cosine loss: no row sees another; the baseline, what the global negatives cost).
+
+Sentences/s are the median of `repeats` passes after a first pass (compiles); run it on a
+quiet machine, the figures are comparable within one run only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import time
+import types
+
+import numpy as np
+from absl import flags
+
+from bertjax import cli, runtime
+from bertjax.benchmarks import interleaved_median_seconds
+
+MINILM = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+              intermediate_size=1536, max_position_embeddings=512)
+
+
+def define_flags() -> None:
+    flags.DEFINE_integer("rows", 1000, "Sentences embedded.")
+    flags.DEFINE_integer("repeats", 3, "Timed passes.")
+    flags.DEFINE_integer("batch_size", 64, "Rows per batch (both sides; bertjax: at 128 "
+                         "tokens, more at shorter lengths).")
+    flags.DEFINE_string("corpus", "data/demo_corpus.txt", "Sentences, one a line.")
+    flags.DEFINE_bool("train_step", True, "Also time the training step on 4 CPU devices.")
+
+
+def read_rows(path: str, count: int) -> list[str]:
+    if not os.path.exists(path):
+        sys.exit(f"error: {path} does not exist; run `make corpus` first")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                rows.append(line.strip())
+            if len(rows) == count:
+                break
+    return rows
+
+
+def write_model(directory: str, sentences: list[str]) -> str:
+    """A random all-MiniLM-L6-v2-shaped sentence-transformers directory; returns it."""
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer, models
+
+    from bertjax.tokenization.train import train_wordpiece
+
+    hf = os.path.join(directory, "hf")
+    os.makedirs(hf)
+    vocab = train_wordpiece(sentences, 8000)
+    with open(os.path.join(hf, "vocab.txt"), "w", encoding="utf-8") as f:
+        f.write("\n".join(vocab) + "\n")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(vocab), **MINILM)
+    transformers.BertModel(config).save_pretrained(hf)
+    transformers.BertTokenizerFast(os.path.join(hf, "vocab.txt"),
+                                   do_lower_case=True).save_pretrained(hf)
+    encoder = models.Transformer(hf, max_seq_length=128)
+    pooling = models.Pooling(encoder.get_word_embedding_dimension(), "mean")
+    st = os.path.join(directory, "st")
+    SentenceTransformer(modules=[encoder, pooling, models.Normalize()], device="cpu").save(st)
+    return st
+
+
+def convert(st: str, output: str) -> None:
+    """`python -m bertjax.convert from_hf --input=ST --output=OUTPUT`, its report silenced."""
+    from bertjax.convert.__main__ import from_hf
+
+    args = types.SimpleNamespace(input=st, output=output, vocab=None, do_lower_case=None,
+                                 seed=0, overwrite=False)
+    with contextlib.redirect_stdout(io.StringIO()):
+        from_hf(args)
+
+
+def encode_table(rows: list[str], batch_size: int, repeats: int) -> None:
+    import jax
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    from bertjax.serving.embedder import Embedder
+
+    with tempfile.TemporaryDirectory() as directory:
+        st = write_model(directory, rows)
+        checkpoint = os.path.join(directory, "ckpt")
+        convert(st, checkpoint)
+        devices = jax.devices() if len(jax.devices()) > 1 else None  # main split the CPU
+        embedder = Embedder.from_checkpoint(checkpoint, 128, batch_size=batch_size,
+                                            dtype="float32", devices=devices)
+        reference = SentenceTransformer(st, device="cpu")
+        torch.set_num_threads(os.cpu_count() or 1)
+
+        def ours():
+            return embedder(rows)
+
+        def theirs():
+            with torch.inference_mode():
+                return reference.encode(rows, batch_size=batch_size, convert_to_numpy=True)
+
+        gap = float(np.max(np.abs(ours() - theirs())))
+        first: dict[str, float] = {}
+        seconds = interleaved_median_seconds({"bertjax": ours, "st": theirs}, repeats, first)
+    where = f"{len(devices)} CPU devices in turn" if devices else "1 CPU device"
+    print(f"Sentence vectors of {len(rows)} sentences (MiniLM-L6 shape, mean pooling, "
+          f"normalised, float32, max 128 tokens; largest |difference| {gap:.1e}):")
+    print(f"  {'variant':<40} {'sentences/s':>12} {'first pass s':>13} {'ratio':>6}")
+    base = len(rows) / seconds["st"]
+    for name, label in (("bertjax", f"bertjax Embedder ({where})"),
+                        ("st", f"sentence-transformers encode (batch {batch_size})")):
+        rate = len(rows) / seconds[name]
+        print(f"  {label:<40} {rate:>12.1f} {first[name]:>13.1f} {rate / base:>6.2f}")
+
+
+TRAIN_SCRIPT = r"""
+import functools, json
+import jax, numpy as np
+from bertjax.benchmarks import interleaved_median_seconds
+from bertjax.models import BertConfig
+from bertjax.tasks import get_task
+from bertjax.train import sharding as sharding_lib, step as step_lib
+from bertjax.train.optimizer import make_optimizer
+from experiments import embedding
+
+BATCH, SEQ = 64, 64
+model_config = BertConfig(vocab_size=8000, hidden_size=384, num_layers=6, num_heads=12,
+                          intermediate_size=1536, max_position_embeddings=512)
+rng = np.random.default_rng(0)
+ids = rng.integers(5, 8000, size=(BATCH, 2, SEQ)).astype(np.int32)
+mask = (np.arange(SEQ)[None, None] < rng.integers(8, SEQ + 1, size=(BATCH, 2, 1))).astype(
+    np.int32)
+host_batch = {"input_ids": ids, "segment_ids": np.zeros_like(ids), "input_mask": mask,
+              "labels": rng.uniform(-1, 1, BATCH).astype(np.float32),
+              "weights": np.ones(BATCH, np.float32)}
+
+def variant(kind, loss, chunk):
+    config = embedding.get_config(kind)
+    config.train.batch_size = BATCH
+    config.task.update(loss=loss, cache_chunk_rows=chunk)
+    task = get_task(config)
+    model = task.model(model_config)
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = config.logical_axis_rules
+    init = lambda key: model.init(key, *task.init_inputs())["params"]
+
+    def loss_fn(params, batch, key, denominators=None):
+        vectors = task.outputs(model, params, batch, deterministic=False,
+                               rngs={"dropout": key})
+        return task.loss(vectors, batch, denominators)
+
+    config.optimizer.warmup_steps = 100
+    tx, schedule = make_optimizer(config.optimizer, 1000)
+    _, shardings = step_lib.state_shardings(init, tx, mesh, rules)
+    state = step_lib.create_train_state(init, tx, jax.random.key(0), shardings)
+    batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+    batch = jax.device_put(host_batch, batch_sharding)
+    step = step_lib.jit_train_step(loss_fn, tx, schedule, shardings, batch_sharding,
+                                   denominators=task.denominators, rules=rules)
+    holder = [state]
+
+    def run():
+        holder[0], metrics = step(holder[0], batch)
+        jax.block_until_ready(metrics)
+    return run
+
+steps = {"pairs": variant("scored", "cosine", 0), "global": variant("pairs", "in_batch", 0),
+         "cached": variant("pairs", "in_batch", 16)}
+first = {}
+seconds = interleaved_median_seconds(steps, REPEATS, first)
+print(json.dumps({"seconds": seconds, "first": first}))
+"""
+
+
+def train_table(repeats: int) -> None:
+    import json
+    import subprocess
+
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+               JAX_PLATFORMS="cpu")
+    script = TRAIN_SCRIPT.replace("REPEATS", str(repeats))
+    result = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                            text=True)
+    if result.returncode:
+        sys.exit(f"error: the training-step benchmark failed: {result.stderr[-2000:]}")
+    timing = json.loads(result.stdout.strip().splitlines()[-1])
+    seconds, first = timing["seconds"], timing["first"]
+    print("Contrastive training step, 4 CPU devices (data parallel), 64 pairs at 64 tokens, "
+          "MiniLM-L6 shape, float32, AdamW:")
+    print(f"  {'variant':<52} {'pairs/s':>8} {'step ms':>8} {'compile s':>9} {'ratio':>6}")
+    labels = {"pairs": "each pair alone (cosine loss; baseline)",
+              "global": "in-batch negatives over the global batch of 64",
+              "cached": "the same, cached (GradCache, 16-row chunks)"}
+    for name in ("pairs", "global", "cached"):
+        print(f"  {labels[name]:<52} {64 / seconds[name]:>8.1f} {1000 * seconds[name]:>8.1f} "
+              f"{first[name]:>9.1f} {seconds['pairs'] / seconds[name]:>6.2f}")
+
+
+def main(argv) -> None:
+    del argv
+    f = flags.FLAGS
+    runtime.split_cpu()  # as `python -m bertjax.predict` does, before JAX starts
+    rows = read_rows(f.corpus, f.rows)
+    start = time.time()
+    encode_table(rows, f.batch_size, f.repeats)
+    if f.train_step:
+        train_table(f.repeats)
+    print(f"({time.time() - start:.0f} s)")
+
+
+if __name__ == "__main__":
+    cli.run(main, define_flags)
