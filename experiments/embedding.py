@@ -33,9 +33,11 @@ def get_config(arg: str = "pairs") -> ml_collections.ConfigDict:
     # in_batch; scored: cosent) | cosine (scored, scores in [-1, 1]); symmetric: each
     # positive also ranks its anchor among every anchor. cache_chunk_rows: a batch larger
     # than memory, encoded this many rows at a time with the whole batch's loss and
-    # gradients (GradCache; 0: off; it must divide train.batch_size).
+    # gradients (GradCache; 0: off; it must divide train.batch_size). no_duplicates (pairs):
+    # no text twice in a training batch, as sentence-transformers' NO_DUPLICATES sampler (a
+    # passage with several questions would be its own copies' false negative).
     config.task.update(dict(pooling="auto", normalize="auto", loss="auto", scale=20.0,
-                            symmetric=False, cache_chunk_rows=0))
+                            symmetric=False, cache_chunk_rows=0, no_duplicates=True))
     config.data.update(dict(columns="anchor,positive", text_a="sentence1", text_b="sentence2",
                             score="score", beir="", beir_split="dev"))
     config.eval.at_start = True  # the starting checkpoint's score, for comparison

@@ -14,6 +14,8 @@ config.task (auto: the init checkpoint's pooling.json, else mean pooling, not no
 
 from __future__ import annotations
 
+import collections
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +54,38 @@ class EmbeddingFeatures(finetune_data.Features):
     length]); labels hold the scores (0 without); `retrieval`: the set, for retrieval dev."""
 
     retrieval: RetrievalSet | None = None
+    keys: list | None = None  # text_keys, for batches without duplicates
+
+
+def text_keys(features) -> list[frozenset]:
+    """Per row, the set of its texts (token ids) — kept on the features, computed once."""
+    if getattr(features, "keys", None) is None:
+        features.keys = [frozenset(row[c, 0, :int(row[c, 2].sum())].tobytes()
+                                   for c in range(row.shape[0]))
+                         for row in features.sequences]
+    return features.keys
+
+
+def no_duplicate_groups(keys: list[frozenset], batch_size: int, rng: np.random.Generator
+                        ) -> list[np.ndarray]:
+    """One epoch's training batches (row indices) in a random order, no text twice in a
+    batch (sentence-transformers' NO_DUPLICATES sampler): a row whose text is already in the
+    batch waits at the head of the queue for the next one. A batch is cut short only where
+    the rows left all repeat one of its texts."""
+    queue = collections.deque(rng.permutation(len(keys)).tolist())
+    groups = []
+    while queue:
+        rows, seen, waiting = [], set(), []
+        while queue and len(rows) < batch_size:
+            i = queue.popleft()
+            if keys[i] & seen:
+                waiting.append(i)
+            else:
+                rows.append(i)
+                seen |= keys[i]
+        queue.extendleft(reversed(waiting))
+        groups.append(np.array(rows, np.int64))
+    return groups
 
 
 def _flag(value, name: str) -> bool | None:
@@ -94,6 +128,10 @@ class EmbeddingTask(Task):
         self.scale = float(config.task.scale)
         self.symmetric = bool(config.task.symmetric)
         self.group_by_length = bool(config.train.get("group_by_length", False))
+        # No text twice in a training batch: a passage of several anchors would otherwise be
+        # the false negative of its own copies.
+        self.no_duplicates = self.kind == "pairs" and bool(config.task.get("no_duplicates",
+                                                                            True))
         self.pooling = pooling_of(config)
         self.columns = 2
         # GradCache: a training batch encoded this many rows at a time (0: all at once).
@@ -159,10 +197,19 @@ class EmbeddingTask(Task):
         return features
 
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
-        return finetune_data.batches(features, batch_size, self.buckets, shuffle=shuffle,
-                                     seed=seed, process_index=jax.process_index(),
-                                     process_count=jax.process_count(),
-                                     group_by_length=self.group_by_length)
+        if not (shuffle and self.no_duplicates):
+            return finetune_data.batches(features, batch_size, self.buckets, shuffle=shuffle,
+                                         seed=seed, process_index=jax.process_index(),
+                                         process_count=jax.process_count(),
+                                         group_by_length=self.group_by_length)
+        grid = finetune_data.prediction_buckets(self.buckets)
+        lengths = features.lengths
+        groups = no_duplicate_groups(text_keys(features), batch_size,
+                                     np.random.default_rng(seed))
+        return (finetune_data.make_batch(
+            features, grid[finetune_data.assign_buckets(lengths[rows].max(keepdims=True),
+                                                        grid)[0]],
+            rows, batch_size, jax.process_index(), jax.process_count()) for rows in groups)
 
     def batch_spec(self, batch_size: int, max_seq_length: int):
         tokens = jax.ShapeDtypeStruct((batch_size, self.columns, max_seq_length), jnp.int32)

@@ -148,3 +148,44 @@ def test_two_processes_train_as_one_with_the_whole_global_batch(tmp_path):
                                         ["results.json", "export.json"]))
     results = json.loads((tmp_path / "single" / "results.json").read_text())
     assert results["primary_metric"] == "ndcg@10"
+
+
+def test_training_batches_hold_no_text_twice_and_every_row_once(tmp_path):
+    """Rows sharing passages (6 passages, 5 anchors each): every epoch's batches hold each row
+    once and no passage twice; without the option, duplicates do occur."""
+    import random
+
+    from bertjax.tasks.embedding.task import no_duplicate_groups
+    from bertjax.tokenization import load_tokenizer
+
+    rng = random.Random(0)
+    passages = [data.sentence(rng, t, 6) for t in data.TOPICS[:6]]
+    rows = [{"query": data.sentence(rng, data.TOPICS[i % 6], 3), "passage": passages[i % 6]}
+            for i in range(30)]
+    config = config_for(tmp_path, train=data.write_jsonl(tmp_path / "p.jsonl", rows),
+                        columns="query,passage")
+    task = tasks.get_task(config)
+    examples = readers.read_texts(config.data.train, ("query", "passage"))
+    tokenizer = load_tokenizer(config.init_checkpoint)
+    features = task.encode(tokenizer, examples, 32)
+    for seed in range(3):
+        batches = list(task.batches(features, 4, shuffle=True, seed=seed))
+        index = np.concatenate([b["example_index"] for b in batches])
+        assert sorted(index[index >= 0].tolist()) == list(range(30))
+        for b in batches:
+            real = b["example_index"][b["example_index"] >= 0]
+            texts = [examples[i].texts[1] for i in real]
+            assert len(texts) == len(set(texts)), texts
+            assert b["input_ids"].shape[0] == 4 and b["weights"].sum() == len(real)
+    keys = [frozenset([i % 6]) for i in range(30)]
+    groups = no_duplicate_groups(keys, 4, np.random.default_rng(0))
+    assert all(len({k for i in g for k in keys[i]}) == len(g) for g in groups)
+    assert sum(len(g) for g in groups) == 30 and len(groups) <= 10
+    config.task.no_duplicates = False
+    plain = tasks.get_task(config)
+    plain.encode(tokenizer, examples, 32)
+    duplicated = [b for seed in range(3)
+                  for b in plain.batches(features, 4, shuffle=True, seed=seed)
+                  if len({examples[i].texts[1] for i in b["example_index"] if i >= 0})
+                  < (b["example_index"] >= 0).sum()]
+    assert duplicated
