@@ -36,8 +36,11 @@ def get_config(arg: str = "pairs") -> ml_collections.ConfigDict:
     # gradients (GradCache; 0: off; it must divide train.batch_size). no_duplicates (pairs):
     # no text twice in a training batch, as sentence-transformers' NO_DUPLICATES sampler (a
     # passage with several questions would be its own copies' false negative).
+    # matryoshka_dims: e.g. "384,256,128,64": the loss is also that of each leading slice of
+    # the vectors (Matryoshka), so that truncated vectors still rank ("": full size only).
     config.task.update(dict(pooling="auto", normalize="auto", loss="auto", scale=20.0,
-                            symmetric=False, cache_chunk_rows=0, no_duplicates=True))
+                            symmetric=False, cache_chunk_rows=0, no_duplicates=True,
+                            matryoshka_dims=""))
     config.data.update(dict(columns="anchor,positive", text_a="sentence1", text_b="sentence2",
                             score="score", beir="", beir_split="dev"))
     config.eval.at_start = True  # the starting checkpoint's score, for comparison

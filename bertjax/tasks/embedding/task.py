@@ -88,6 +88,18 @@ def no_duplicate_groups(keys: list[frozenset], batch_size: int, rng: np.random.G
     return groups
 
 
+def matryoshka_dims(text: str) -> tuple[int, ...]:
+    """config.task.matryoshka_dims "768,256,64" → (768, 256, 64), largest first."""
+    try:
+        dims = {int(d) for d in text.split(",") if d.strip()}
+    except ValueError:
+        dims = {0}
+    if any(d < 1 for d in dims):
+        raise ConfigError(f"config.task.matryoshka_dims={text!r}: give positive sizes, e.g. "
+                          "768,512,256,128,64")
+    return tuple(sorted(dims, reverse=True))
+
+
 def _flag(value, name: str) -> bool | None:
     """config strings "auto" | "true" | "false" (None: auto)."""
     text = str(value).lower()
@@ -134,6 +146,7 @@ class EmbeddingTask(Task):
                                                                             True))
         self.pooling = pooling_of(config)
         self.columns = 2
+        self.matryoshka_dims = matryoshka_dims(str(config.task.get("matryoshka_dims", "")))
         # GradCache: a training batch encoded this many rows at a time (0: all at once).
         self.cache_chunk_rows = int(config.task.get("cache_chunk_rows", 0))
         batch = int(config.train.get("batch_size", 0))
@@ -247,7 +260,19 @@ class EmbeddingTask(Task):
                               self.cache_chunk_rows)
 
     def loss(self, vectors, batch, denominators=None):
-        """vectors [batch, columns, hidden] float32."""
+        """vectors [batch, columns, hidden] float32. With config.task.matryoshka_dims, the sum
+        of the loss of each leading slice of the vectors (Matryoshka representation learning,
+        as sentence-transformers' MatryoshkaLoss with unit weights); metrics of the full
+        vectors."""
+        if not self.matryoshka_dims:
+            return self._loss(vectors, batch, denominators)
+        total, metrics = self._loss(vectors, batch, denominators)
+        for dims in self.matryoshka_dims:
+            if dims < vectors.shape[-1]:
+                total = total + self._loss(vectors[..., :dims], batch, denominators)[0]
+        return total, {**metrics, "loss": total}
+
+    def _loss(self, vectors, batch, denominators=None):
         denominator = None if denominators is None else denominators["examples"]
         if self.loss_name == "in_batch":
             return losses.in_batch_loss(vectors, batch["weights"], self.scale, self.symmetric,

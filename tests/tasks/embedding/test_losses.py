@@ -155,3 +155,25 @@ def test_global_negatives_on_4_devices_equal_one_device_with_the_whole_batch():
     proc = run_python(["-c", GLOBAL_NEGATIVES_SCRIPT],
                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
     assert "GLOBAL_OK" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_matryoshka_loss_sums_sentence_transformers_losses_of_the_leading_slices():
+    from bertjax.errors import ConfigError
+    from bertjax.tasks import get_task
+    from experiments import embedding
+
+    config = embedding.get_config("pairs")
+    config.task.matryoshka_dims = "8,16,4"
+    task = get_task(config)
+    assert task.matryoshka_dims == (16, 8, 4)
+    v = vectors(6, 3)  # hidden 16: the full slice counts once
+    reference = MultipleNegativesRankingLoss(None, scale=20.0)
+    expected = sum(float(reference.compute_loss_from_embeddings(
+        [torch.tensor(v[:, c, :d]) for c in range(3)], None)) for d in (16, 8, 4))
+    batch = {"weights": jnp.ones(6), "labels": jnp.zeros(6)}
+    value, metrics = task.loss(jnp.asarray(v), batch)
+    np.testing.assert_allclose(value, expected, rtol=1e-5)
+    assert metrics["loss"] == value
+    config.task.matryoshka_dims = "64,x"
+    with pytest.raises(ConfigError, match="matryoshka_dims='64,x': give positive sizes"):
+        get_task(config)
