@@ -155,6 +155,7 @@ def text_fields() -> dict:
 
 
 def embed(args: Sequence[str]) -> None:
+    from bertjax import paths
     from bertjax.serving.embedder import VectorFile, check_vectors_path, ids_path
     from bertjax.train import multihost
 
@@ -167,10 +168,17 @@ def embed(args: Sequence[str]) -> None:
     if f.chunk_rows < 0:
         sys.exit(f"error: --chunk_rows={f.chunk_rows} must be 0 or positive")
     check_vectors_path(f.output)  # before the model is loaded
+    if not paths.exists(f.input):
+        sys.exit(f"error: --input={f.input}: no such file")
     model = embedder()
     out = multihost.write_from_main(lambda: VectorFile(f.output))
-    for ids, vectors in model.embed_file(f.input, text_fields(), f.chunk_rows):
-        multihost.write_from_main(lambda ids=ids, vectors=vectors: out.write(ids, vectors))
+    try:
+        for ids, vectors in model.embed_file(f.input, text_fields(), f.chunk_rows):
+            multihost.write_from_main(lambda ids=ids, vectors=vectors: out.write(ids, vectors))
+    except BaseException:
+        if out is not None:
+            out.abort()
+        raise
     multihost.write_from_main(out.close if out is not None else lambda: None)
     if multihost.is_main():
         print(f"wrote {out.rows} vectors [{out.rows}, {out.hidden}] to {f.output}, their ids "

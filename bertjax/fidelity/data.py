@@ -8,7 +8,8 @@
     article?) and multiple choice (which of four sentences follows: SWAG's form);
   ROPES (`make ropes`, SQuAD v1.1 layout): extractive QA v1.1 over the situation paragraphs,
     and v2.0 with a third of the questions moved to another situation that does not hold the
-    answer;
+    answer; and (question, situation) pairs for sentence embeddings, with a BEIR dev set of
+    held-out questions against the held-out situations;
   Penn Treebank tags of the OANC sample (`make pos_data`): proper-noun and number chunks as
     IOB2 entities (NAME, NUM), sentences in the corpus order, without document marks (each
     sentence alone, as tweets) and with one -DOCSTART- line on top (the file one document).
@@ -207,3 +208,60 @@ def chunks(source: pathlib.Path, out: pathlib.Path, sizes: Sizes, documents: boo
         files[split] = str(out / f"{split}.conll")
         (out / f"{split}.conll").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return files
+
+
+def _situations(path: pathlib.Path) -> dict[str, list[tuple[str, str]]]:
+    """{situation: [(question id, question), ...]} of a ROPES file in SQuAD layout (the
+    context's part after the background paragraph), in file order."""
+    data = json.loads(_need(path, "ropes").read_text(encoding="utf-8"))["data"]
+    out: dict[str, list[tuple[str, str]]] = {}
+    for paragraph in (p for article in data for p in article["paragraphs"]):
+        situation = paragraph["context"].partition("\n")[2].strip()
+        if situation:
+            out.setdefault(situation, []).extend((q["id"], q["question"])
+                                                 for q in paragraph["qas"])
+    return out
+
+
+def _doc_id(text: str) -> str:
+    return "s" + hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def ropes_retrieval(source: pathlib.Path, out: pathlib.Path, sizes: Sizes) -> dict[str, str]:
+    """Sentence-embedding pairs from ROPES: train.jsonl rows {"id", "question", "passage"},
+    `sizes.train` situations of ROPES train drawn at random, each with one of its questions
+    (so no passage repeats: a batch holds no false negative); and a BEIR directory beir/
+    (corpus.jsonl, queries.jsonl, qrels/dev.tsv): `sizes.dev` questions of ROPES dev drawn at
+    random, against a corpus of every ROPES dev situation plus `sizes.dev` distractors (ROPES
+    train situations that no training row uses), qrels 1 for the question's own situation.
+    ROPES splits by paragraph, so no situation is on both sides (checked); backgrounds are
+    shared, but neither side reads them."""
+    train = _situations(source / "train.json")
+    dev = _situations(source / "dev.json")
+    rng = random.Random("ropes-embedding")
+    order = list(train)
+    rng.shuffle(order)
+    if len(order) < sizes.train + sizes.dev:
+        raise DataError(f"{source / 'train.json'}: {len(order)} situations, fewer than "
+                        f"{sizes.train} training rows + {sizes.dev} distractors")
+    used, distractors = order[:sizes.train], order[sizes.train:sizes.train + sizes.dev]
+    rows = []
+    for situation in used:
+        qid, question = rng.choice(train[situation])
+        rows.append({"id": qid, "question": question, "passage": situation})
+    questions = [(qid, q, s) for s, qs in dev.items() for qid, q in qs]
+    queries = random.Random("ropes-embedding-dev").sample(questions, min(sizes.dev,
+                                                                         len(questions)))
+    corpus = list(dev) + distractors
+    if set(used) & set(corpus):
+        raise DataError("ROPES: a training situation is also in the dev corpus")
+    beir = out / "beir"
+    _write_jsonl(out / "train.jsonl", rows)
+    _write_jsonl(beir / "corpus.jsonl", [{"_id": _doc_id(s), "title": "", "text": s}
+                                         for s in corpus])
+    _write_jsonl(beir / "queries.jsonl", [{"_id": qid, "text": q} for qid, q, _ in queries])
+    (beir / "qrels").mkdir(parents=True, exist_ok=True)
+    (beir / "qrels" / "dev.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n"
+        + "".join(f"{qid}\t{_doc_id(s)}\t1\n" for qid, _, s in queries), encoding="utf-8")
+    return {"train": str(out / "train.jsonl"), "beir": str(beir)}

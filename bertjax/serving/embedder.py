@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import jax
 import ml_collections
 import numpy as np
+from etils import epath
 
 from bertjax import checkpoint_dir, paths
 from bertjax.errors import ConfigError, DataError
@@ -120,8 +122,14 @@ class Embedder:
             yield [e.index for e in examples], self._vectors(examples)
             return
         with tempfile.TemporaryDirectory() as directory:
-            for chunk, _ in self.task.input_chunks(path, chunk_rows, fields, directory):
-                examples, _ = self.task.read_inputs(chunk, {**fields, "encoding": "utf-8"})
+            for chunk, start in self.task.input_chunks(path, chunk_rows, fields, directory):
+                try:
+                    examples, _ = self.task.read_inputs(chunk, {**fields, "encoding": "utf-8"})
+                except DataError as e:  # name the user's file, not the chunk
+                    raise DataError(re.sub(
+                        re.escape(chunk) + r":(\d+)",
+                        lambda m, start=start: f"{path}: row {start + int(m.group(1))}",
+                        str(e))) from None
                 # The chunks carry every row's id (its row number in `path` where it has none).
                 yield [e.index for e in examples], self._vectors(examples)
                 os.remove(chunk)
@@ -145,8 +153,10 @@ class VectorFile:
     def __init__(self, path: str):
         check_vectors_path(path)
         self.path, self.rows, self.hidden = path, 0, None
-        self._vectors = paths.open(path, "wb")
-        self._ids = paths.open(ids_path(path), "w", encoding="utf-8")
+        # Written under temporary names, renamed by `close`: an interrupted run leaves no
+        # half-written vectors.
+        self._vectors = paths.open(path + PARTIAL, "wb")
+        self._ids = paths.open(ids_path(path) + PARTIAL, "w", encoding="utf-8")
         self._vectors.write(b"\0" * self.HEADER_BYTES)
 
     def _header(self) -> bytes:
@@ -166,6 +176,14 @@ class VectorFile:
         self._vectors.write(self._header())
         self._vectors.close()
         self._ids.close()
+        for final in (self.path, ids_path(self.path)):
+            epath.Path(final + PARTIAL).replace(final)
+
+    def abort(self) -> None:
+        """Closes and removes the temporary files (a failed or interrupted run)."""
+        for handle, final in ((self._vectors, self.path), (self._ids, ids_path(self.path))):
+            handle.close()
+            epath.Path(final + PARTIAL).unlink(missing_ok=True)
 
 
 def check_vectors_path(path: str) -> None:
@@ -179,3 +197,4 @@ def ids_path(vectors_path: str) -> str:
 
 
 IDS_SUFFIX = ".ids.jsonl"
+PARTIAL = ".partial"

@@ -85,8 +85,15 @@ def test_pooling_comes_from_pooling_json_unless_overridden(checkpoint, tmp_path)
 
 
 def test_embed_needs_one_model_and_a_npy_output(checkpoint, tmp_path):
+    """One error line each, and nothing written (a row without its text fails the read after
+    the model is loaded: the vectors are written under temporary names until the end)."""
     path, _ = texts_file(tmp_path / "texts.jsonl", 2)
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"text": "topic1 word2"}\n{"title": "no text"}\n')
     for args, message in (
+            ([f"--checkpoint={checkpoint}", f"--input={broken}",
+              f"--output={tmp_path / 'v.npy'}", "--max_seq_length=32", "--chunk_rows=1"],
+             "broken.jsonl: row 2: no column 'text' (config.data.text_a, predict --text_a)"),
             ([f"--input={path}", f"--output={tmp_path / 'v.npy'}"],
              "error: give one of --workdir (an embedding run), --export"),
             ([f"--checkpoint={checkpoint}", f"--input={path}", f"--output={tmp_path / 'v.txt'}"],
@@ -95,3 +102,4 @@ def test_embed_needs_one_model_and_a_npy_output(checkpoint, tmp_path):
         assert result.returncode != 0
         lines = result.stderr.strip().splitlines()
         assert message in lines[-1] and len([x for x in lines if "error" in x]) == 1, lines
+        assert not list(tmp_path.glob("v.*")), list(tmp_path.glob("v.*"))

@@ -355,12 +355,18 @@ def records(path: str, encoding: str = paths.DEFAULT_ENCODING
         yield line, dict(zip(header, fields))
 
 
+# The column settings `python -m bertjax.predict` also takes as flags (--text_a, ...).
+PREDICT_FIELDS = ("text_a", "text_b", "label", "choices", "id")
+
+
 def get_field(record: dict[str, Any], column: str, path: str, line: int, field: str) -> Any:
     """record[column]; `field`: the setting that names the column (config.data.<field>, and
-    predict's --<field>), for the error."""
+    predict's --<field> where it has one), for the error."""
     if column not in record or record[column] is None:
-        raise DataError(f"{path}:{line}: no column {column!r} (config.data.{field}, predict "
-                        f"--{field}); the file's columns: {', '.join(map(str, record))}")
+        setting = f"config.data.{field}" + (f", predict --{field}" if field in PREDICT_FIELDS
+                                            else "")
+        raise DataError(f"{path}:{line}: no column {column!r} ({setting}); the file's "
+                        f"columns: {', '.join(map(str, record))}")
     return record[column]
 
 

@@ -1,0 +1,141 @@
+"""The sentence-transformers side of the fidelity family `embedding` (test extra: torch,
+transformers, sentence-transformers): contrastive fine-tuning of a sentence-transformers
+directory on (anchor, positive) rows with sentence-transformers' own model, loss and retrieval
+evaluator, scored on a BEIR directory. Nothing here imports bertjax, so a slip on bertjax's
+side shows as a difference instead of being copied.
+
+Protocol: `SentenceTransformer(model_dir)` (its modules: BERT, pooling, Normalize) with
+`max_seq_length` set, float32, dropout on while training; `MultipleNegativesRankingLoss`
+(scale 20, cosine: each anchor against every positive of its batch); a plain loop rather than
+`SentenceTransformerTrainer` (which needs `datasets` and `accelerate`): every epoch a fresh
+random order of the rows (`random.Random(seed)`, as bertjax/fidelity/reference.py), batches of
+`batch_size` consecutive rows, the last one shorter when the rows do not divide; torch AdamW
+(eps 1e-6) with weight decay 0.01 except biases and LayerNorm, linear warmup over 10% of the
+steps then linear decay to 0, gradient clipping 1.0. The dev metrics come from
+`InformationRetrievalEvaluator` (exact cosine search over the whole corpus; nDCG@10 with
+binary gains as trec_eval's ndcg_cut_10 for 0/1 qrels), before training ("start_" metrics:
+the starting checkpoint) and after every epoch; the best epoch by nDCG@10 is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+
+import numpy as np
+
+NAMES = {"ndcg@10": "cosine_ndcg@10", "mrr@10": "cosine_mrr@10",
+         "recall@1": "cosine_recall@1", "recall@10": "cosine_recall@10",
+         "recall@100": "cosine_recall@100"}
+
+
+def read_jsonl(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def read_beir(directory: str, split: str = "dev"
+              ) -> tuple[dict[str, str], dict[str, str], dict[str, set[str]]]:
+    """(queries, corpus, relevant docs) of a BEIR directory; a document's text is its title
+    and text joined by a space (BEIR's sentence-embedding convention)."""
+    corpus = {}
+    for r in read_jsonl(os.path.join(directory, "corpus.jsonl")):
+        title = r.get("title") or ""
+        corpus[str(r["_id"])] = f"{title} {r['text']}".strip() if title else r["text"].strip()
+    queries = {str(r["_id"]): r["text"].strip()
+               for r in read_jsonl(os.path.join(directory, "queries.jsonl"))}
+    relevant: dict[str, set[str]] = {}
+    with open(os.path.join(directory, "qrels", f"{split}.tsv"), encoding="utf-8") as f:
+        for number, line in enumerate(f):
+            fields = line.rstrip("\n").split("\t")
+            if len(fields) < 3 or (number == 0 and not fields[-1].strip().isdigit()):
+                continue
+            if int(fields[-1]) > 0:
+                relevant.setdefault(fields[0], set()).add(fields[1])
+    return {q: t for q, t in queries.items() if q in relevant}, corpus, relevant
+
+
+def optimizer(model, learning_rate: float, total_steps: int, warmup_proportion: float = 0.1,
+              weight_decay: float = 0.01):
+    """(torch AdamW, linear warmup / decay schedule), as bertjax/fidelity/reference.py."""
+    import torch
+    from transformers import get_linear_schedule_with_warmup
+
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=learning_rate, eps=1e-6)
+    return opt, get_linear_schedule_with_warmup(opt, int(warmup_proportion * total_steps),
+                                                total_steps)
+
+
+def run(model_dir: str, train_file: str, beir_dir: str, *, columns: tuple[str, str] = (
+        "question", "passage"), max_seq_length: int = 128, seed: int, learning_rate: float,
+        batch_size: int, epochs: int, scale: float = 20.0, threads: int = 2,
+        log=print) -> dict[str, float]:
+    """Fine-tunes the sentence-transformers directory `model_dir` on the `columns` (anchor,
+    positive) of the JSONL `train_file`; the dev metrics of the best epoch by nDCG@10, with
+    the starting checkpoint's as "start_<metric>"."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.evaluation import (
+        InformationRetrievalEvaluator,
+    )
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.util import cos_sim
+
+    torch.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.set_num_threads(threads)
+    model = SentenceTransformer(model_dir, device="cpu")
+    model.max_seq_length = max_seq_length
+    records = read_jsonl(train_file)
+    anchors = [r[columns[0]] for r in records]
+    positives = [r[columns[1]] for r in records]
+    queries, corpus, relevant = read_beir(beir_dir)
+    evaluator = InformationRetrievalEvaluator(
+        queries, corpus, relevant, mrr_at_k=[10], ndcg_at_k=[10], accuracy_at_k=[1, 10],
+        precision_recall_at_k=[1, 10, 100], map_at_k=[100], batch_size=64,
+        score_functions={"cosine": cos_sim}, write_csv=False)
+    loss_fn = MultipleNegativesRankingLoss(model, scale=scale)
+
+    def evaluate() -> dict[str, float]:
+        model.eval()
+        with torch.no_grad():
+            scores = evaluator(model)
+        return {name: float(scores[key]) for name, key in NAMES.items()}
+
+    start = evaluate()
+    log(f"sentence-transformers before training: {json.dumps(start)}")
+    steps = epochs * math.ceil(len(records) / batch_size)
+    opt, schedule = optimizer(model, learning_rate, steps)
+    order = random.Random(seed)
+    best = None
+    for epoch in range(epochs):
+        model.train()
+        perm = list(range(len(records)))
+        order.shuffle(perm)
+        losses, began = [], time.perf_counter()
+        for first in range(0, len(perm), batch_size):
+            rows = perm[first:first + batch_size]
+            features = [model.preprocess([anchors[i] for i in rows]),
+                        model.preprocess([positives[i] for i in rows])]
+            loss = loss_fn(features, None)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            schedule.step()
+            opt.zero_grad()
+            losses.append(float(loss.detach()))
+        metrics = evaluate()
+        log(f"sentence-transformers epoch {epoch + 1}: loss {np.mean(losses):.4f} "
+            f"({time.perf_counter() - began:.0f} s) {json.dumps(metrics)}")
+        if best is None or metrics["ndcg@10"] > best["ndcg@10"]:
+            best = metrics
+    return {**best, **{f"start_{k}": v for k, v in start.items()}}
