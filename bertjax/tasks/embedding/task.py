@@ -35,7 +35,7 @@ Array = jax.Array
 KINDS = ("pairs", "scored")
 LOSSES = {"pairs": ("in_batch",), "scored": ("cosent", "cosine")}
 STS_METRICS = ("spearman", "pearson")
-RETRIEVAL_METRICS = ("ndcg@10", "mrr@10", "recall@1", "recall@10", "recall@100")
+RETRIEVAL_METRICS = metrics_lib.RETRIEVAL_METRICS
 
 
 class RetrievalExamples(list):
