@@ -61,6 +61,7 @@ class RetrievalSet:
     queries: dict[str, str]
     corpus: dict[str, str]
     qrels: dict[str, dict[str, int]]
+    directory: str = ""  # where it was read (named in warnings)
 
 
 def _jsonl_texts(path: str, encoding: str, with_title: bool) -> dict[str, str]:
@@ -125,4 +126,4 @@ def read_beir(directory: str, split: str, encoding: str = paths.DEFAULT_ENCODING
     corpus = _jsonl_texts(files["corpus.jsonl"], encoding, with_title=True)
     queries = _jsonl_texts(files["queries.jsonl"], encoding, with_title=False)
     qrels = read_qrels(files[f"qrels/{split}.tsv"], queries, corpus, encoding)
-    return RetrievalSet({q: queries[q] for q in qrels}, corpus, qrels)
+    return RetrievalSet({q: queries[q] for q in qrels}, corpus, qrels, directory)

@@ -43,9 +43,13 @@ class RetrievalExamples(list):
     each); `retrieval` keeps the ids and qrels the metrics need."""
 
     def __init__(self, retrieval: RetrievalSet):
+        # guid "DIR:query ID": warnings name the directory (data_pipeline.finetune_data).
+        where = retrieval.directory or "retrieval set"
         super().__init__(
-            [TextsExample(f"query {q}", (t,), None, q) for q, t in retrieval.queries.items()]
-            + [TextsExample(f"document {d}", (t,), None, d) for d, t in retrieval.corpus.items()])
+            [TextsExample(f"{where}:query {q}", (t,), None, q)
+             for q, t in retrieval.queries.items()]
+            + [TextsExample(f"{where}:document {d}", (t,), None, d)
+               for d, t in retrieval.corpus.items()])
         self.retrieval = retrieval
 
 
