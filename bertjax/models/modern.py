@@ -1,0 +1,596 @@
+"""A ModernBERT-class encoder (Warner et al., 2024) as Flax linen modules: what transformers'
+`ModernBertModel` / `ModernBertForMaskedLM` compute, parameter for parameter.
+
+Compared with BERT: no position embeddings (rotary embeddings on queries and keys, with one
+theta for global layers and another for local ones), pre-norm layers (the first layer's
+attention norm is the identity, the embedding norm already did it) with a final norm,
+LayerNorms without bias, no biases in the projections, a fused Q/K/V projection, a GeGLU MLP,
+and layers that alternate global attention with sliding-window (local) attention: layer i is
+global when i % global_attn_every_n_layers == 0.
+
+Local attention: a token attends to the tokens at distance <= local_attention // 2 on either
+side (inclusive; 129 keys for local_attention=128), as transformers' eager / sdpa masks do.
+Packed rows (`packing_ids`) additionally stay within their own document, and rotary positions
+restart at each document.
+
+Parameters (every one with logical axis names):
+    model/embeddings/tok_embeddings/embedding [vocab, hidden]   ("vocab", "embed")
+    model/embeddings/norm/scale               [hidden]          ("embed",)
+    model/layers_{i}/attn_norm/scale          [hidden]          (not in layer 0)
+    model/layers_{i}/attn/wqkv/kernel         [hidden, 3, heads, head_dim]
+    model/layers_{i}/attn/wo/kernel           [heads, head_dim, hidden]
+    model/layers_{i}/mlp_norm/scale           [hidden]
+    model/layers_{i}/mlp/wi/kernel            [hidden, 2, intermediate]  (GELU half, gate half)
+    model/layers_{i}/mlp/wo/kernel            [intermediate, hidden]
+    model/final_norm/scale                    [hidden]
+    head/dense/kernel, head/norm/scale, decoder_bias [vocab]  (ModernBertForMaskedLM; the
+                                              decoder matrix is tok_embeddings, tied)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.errors import ConfigError
+from bertjax.models import attention as attn_lib
+from bertjax.models import dense as dense_lib
+from bertjax.models.bert import Dropout
+from bertjax.models.pretraining import gather_positions
+
+Array = jax.Array
+
+ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
+
+# Published shapes (answerdotai/ModernBERT-base, -large); everything else is the default.
+MODERN_PRESETS: dict[str, dict[str, int]] = {
+    "modern_base": dict(num_layers=22, hidden_size=768, num_heads=12, intermediate_size=1152),
+    "modern_large": dict(num_layers=28, hidden_size=1024, num_heads=16, intermediate_size=2624),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Configuration
+
+
+@dataclasses.dataclass(frozen=True)
+class ModernConfig:
+    """Everything that fixes a ModernBERT's parameters and computation; defaults are
+    ModernBERT-base's. `from_hf` / `to_hf` map transformers' config.json."""
+
+    vocab_size: int = 50368
+    hidden_size: int = 768
+    num_layers: int = 22
+    num_heads: int = 12
+    intermediate_size: int = 1152
+    # RoPE has no table: this only bounds the lengths the model was trained for.
+    max_position_embeddings: int = 8192
+    norm_eps: float = 1e-5
+    global_rope_theta: float = 160_000.0
+    local_rope_theta: float = 10_000.0
+    local_attention: int = 128  # the whole window: local_attention // 2 on each side
+    global_attn_every_n_layers: int = 3
+    hidden_act: str = "gelu"  # the GeGLU's activation (exact erf GELU)
+    head_act: str = "gelu"  # the MLM head's (transformers' classifier_activation)
+    embedding_dropout: float = 0.0
+    attention_dropout: float = 0.0  # on the probabilities and on the output projection
+    mlp_dropout: float = 0.0
+    initializer_range: float = 0.02
+    initializer_cutoff_factor: float = 2.0  # truncation at ± this many stddevs
+    # Special tokens, kept for the transformers config (the model itself reads none).
+    pad_token_id: int | None = 50283
+    bos_token_id: int | None = 50281
+    eos_token_id: int | None = 50282
+    cls_token_id: int | None = 50281
+    sep_token_id: int | None = 50282
+    dtype: str = "float32"  # compute dtype of activations
+    param_dtype: str = "float32"
+
+    def __post_init__(self):
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                      "intermediate_size", "max_position_embeddings", "local_attention",
+                      "global_attn_every_n_layers"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise ConfigError(f"model.{field}={value!r} must be a positive integer")
+        for field in ("embedding_dropout", "attention_dropout", "mlp_dropout"):
+            value = getattr(self, field)
+            if not isinstance(value, numbers.Real) or not 0.0 <= value < 1.0:
+                raise ConfigError(f"model.{field}={value!r} must be in [0, 1)")
+        for field in ("norm_eps", "global_rope_theta", "local_rope_theta", "initializer_range",
+                      "initializer_cutoff_factor"):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0:
+                raise ConfigError(f"model.{field}={value!r} must be positive")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"model.hidden_size={self.hidden_size} is not divisible by "
+                              f"model.num_heads={self.num_heads}")
+        if self.head_dim % 2:  # RoPE rotates pairs of features
+            raise ConfigError(f"model.hidden_size={self.hidden_size} / model.num_heads="
+                              f"{self.num_heads} gives an odd head_dim {self.head_dim}; "
+                              "rotary embeddings need an even one")
+        for field in ("pad_token_id", "bos_token_id", "eos_token_id", "cls_token_id",
+                      "sep_token_id"):
+            value = getattr(self, field)
+            # Only the padding id must be in the vocabulary (torch's padding_idx demands it);
+            # transformers merely warns about the others.
+            limit = self.vocab_size if field == "pad_token_id" else float("inf")
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, numbers.Integral)
+                                      or not 0 <= value < limit):
+                raise ConfigError(f"model.{field}={value!r} must be None or a token id"
+                                  + (f" below model.vocab_size={self.vocab_size}"
+                                     if field == "pad_token_id" else ""))
+        for field, allowed in (("hidden_act", ACTIVATIONS), ("head_act", ACTIVATIONS),
+                               ("dtype", DTYPES), ("param_dtype", DTYPES)):
+            if getattr(self, field) not in allowed:
+                raise ConfigError(f"model.{field}={getattr(self, field)!r} is not one of "
+                                  f"{allowed}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def window_radius(self) -> int:
+        """How far a local layer's token sees on each side (transformers' `sliding_window`)."""
+        return self.local_attention // 2
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:
+        """transformers' `layer_types`: global every n-th layer from layer 0, local between."""
+        return tuple(GLOBAL if i % self.global_attn_every_n_layers == 0 else LOCAL
+                     for i in range(self.num_layers))
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> ModernConfig:
+        if name not in MODERN_PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; choose one of "
+                              f"{sorted(MODERN_PRESETS)}")
+        return cls(**{**MODERN_PRESETS[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, values: Any) -> ModernConfig:
+        """From a dict or ConfigDict; an unknown key is named in the error."""
+        values = dict(values)
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_hf(cls, values: Mapping[str, Any], **overrides: Any) -> ModernConfig:
+        """From transformers' ModernBERT config.json (as a dict): the current format
+        (`layer_types`, `rope_parameters` per layer type) or the first one
+        (`global_attn_every_n_layers`, `global_rope_theta` / `local_rope_theta`). What this
+        model does not compute (biases, another RoPE type, an untied decoder) raises
+        ConfigError naming the config.json field."""
+        return cls(**{**_fields_from_hf(values), **overrides})
+
+    def to_hf(self, architecture: str = "ModernBertForMaskedLM") -> dict[str, Any]:
+        """transformers' config.json for this config. Both RoPE spellings are written:
+        `rope_parameters` for transformers 5, the thetas for the 4.x releases that read them."""
+        values = {
+            "architectures": [architecture],
+            "model_type": "modernbert",
+            **{hf: getattr(self, field) for hf, field in _HF_FIELDS.items()},
+            "hidden_activation": _HF_ACTIVATION_NAMES[self.hidden_act],
+            "classifier_activation": _HF_ACTIVATION_NAMES[self.head_act],
+            "layer_types": list(self.layer_types),
+            "rope_parameters": {
+                GLOBAL: {"rope_type": "default", "rope_theta": self.global_rope_theta},
+                LOCAL: {"rope_type": "default", "rope_theta": self.local_rope_theta},
+            },
+            "global_rope_theta": self.global_rope_theta,
+            "local_rope_theta": self.local_rope_theta,
+            "tie_word_embeddings": True,
+            "dtype": self.param_dtype,
+        }
+        values.update({flag: want for flag, want in _HF_FIXED.items()})
+        return values
+
+
+# transformers' config.json key → ModernConfig field, where only the name differs.
+_HF_FIELDS = {
+    "vocab_size": "vocab_size",
+    "hidden_size": "hidden_size",
+    "num_hidden_layers": "num_layers",
+    "num_attention_heads": "num_heads",
+    "intermediate_size": "intermediate_size",
+    "max_position_embeddings": "max_position_embeddings",
+    "norm_eps": "norm_eps",
+    "local_attention": "local_attention",
+    "global_attn_every_n_layers": "global_attn_every_n_layers",
+    "embedding_dropout": "embedding_dropout",
+    "attention_dropout": "attention_dropout",
+    "mlp_dropout": "mlp_dropout",
+    "initializer_range": "initializer_range",
+    "initializer_cutoff_factor": "initializer_cutoff_factor",
+    "pad_token_id": "pad_token_id",
+    "bos_token_id": "bos_token_id",
+    "eos_token_id": "eos_token_id",
+    "cls_token_id": "cls_token_id",
+    "sep_token_id": "sep_token_id",
+}
+_HF_REQUIRED = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size")
+# Architecture switches this model has one setting of: config.json key → the value it computes.
+_HF_FIXED = {"norm_bias": False, "attention_bias": False, "mlp_bias": False,
+             "classifier_bias": False, "decoder_bias": True}
+# transformers' ACT2FN names → ours (transformers' "gelu" is the exact erf form).
+_HF_ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh",
+                   "gelu_fast": "gelu_tanh", "relu": "relu", "silu": "silu", "swish": "silu"}
+_HF_ACTIVATION_NAMES = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh", "relu": "relu",
+                        "silu": "silu"}
+
+
+def _fields_from_hf(values: Mapping[str, Any]) -> dict[str, Any]:
+    """ModernConfig fields from a transformers config.json dict (see ModernConfig.from_hf)."""
+    if values.get("model_type", "modernbert") != "modernbert":
+        raise ConfigError(f"config.json model_type={values['model_type']!r} is not "
+                          "'modernbert'")
+    for key in _HF_REQUIRED:
+        if key not in values:
+            raise ConfigError(f"config.json has no {key}")
+    fields = {field: values[hf] for hf, field in _HF_FIELDS.items() if hf in values}
+    for hf, want in _HF_FIXED.items():
+        if values.get(hf, want) != want:
+            raise ConfigError(f"config.json {hf}={values[hf]!r} is not supported (bertjax's "
+                              f"ModernBERT computes {hf}={want})")
+    if values.get("tie_word_embeddings", True) is not True:
+        raise ConfigError("config.json tie_word_embeddings=false is not supported (the MLM "
+                          "decoder is the token embedding matrix)")
+    for hf, field in (("hidden_activation", "hidden_act"),
+                      ("classifier_activation", "head_act")):
+        if hf in values:
+            if values[hf] not in _HF_ACTIVATIONS:
+                raise ConfigError(f"config.json {hf}={values[hf]!r} is not one of "
+                                  f"{sorted(_HF_ACTIVATIONS)}")
+            fields[field] = _HF_ACTIVATIONS[values[hf]]
+    if values.get("rope_scaling") not in (None, {}):
+        raise ConfigError(f"config.json rope_scaling={values['rope_scaling']!r} is not "
+                          "supported (only default RoPE)")
+    rope = values.get("rope_parameters") or {}
+    for layer_type, field in ((GLOBAL, "global_rope_theta"), (LOCAL, "local_rope_theta")):
+        params = rope.get(layer_type) or {}
+        if params.get("rope_type", "default") != "default":
+            raise ConfigError(f"config.json rope_parameters.{layer_type}.rope_type="
+                              f"{params['rope_type']!r} is not supported (only 'default')")
+        theta = params.get("rope_theta", values.get(field))
+        if theta is not None:
+            fields[field] = theta
+    if values.get("layer_types") is not None:
+        fields["global_attn_every_n_layers"] = _period(values["layer_types"],
+                                                       values["num_hidden_layers"])
+    return fields
+
+
+def _period(layer_types: Any, num_layers: int) -> int:
+    """The n of `layer_types` = global every n-th layer from layer 0 (ConfigError if none)."""
+    types = list(layer_types) if isinstance(layer_types, (list, tuple)) else None
+    if types is None or len(types) != num_layers or set(types) - {GLOBAL, LOCAL}:
+        raise ConfigError(f"config.json layer_types={layer_types!r} must list {num_layers} "
+                          f"of {GLOBAL!r} / {LOCAL!r}")
+    later = [i for i, kind in enumerate(types) if kind == GLOBAL and i > 0]
+    period = later[0] if later else num_layers
+    if types != [GLOBAL if i % period == 0 else LOCAL for i in range(num_layers)]:
+        raise ConfigError(f"config.json layer_types={types!r} is not global attention every "
+                          "n-th layer from layer 0, the only pattern supported")
+    return period
+
+
+def num_params(config: ModernConfig, masked_lm: bool = True) -> int:
+    """Parameters of ModernBertForMaskedLM (masked_lm) or ModernBertModel with `config`, as
+    transformers counts them (the tied decoder matrix once)."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    per_layer = (3 * hidden * hidden + hidden * hidden  # wqkv, wo
+                 + 2 * hidden * inter + inter * hidden  # wi, wo
+                 + 2 * hidden)  # attn_norm, mlp_norm
+    encoder = (config.vocab_size * hidden + hidden  # embeddings and their norm
+               + config.num_layers * per_layer - hidden  # layer 0 has no attn_norm
+               + hidden)  # final_norm
+    head = hidden * hidden + hidden + config.vocab_size  # dense, norm, decoder bias
+    return encoder + (head if masked_lm else 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Masks and rotary embeddings
+
+
+def local_window(seq_len: int, radius: int) -> Array:
+    """[seq, seq] bool: key k is within `radius` positions of query q (inclusive)."""
+    index = jnp.arange(seq_len)
+    return jnp.abs(index[:, None] - index[None, :]) <= radius
+
+
+def attention_masks(
+    input_mask: Array | None,
+    packing_ids: Array | None,
+    seq_len: int,
+    radius: int,
+) -> dict[str, Array | None]:
+    """{layer type: [batch or 1, 1, q or 1, k] bool mask (True = may attend) or None}.
+
+    Global layers: the padding mask (keys only, as transformers: a padded query still attends,
+    its output is never read) and, for packed rows, the same document. Local layers: that and
+    |q - k| <= radius. input_mask / packing_ids: [batch, seq] int.
+    """
+    common = attn_lib.attention_mask(input_mask, packing_ids)
+    window = local_window(seq_len, radius)[None, None]
+    return {GLOBAL: common, LOCAL: window if common is None else common & window}
+
+
+def rope_frequencies(head_dim: int, theta: float) -> np.ndarray:
+    """[head_dim // 2] float32 inverse frequencies theta^(-2i / head_dim), computed in float64
+    (a constant: it is folded into the compiled program)."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+    return (1.0 / theta ** exponents).astype(np.float32)
+
+
+def rope_tables(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+    """positions [batch, seq] int → (cos, sin) [batch, seq, 1, head_dim] float32.
+
+    transformers' layout: the frequencies repeated as two halves, [f, f] (rotate_half), not
+    interleaved pairs.
+    """
+    angles = positions.astype(jnp.float32)[..., None] * rope_frequencies(head_dim, theta)
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+    """x [batch, seq, heads, head_dim] rotated by (cos, sin) [batch, seq, 1, head_dim], in
+    float32, cast back to x's dtype."""
+    half = x.shape[-1] // 2
+    x32 = x.astype(jnp.float32)
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules
+
+
+def activation(name: str):
+    return {
+        "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact erf GELU
+        "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
+        "relu": jax.nn.relu,
+        "silu": jax.nn.silu,
+    }[name]
+
+
+def _init(config: ModernConfig, stddev: float, axes: tuple[str | None, ...]):
+    """transformers' initialisation: normal(0, stddev) truncated at ± cutoff stddevs."""
+    cut = config.initializer_cutoff_factor
+    init = nn.initializers.truncated_normal(stddev=stddev, lower=-cut, upper=cut)
+    return nn.with_logical_partitioning(init, axes)
+
+
+def _out_stddev(config: ModernConfig) -> float:
+    # Projections back into the residual stream start smaller, as transformers does.
+    return config.initializer_range / math.sqrt(2.0 * config.num_layers)
+
+
+def norm(config: ModernConfig, name: str) -> nn.LayerNorm:
+    """LayerNorm without bias. Two-pass variance, as torch: the pre-norm residual stream is
+    never normalised itself, and its mean can dwarf its spread."""
+    return nn.LayerNorm(
+        epsilon=config.norm_eps,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        use_bias=False,
+        use_fast_variance=False,
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), ("embed",)),
+        name=name,
+    )
+
+
+class Linear(nn.Module):
+    """x [*free, *in] · kernel [*in, *features], no bias, through `dense.dense` (bf16 / f16
+    matmuls accumulate in float32)."""
+
+    config: ModernConfig
+    features: tuple[int, ...]
+    kernel_axes: tuple[str | None, ...]
+    stddev: float
+    num_contract: int = 1
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        in_shape = x.shape[x.ndim - self.num_contract:]
+        kernel = self.param("kernel", _init(cfg, self.stddev, self.kernel_axes),
+                            in_shape + tuple(self.features), jnp.dtype(cfg.param_dtype))
+        dtype = jnp.dtype(cfg.dtype)
+        zero_bias = jnp.zeros(self.features, dtype)  # folded away by XLA
+        return dense_lib.dense(x.astype(dtype), kernel.astype(dtype), zero_bias,
+                               self.num_contract)
+
+
+class ModernEmbeddings(nn.Module):
+    """Token embeddings, then LayerNorm (no bias) and dropout; no position embeddings."""
+
+    config: ModernConfig
+
+    def setup(self):
+        cfg = self.config
+        self.tok_embeddings = nn.Embed(
+            cfg.vocab_size, cfg.hidden_size, dtype=jnp.dtype(cfg.dtype),
+            param_dtype=jnp.dtype(cfg.param_dtype),
+            embedding_init=_init(cfg, cfg.initializer_range, ("vocab", "embed")))
+        self.norm = norm(cfg, "norm")
+        self.dropout = Dropout(cfg.embedding_dropout)
+
+    def __call__(self, input_ids: Array, deterministic: bool) -> Array:
+        """input_ids [batch, seq] int → [batch, seq, hidden]."""
+        x = self.dropout(self.norm(self.tok_embeddings(input_ids)), deterministic=deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class ModernAttention(nn.Module):
+    """Fused Q/K/V projection, RoPE on queries and keys, attention, output projection."""
+
+    config: ModernConfig
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array | None, cos: Array, sin: Array,
+                 deterministic: bool) -> Array:
+        """x [batch, seq, hidden]; mask [batch or 1, 1, q or 1, k] bool or None; cos, sin
+        [batch, seq, 1, head_dim] → [batch, seq, hidden]."""
+        cfg = self.config
+        qkv = Linear(cfg, (3, cfg.num_heads, cfg.head_dim), ("embed", None, "heads", "kv"),
+                     cfg.initializer_range, name="wqkv")(x)  # [batch, seq, 3, heads, head_dim]
+        query, key, value = (qkv[:, :, i] for i in range(3))
+        query, key = apply_rope(query, cos, sin), apply_rope(key, cos, sin)
+        axes = ("batch", "length", "heads", "kv")
+        query, key, value = (nn.with_logical_constraint(t, axes) for t in (query, key, value))
+        dropout_active = not deterministic and cfg.attention_dropout > 0
+        keep_mask = Dropout(cfg.attention_dropout).keep_mask if dropout_active else None
+        context = attn_lib.einsum_attention(query, key, value, mask, keep_mask)
+        out = Linear(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), _out_stddev(cfg),
+                     num_contract=2, name="wo")(context)
+        out = Dropout(cfg.attention_dropout)(out, deterministic=deterministic)
+        return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+
+class ModernMLP(nn.Module):
+    """GeGLU: wi projects to [2, intermediate]; act(first half) · second half, then wo."""
+
+    config: ModernConfig
+
+    @nn.compact
+    def __call__(self, x: Array, deterministic: bool) -> Array:
+        """[batch, seq, hidden] → [batch, seq, hidden]."""
+        cfg = self.config
+        h = Linear(cfg, (2, cfg.intermediate_size), ("embed", None, "mlp"),
+                   cfg.initializer_range, name="wi")(x)  # [batch, seq, 2, intermediate]
+        h = activation(cfg.hidden_act)(h[:, :, 0]) * h[:, :, 1]
+        h = nn.with_logical_constraint(h, ("batch", "length", "mlp"))
+        h = Dropout(cfg.mlp_dropout)(h, deterministic=deterministic)
+        out = Linear(cfg, (cfg.hidden_size,), ("mlp", "embed"), _out_stddev(cfg), name="wo")(h)
+        return nn.with_logical_constraint(out, ("batch", "length", "embed"))
+
+
+class ModernLayer(nn.Module):
+    """Pre-norm layer: x += Attn(norm(x)); x += MLP(norm(x)). Layer 0 has no attention norm
+    (its input is the embedding norm's output)."""
+
+    config: ModernConfig
+    index: int
+
+    @nn.compact
+    def __call__(self, x: Array, mask: Array | None, cos: Array, sin: Array,
+                 deterministic: bool) -> Array:
+        """x [batch, seq, hidden] → [batch, seq, hidden]."""
+        cfg = self.config
+        h = x if self.index == 0 else norm(cfg, "attn_norm")(x)
+        x = x + ModernAttention(cfg, name="attn")(h, mask, cos, sin, deterministic)
+        x = x + ModernMLP(cfg, name="mlp")(norm(cfg, "mlp_norm")(x), deterministic)
+        return nn.with_logical_constraint(x, ("batch", "length", "embed"))
+
+
+class ModernBertModel(nn.Module):
+    """Embeddings → global / local layers → final norm (transformers' ModernBertModel)."""
+
+    config: ModernConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embeddings = ModernEmbeddings(cfg)
+        self.layers = [ModernLayer(cfg, i, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        self.final_norm = norm(cfg, "final_norm")
+
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array | None = None,
+        *,
+        packing_ids: Array | None = None,
+        position_ids: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """input_ids, input_mask (1 real, 0 padding): [batch, seq] int → the last hidden state
+        [batch, seq, hidden].
+
+        packing_ids [batch, seq] int, optional: several documents packed in one row; attention
+          stays within a document and rotary positions restart at each (unless given).
+        position_ids [batch, seq] int, optional: the rotary positions (default 0, 1, ...).
+        """
+        cfg = self.config
+        seq_len = input_ids.shape[1]
+        if position_ids is None:
+            position_ids = (attn_lib.positions_from_packing(packing_ids)
+                            if packing_ids is not None
+                            else jnp.broadcast_to(jnp.arange(seq_len), input_ids.shape))
+        masks = attention_masks(input_mask, packing_ids, seq_len, cfg.window_radius)
+        rope = {GLOBAL: rope_tables(position_ids, cfg.head_dim, cfg.global_rope_theta),
+                LOCAL: rope_tables(position_ids, cfg.head_dim, cfg.local_rope_theta)}
+        x = self.embeddings(input_ids, deterministic)
+        for layer, kind in zip(self.layers, cfg.layer_types):
+            x = layer(x, masks[kind], *rope[kind], deterministic)
+        return self.final_norm(x)
+
+
+class ModernPredictionHead(nn.Module):
+    """dense (no bias) + activation + LayerNorm (transformers' ModernBertPredictionHead)."""
+
+    config: ModernConfig
+
+    @nn.compact
+    def __call__(self, hidden: Array) -> Array:
+        """[batch, n, hidden] → [batch, n, hidden]."""
+        cfg = self.config
+        # ("embed", "embed_out"): a square matrix cannot put `embed` on both axes.
+        h = Linear(cfg, (cfg.hidden_size,), ("embed", "embed_out"), _out_stddev(cfg),
+                   name="dense")(hidden)
+        return norm(cfg, "norm")(activation(cfg.head_act)(h))
+
+
+class ModernBertForMaskedLM(nn.Module):
+    """The encoder, the prediction head, and the decoder tied to the token embeddings (its bias
+    `decoder_bias` separate)."""
+
+    config: ModernConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids: Array,
+        input_mask: Array | None = None,
+        masked_lm_positions: Array | None = None,
+        *,
+        packing_ids: Array | None = None,
+        position_ids: Array | None = None,
+        deterministic: bool = True,
+    ) -> Array:
+        """input_ids, input_mask: [batch, seq] int → logits [batch, seq, vocab], or with
+        masked_lm_positions [batch, n] int the logits there only, [batch, n, vocab] (the
+        [seq, vocab] product over the other tokens is never formed)."""
+        cfg = self.config
+        model = ModernBertModel(cfg, name="model")
+        hidden = model(input_ids, input_mask, packing_ids=packing_ids,
+                       position_ids=position_ids, deterministic=deterministic)
+        if masked_lm_positions is not None:
+            hidden = gather_positions(hidden, masked_lm_positions)
+        h = ModernPredictionHead(cfg, name="head")(hidden)
+        bias = self.param("decoder_bias", nn.with_logical_partitioning(
+            nn.initializers.zeros_init(), ("vocab",)), (cfg.vocab_size,),
+            jnp.dtype(cfg.param_dtype))
+        embedding = jnp.asarray(model.embeddings.tok_embeddings.embedding, h.dtype)
+        logits = dense_lib.dense(h, embedding.T, jnp.asarray(bias, h.dtype))
+        return nn.with_logical_constraint(logits, ("batch", "length", "vocab"))
