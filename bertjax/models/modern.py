@@ -13,6 +13,14 @@ side (inclusive; 129 keys for local_attention=128), as transformers' eager / sdp
 Packed rows (`packing_ids`) additionally stay within their own document, and rotary positions
 restart at each document.
 
+Attention (`attention_impl`): "einsum" is the reference, `einsum_attention` under a dense
+[batch, 1, q, k] boolean mask per layer type. "xla" is `jax.nn.dot_product_attention(...,
+implementation="xla")` given the structure instead of a mask: the window as
+`local_window_size=(r, r)`, key padding as `key_value_seq_lengths` (right-padded rows; any other
+padding as a [batch, 1, 1, k] key mask), and a [batch, 1, q, k] mask only for packed rows.
+"auto" (the default) runs einsum where attention dropout is active (training with
+attention_dropout > 0) and on a CPU, the "xla" path elsewhere, as `attention.fused_attention`.
+
 Parameters (every one with logical axis names):
     model/embeddings/tok_embeddings/embedding [vocab, hidden]   ("vocab", "embed")
     model/embeddings/norm/scale               [hidden]          ("embed",)
@@ -51,6 +59,7 @@ Array = jax.Array
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+ATTENTION_IMPLS = ("auto", "einsum", "xla")
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
 
 # Published shapes (answerdotai/ModernBERT-base, -large); everything else is the default.
@@ -96,6 +105,9 @@ class ModernConfig:
     sep_token_id: int | None = 50282
     dtype: str = "float32"  # compute dtype of activations
     param_dtype: str = "float32"
+    # "auto" | "einsum" (the reference, dense masks) | "xla" (jax.nn.dot_product_attention with
+    # the window and padding as structure); see the module docstring. Not in config.json.
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -133,7 +145,8 @@ class ModernConfig:
                                   + (f" below model.vocab_size={self.vocab_size}"
                                      if field == "pad_token_id" else ""))
         for field, allowed in (("hidden_act", ACTIVATIONS), ("head_act", ACTIVATIONS),
-                               ("dtype", DTYPES), ("param_dtype", DTYPES)):
+                               ("dtype", DTYPES), ("param_dtype", DTYPES),
+                               ("attention_impl", ATTENTION_IMPLS)):
             if getattr(self, field) not in allowed:
                 raise ConfigError(f"model.{field}={getattr(self, field)!r} is not one of "
                                   f"{allowed}")
@@ -334,6 +347,42 @@ def attention_masks(
     return {GLOBAL: common, LOCAL: window if common is None else common & window}
 
 
+def fused_attention(
+    query: Array,
+    key: Array,
+    value: Array,
+    input_mask: Array | None,
+    packing_ids: Array | None,
+    radius: int | None,
+) -> Array:
+    """The "xla" path: `jax.nn.dot_product_attention(implementation="xla")`, the same values
+    as `einsum_attention` under `attention_masks` (float32 scores and softmax, masked scores
+    set to a large finite negative, so a query with no key left, a padded one outside every
+    window, averages the values instead of giving NaN).
+
+    query/key/value [batch, seq, heads, head_dim]; input_mask / packing_ids [batch, seq] int or
+    None; radius: the local window's (inclusive, each side), None for a global layer. No
+    [q, k] mask is formed except for packed rows; key padding goes in as key lengths when every
+    row is right-padded (real tokens first), else as a [batch, 1, 1, k] key mask.
+    """
+    window = None if radius is None else (radius, radius)
+
+    def run(mask=None, lengths=None):
+        return jax.nn.dot_product_attention(
+            query, key, value, mask=mask, key_value_seq_lengths=lengths,
+            local_window_size=window, implementation="xla")
+
+    if packing_ids is not None:
+        return run(mask=attn_lib.attention_mask(input_mask, packing_ids))
+    if input_mask is None:
+        return run()
+    real = input_mask.astype(bool)
+    lengths = jnp.sum(real, axis=1, dtype=jnp.int32)
+    right_padded = jnp.all(real == (jnp.arange(real.shape[1]) < lengths[:, None]))
+    return jax.lax.cond(right_padded, lambda: run(lengths=lengths),
+                        lambda: run(mask=real[:, None, None, :]))
+
+
 def rope_frequencies(head_dim: int, theta: float) -> np.ndarray:
     """[head_dim // 2] float32 inverse frequencies theta^(-2i / head_dim), computed in float64
     (a constant: it is folded into the compiled program)."""
@@ -446,12 +495,16 @@ class ModernAttention(nn.Module):
     """Fused Q/K/V projection, RoPE on queries and keys, attention, output projection."""
 
     config: ModernConfig
+    local: bool = False  # a sliding-window layer
 
     @nn.compact
     def __call__(self, x: Array, mask: Array | None, cos: Array, sin: Array,
-                 deterministic: bool) -> Array:
-        """x [batch, seq, hidden]; mask [batch or 1, 1, q or 1, k] bool or None; cos, sin
-        [batch, seq, 1, head_dim] → [batch, seq, hidden]."""
+                 deterministic: bool, input_mask: Array | None = None,
+                 packing_ids: Array | None = None) -> Array:
+        """x [batch, seq, hidden]; mask [batch or 1, 1, q or 1, k] bool or None (the einsum
+        path's, from `attention_masks`; None under attention_impl "xla"); cos, sin [batch, seq,
+        1, head_dim]; input_mask, packing_ids [batch, seq] int or None (the "xla" path's)
+        → [batch, seq, hidden]."""
         cfg = self.config
         qkv = Linear(cfg, (3, cfg.num_heads, cfg.head_dim), ("embed", None, "heads", "kv"),
                      cfg.initializer_range, name="wqkv")(x)  # [batch, seq, 3, heads, head_dim]
@@ -460,8 +513,24 @@ class ModernAttention(nn.Module):
         axes = ("batch", "length", "heads", "kv")
         query, key, value = (nn.with_logical_constraint(t, axes) for t in (query, key, value))
         dropout_active = not deterministic and cfg.attention_dropout > 0
-        keep_mask = Dropout(cfg.attention_dropout).keep_mask if dropout_active else None
-        context = attn_lib.einsum_attention(query, key, value, mask, keep_mask)
+        impl = cfg.attention_impl
+        if impl == "einsum" or (impl == "auto" and dropout_active):
+            keep_mask = Dropout(cfg.attention_dropout).keep_mask if dropout_active else None
+            context = attn_lib.einsum_attention(query, key, value, mask, keep_mask)
+        else:
+            if dropout_active:
+                raise ConfigError(
+                    f"model.attention_impl={impl!r} cannot apply attention dropout; set "
+                    "model.attention_dropout=0.0 or model.attention_impl='auto'")
+            fused = functools.partial(fused_attention,
+                                      radius=cfg.window_radius if self.local else None)
+            if impl == "xla":
+                context = fused(query, key, value, input_mask, packing_ids)
+            else:  # "auto": chosen when lowering, as attention.fused_attention
+                context = jax.lax.platform_dependent(
+                    query, key, value, mask, input_mask, packing_ids,
+                    cpu=lambda q, k, v, m, _i, _p: attn_lib.einsum_attention(q, k, v, m),
+                    default=lambda q, k, v, _m, i, p: fused(q, k, v, i, p))
         out = Linear(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), _out_stddev(cfg),
                      num_contract=2, name="wo")(context)
         out = Dropout(cfg.attention_dropout)(out, deterministic=deterministic)
@@ -495,11 +564,14 @@ class ModernLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, mask: Array | None, cos: Array, sin: Array,
-                 deterministic: bool) -> Array:
+                 deterministic: bool, input_mask: Array | None = None,
+                 packing_ids: Array | None = None) -> Array:
         """x [batch, seq, hidden] → [batch, seq, hidden]."""
         cfg = self.config
         h = x if self.index == 0 else norm(cfg, "attn_norm")(x)
-        x = x + ModernAttention(cfg, name="attn")(h, mask, cos, sin, deterministic)
+        local = cfg.layer_types[self.index] == LOCAL
+        x = x + ModernAttention(cfg, local, name="attn")(h, mask, cos, sin, deterministic,
+                                                         input_mask, packing_ids)
         x = x + ModernMLP(cfg, name="mlp")(norm(cfg, "mlp_norm")(x), deterministic)
         return nn.with_logical_constraint(x, ("batch", "length", "embed"))
 
@@ -537,12 +609,14 @@ class ModernBertModel(nn.Module):
             position_ids = (attn_lib.positions_from_packing(packing_ids)
                             if packing_ids is not None
                             else jnp.broadcast_to(jnp.arange(seq_len), input_ids.shape))
-        masks = attention_masks(input_mask, packing_ids, seq_len, cfg.window_radius)
+        # The "xla" path takes the padding and packing themselves, and forms no dense mask.
+        masks = ({GLOBAL: None, LOCAL: None} if cfg.attention_impl == "xla" else
+                 attention_masks(input_mask, packing_ids, seq_len, cfg.window_radius))
         rope = {GLOBAL: rope_tables(position_ids, cfg.head_dim, cfg.global_rope_theta),
                 LOCAL: rope_tables(position_ids, cfg.head_dim, cfg.local_rope_theta)}
         x = self.embeddings(input_ids, deterministic)
         for layer, kind in zip(self.layers, cfg.layer_types):
-            x = layer(x, masks[kind], *rope[kind], deterministic)
+            x = layer(x, masks[kind], *rope[kind], deterministic, input_mask, packing_ids)
         return self.final_norm(x)
 
 

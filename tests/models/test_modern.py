@@ -6,6 +6,7 @@ and against transformers' own; packed rows against each document alone; the pres
 parameter counts against transformers'; the config's checks and its config.json mapping."""
 
 import dataclasses
+import functools
 
 import flax.linen as nn
 import jax
@@ -197,6 +198,96 @@ def test_packed_documents_equal_each_alone(converted):
 
 
 # ---------------------------------------------------------------------------------------------
+# The fused ("xla") attention path against the einsum reference
+
+
+def packed_batch():
+    """Two rows: three documents then padding; two documents, the first longer than the
+    window's span, then padding; with their packing ids and mask."""
+    rng = np.random.default_rng(11)
+    packing = np.array([[1] * 5 + [2] * 12 + [3] * 3 + [0] * 4,
+                        [1] * 14 + [2] * 7 + [0] * 3])
+    return rng.integers(3, V, packing.shape), (packing > 0).astype(np.int64), packing
+
+
+def xla_batches():
+    """(name, ids, mask, packing ids) at lengths below / at / above the window, right-padded
+    rows, a row padded elsewhere (the key-mask branch), and packed rows."""
+    for length in (5, 8, 9, 33):
+        ids, mask = padded_batch(length)
+        yield f"padded {length}", ids, mask, None
+    ids, mask = padded_batch(21, seed=3)
+    mask[0, :6] = 0  # left padding and a hole: not right-padded
+    mask[1, 2] = 0
+    yield "padded elsewhere 21", ids, mask, None
+    yield "unpadded 12", padded_batch(12, seed=4)[0], None, None
+    yield "packed 24", *packed_batch()
+
+
+def test_xla_path_equals_einsum(converted):
+    """Hidden states and MLM logits of attention_impl "xla" equal the einsum path's at every
+    position (padded queries included: both average the values where no key is left)."""
+    config, params = converted
+    einsum = dataclasses.replace(config, attention_impl="einsum")
+    xla = dataclasses.replace(config, attention_impl="xla")
+    for name, ids, mask, packing in xla_batches():
+        kw = {} if packing is None else dict(packing_ids=jnp.asarray(packing))
+        want = bertjax_outputs(einsum, params, ids, mask, **kw)
+        got = bertjax_outputs(xla, params, ids, mask, **kw)
+        hidden_diff, logits_diff = (float(np.abs(g - w).max()) for g, w in zip(got, want))
+        print(f"{name}: max |Δ| hidden {hidden_diff:.2e}, logits {logits_diff:.2e}")
+        assert np.all(np.isfinite(got[0])) and np.all(np.isfinite(got[1]))
+        assert hidden_diff < TOL and logits_diff < TOL
+
+
+def test_xla_path_gradients_equal_einsum(converted):
+    """Gradients w.r.t. every parameter of a masked-LM loss on the real positions, padded and
+    packed rows: equal on both paths, and finite (the padded queries leak no NaN)."""
+    config, params = converted
+    for name, ids, mask, packing in (("padded 33", *padded_batch(33), None),
+                                     ("packed 24", *packed_batch())):
+        targets = jnp.asarray(np.random.default_rng(5).integers(3, V, ids.shape))
+        kw = {} if packing is None else dict(packing_ids=jnp.asarray(packing))
+
+        def loss(p, impl, ids=ids, mask=mask, targets=targets, kw=kw):
+            model = ModernBertForMaskedLM(dataclasses.replace(config, attention_impl=impl))
+            logits = model.apply({"params": p}, jnp.asarray(ids), jnp.asarray(mask), **kw)
+            nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)
+            return jnp.sum(nll[..., 0] * mask) / mask.sum()
+
+        want = jax.grad(loss)(params, "einsum")
+        got = jax.grad(loss)(params, "xla")
+        diffs = [float(np.abs(g - w).max()) for g, w in zip(jax.tree_util.tree_leaves(got),
+                                                             jax.tree_util.tree_leaves(want))]
+        scale = max(float(np.abs(w).max()) for w in jax.tree_util.tree_leaves(want))
+        print(f"{name}: max |Δ grad| {max(diffs):.2e} (largest gradient {scale:.2e})")
+        assert all(np.all(np.isfinite(g)) for g in jax.tree_util.tree_leaves(got))
+        assert max(diffs) < TOL and scale > 1e-3
+
+
+def test_attention_impl_auto_and_dropout(converted):
+    """"auto" on this CPU is the einsum path; "xla" refuses attention dropout in training,
+    "auto" applies it (on the einsum path)."""
+    config, params = converted
+    ids, mask = padded_batch(9)
+    auto = bertjax_outputs(config, params, ids, mask)
+    einsum = bertjax_outputs(dataclasses.replace(config, attention_impl="einsum"), params,
+                             ids, mask)
+    np.testing.assert_array_equal(auto[1], einsum[1])
+    rngs = {"dropout": jax.random.PRNGKey(0)}
+    for impl in ("auto", "xla"):
+        model = ModernBertForMaskedLM(dataclasses.replace(
+            config, attention_impl=impl, attention_dropout=0.1))
+        run = functools.partial(model.apply, {"params": params}, jnp.asarray(ids),
+                                jnp.asarray(mask), deterministic=False, rngs=rngs)
+        if impl == "auto":
+            assert np.all(np.isfinite(run()))
+        else:
+            with pytest.raises(ConfigError, match="cannot apply attention dropout"):
+                run()
+
+
+# ---------------------------------------------------------------------------------------------
 # Parameters and training
 
 
@@ -265,6 +356,7 @@ def test_init_axes_and_training_step():
     ("hidden_act", "swiglu", "model.hidden_act='swiglu'"),
     ("pad_token_id", 50368, "model.pad_token_id=50368"),
     ("dtype", "int8", "model.dtype='int8'"),
+    ("attention_impl", "flash", "model.attention_impl='flash' is not one of"),
 ])
 def test_config_rejects_a_bad_field_in_one_line(field, value, words):
     with pytest.raises(ConfigError) as caught:
