@@ -9,9 +9,9 @@ vocabulary of 8,000 trained on the rows' corpus), converted with `bertjax.conver
 Rows: the first `rows` sentences of data/demo_corpus.txt (`make corpus`). float32, the same
 CPU, the same rows in the same order:
 
-  bertjax Embedder          `python -m bertjax.predict embed`'s path: the prediction engine's
-                            length buckets, the CPU split into one device per core (at most 4),
-                            whole batches on each in turn
+  bertjax Embedder          `python -m bertjax.predict embed`'s path and default batches: the
+                            prediction engine's length buckets, the CPU split into one device
+                            per core (at most 4), whole batches on each in turn
   sentence-transformers     SentenceTransformer.encode (PyTorch, batch_size rows, its own
                             length sort), normalised the same way
 
@@ -48,8 +48,8 @@ MINILM = dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
 def define_flags() -> None:
     flags.DEFINE_integer("rows", 1000, "Sentences embedded.")
     flags.DEFINE_integer("repeats", 3, "Timed passes.")
-    flags.DEFINE_integer("batch_size", 64, "Rows per batch (both sides; bertjax: at 128 "
-                         "tokens, more at shorter lengths).")
+    flags.DEFINE_integer("batch_size", 64, "sentence-transformers' rows per batch (bertjax "
+                         "batches as `predict embed` does by default).")
     flags.DEFINE_string("corpus", "data/demo_corpus.txt", "Sentences, one a line.")
     flags.DEFINE_bool("train_step", True, "Also time the training step on 4 CPU devices.")
 
@@ -114,8 +114,9 @@ def encode_table(rows: list[str], batch_size: int, repeats: int) -> None:
         checkpoint = os.path.join(directory, "ckpt")
         convert(st, checkpoint)
         devices = jax.devices() if len(jax.devices()) > 1 else None  # main split the CPU
-        embedder = Embedder.from_checkpoint(checkpoint, 128, batch_size=batch_size,
-                                            dtype="float32", devices=devices)
+        # The rows `python -m bertjax.predict embed` batches by default (on a CPU, 8 at 128
+        # tokens, more at shorter lengths).
+        embedder = Embedder.from_checkpoint(checkpoint, 128, dtype="float32", devices=devices)
         reference = SentenceTransformer(st, device="cpu")
         torch.set_num_threads(os.cpu_count() or 1)
 
