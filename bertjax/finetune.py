@@ -1,8 +1,10 @@
-r"""Fine-tune a pre-trained BERT: GLUE, SWAG, or your own files.
+r"""Fine-tune a pre-trained BERT: GLUE, SWAG, SQuAD, tagging, sentence embeddings, or your own
+files.
 
   python -m bertjax.finetune --config=experiments/glue.py:mrpc --workdir=runs/mrpc \
       --config.init_checkpoint=checkpoints/bert-base-uncased --config.data.dir=glue_data
   python -m bertjax.finetune --config=experiments/finetune_files.py:classification ...
+  python -m bertjax.finetune --config=experiments/embedding.py:pairs ...  # docs/embeddings.md
   python -m bertjax.finetune --config=experiments/glue.py:mrpc --dry_run --topology=v5e-8 \
       --config.init_checkpoint=checkpoints/bert-base-uncased --config.data.dir=glue_data
 
