@@ -1,8 +1,9 @@
 """The sentence-transformers side of the fidelity family `embedding` (test extra: torch,
 transformers, sentence-transformers): contrastive fine-tuning of a sentence-transformers
 directory on (anchor, positive) rows with sentence-transformers' own model, loss and retrieval
-evaluator, scored on a BEIR directory. Nothing here imports bertjax, so a slip on bertjax's
-side shows as a difference instead of being copied.
+evaluator, scored on a BEIR directory. Nothing here imports the library (only the transformers
+side's own optimizer and seeding, bertjax/fidelity/reference.py), so a slip on bertjax's side
+shows as a difference instead of being copied.
 
 Protocol: `SentenceTransformer(model_dir)` (its modules: BERT, pooling, Normalize) with
 `max_seq_length` set, float32, dropout on while training; `MultipleNegativesRankingLoss`
@@ -26,6 +27,8 @@ import random
 import time
 
 import numpy as np
+
+from bertjax.fidelity.reference import optimizer, seeded
 
 NAMES = {"ndcg@10": "cosine_ndcg@10", "mrr@10": "cosine_mrr@10",
          "recall@1": "cosine_recall@1", "recall@10": "cosine_recall@10",
@@ -58,22 +61,6 @@ def read_beir(directory: str, split: str = "dev"
     return {q: t for q, t in queries.items() if q in relevant}, corpus, relevant
 
 
-def optimizer(model, learning_rate: float, total_steps: int, warmup_proportion: float = 0.1,
-              weight_decay: float = 0.01):
-    """(torch AdamW, linear warmup / decay schedule), as bertjax/fidelity/reference.py."""
-    import torch
-    from transformers import get_linear_schedule_with_warmup
-
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(param)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}],
-                            lr=learning_rate, eps=1e-6)
-    return opt, get_linear_schedule_with_warmup(opt, int(warmup_proportion * total_steps),
-                                                total_steps)
-
-
 def run(model_dir: str, train_file: str, beir_dir: str, *, columns: tuple[str, str] = (
         "question", "passage"), max_seq_length: int = 128, seed: int, learning_rate: float,
         batch_size: int, epochs: int, scale: float = 20.0, threads: int = 2,
@@ -89,10 +76,7 @@ def run(model_dir: str, train_file: str, beir_dir: str, *, columns: tuple[str, s
     from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from sentence_transformers.util import cos_sim
 
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.set_num_threads(threads)
+    seeded(seed, threads)
     model = SentenceTransformer(model_dir, device="cpu")
     model.max_seq_length = max_seq_length
     records = read_jsonl(train_file)
