@@ -42,15 +42,24 @@ def _find_model_file(directory: str) -> str:
     if len(models) > 1:
         raise VocabError(f"{directory}: several SentencePiece models ({', '.join(models)}); "
                          "pass the file itself")
-    raise VocabError(f"{directory}: no vocab.txt or *.model file in this directory")
+    tokenizer_json = paths.join(directory, "tokenizer.json")
+    if paths.isfile(tokenizer_json):
+        return tokenizer_json
+    raise VocabError(f"{directory}: no vocab.txt or *.model file, nor tokenizer.json, in this "
+                     "directory")
 
 
 def load_tokenizer(path: str, do_lower_case: bool | None = None) -> Tokenizer:
-    """Tokenizer for a `vocab.txt` (WordPiece), a SentencePiece `*.model`, or a directory with
-    one of them and optionally `tokenizer_config.json` ({"type", "do_lower_case"}).
+    """Tokenizer for a `vocab.txt` (WordPiece), a SentencePiece `*.model`, a Hugging Face
+    `tokenizer.json` (any `*.json` file: `TokenizersTokenizer`), or a directory with one of them
+    and optionally `tokenizer_config.json` ({"type", "do_lower_case"}). A directory holding
+    several is read by the first of vocab.txt, *.model, tokenizer.json (a Hugging Face BERT
+    directory, with both vocab.txt and tokenizer.json, stays WordPiece).
 
     do_lower_case=None: from tokenizer_config.json (in the directory, or beside the file) if it
-    says, else True for WordPiece and False for SentencePiece.
+    says, else True for WordPiece and False for SentencePiece. A tokenizer.json lower-cases
+    exactly when its normalizer does: tokenizer_config.json is not consulted, and an explicit
+    do_lower_case that disagrees is a VocabError.
     """
     path = os.fspath(path)
     if paths.isdir(path):
@@ -61,6 +70,10 @@ def load_tokenizer(path: str, do_lower_case: bool | None = None) -> Tokenizer:
         model_file = path
     else:
         raise VocabError(f"{path}: no such vocabulary file or directory")
+    if model_file.endswith(".json"):
+        from bertjax.tokenization.bpe import TokenizersTokenizer
+
+        return TokenizersTokenizer.from_file(model_file, do_lower_case)
     kind = "sentencepiece" if model_file.endswith(".model") else "wordpiece"
     if do_lower_case is None:
         do_lower_case = config.get("do_lower_case")
