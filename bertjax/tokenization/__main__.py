@@ -1,7 +1,8 @@
 r"""Command line for tokenization.
 
   python -m bertjax.tokenization train --input 'corpus/*.txt' --vocab_size 30522 \
-      --model_type wordpiece|sentencepiece [--sp_type unigram|bpe] [--lowercase] --output DIR
+      --model_type wordpiece|sentencepiece|bpe [--sp_type unigram|bpe] [--lowercase] --output DIR
+  # bpe: a ByteLevel BPE tokenizer.json (ModernBERT's kind; the `tokenizers` library)
   python -m bertjax.tokenization tokenize --vocab PATH [--do_lower_case|--nodo_lower_case] \
       --input FILE --output FILE          # one JSON line {"tokens": [...], "ids": [...]}
 
@@ -28,8 +29,8 @@ def define_flags() -> None:
                               "comma-separated or repeated; tokenize: the text file.")
     flags.DEFINE_string("output", None, "train: directory to write; tokenize: JSON lines file.")
     flags.DEFINE_integer("vocab_size", None, "train: entries in the vocabulary.")
-    flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "sentencepiece"],
-                      "train: the vocabulary type.")
+    flags.DEFINE_enum("model_type", "wordpiece", ["wordpiece", "sentencepiece", "bpe"],
+                      "train: the vocabulary type (bpe: a ByteLevel BPE tokenizer.json).")
     flags.DEFINE_enum("sp_type", "unigram", ["unigram", "bpe"],
                       "train: SentencePiece algorithm.")
     flags.DEFINE_bool("lowercase", False, "train: an uncased vocabulary.")
@@ -53,6 +54,11 @@ def _train(args) -> str:
         from bertjax.tokenization.wordpiece import WordPieceTokenizer
 
         path = WordPieceTokenizer(vocab, args.lowercase, source="<trained>").save(args.output)
+    elif args.model_type == "bpe":
+        from bertjax.tokenization.bpe import TokenizersTokenizer, train_bpe
+
+        trained = train_bpe(lines, args.vocab_size, lowercase=args.lowercase)
+        path = TokenizersTokenizer(trained.to_str(), source="<trained>").save(args.output)
     else:
         from bertjax.tokenization.sentencepiece_tokenizer import SentencePieceTokenizer
 

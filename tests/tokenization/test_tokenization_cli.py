@@ -84,6 +84,24 @@ def test_train_sentencepiece_then_tokenize(corpus_files, tmp_path):
     assert rows[1]["tokens"] == tok.tokenize("plain")
 
 
+def test_train_bpe_then_tokenize(corpus_files, tmp_path):
+    """--model_type=bpe writes a tokenizer.json that load_tokenizer and `tokenize` read; its
+    pieces are the `tokenizers` library's own."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    root, lines = corpus_files
+    out = tmp_path / "bpe"
+    result = run_python([*CLI, "train", "--input", f"{root}/part0.txt", "--vocab_size", "600",
+                         "--model_type", "bpe", "--lowercase", "--output", str(out)])
+    assert result.returncode == 0, result.stderr
+    assert "tokenizer.json" in result.stdout and "do_lower_case=True" in result.stdout
+    tok = load_tokenizer(str(out))
+    assert tok.vocab_size <= 600 and tok.convert_ids_to_tokens(range(5)) == list(SPECIAL_TOKENS)
+    reference = HFTokenizer.from_file(str(out / "tokenizer.json"))
+    for line in lines[:20]:
+        assert tok.tokenize(line) == reference.encode(line, add_special_tokens=False).tokens
+
+
 @pytest.mark.slow
 def test_bad_inputs_give_one_line_errors(tmp_path):
     vocab = tmp_path / "vocab.txt"
