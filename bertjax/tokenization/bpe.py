@@ -241,7 +241,7 @@ def train_bpe(lines: Iterable[str], vocab_size: int, lowercase: bool = False,
     alphabet = pre_tokenizers.ByteLevel.alphabet()
     smallest = len(SPECIAL_TOKENS) + len(alphabet)
     if vocab_size < smallest:
-        raise TrainError(f"vocab_size={vocab_size}: a ByteLevel BPE vocabulary needs at least "
+        raise TrainError(f"--vocab_size={vocab_size}: a ByteLevel BPE vocabulary needs at least "
                          f"{smallest} entries (5 special tokens and 256 bytes)")
     tok = HFTokenizer(models.BPE(unk_token="[UNK]"))
     if lowercase:
