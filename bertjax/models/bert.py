@@ -51,6 +51,12 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
     )
 
 
+def sequence_rows(x: Array | None) -> Array | None:
+    """[batch, k, seq] → [batch * k, seq]: each of a row's k sequences (multiple-choice
+    endings, an embedding row's texts) encoded as its own sequence."""
+    return None if x is None else x.reshape(-1, x.shape[-1])
+
+
 def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str):
     return Dense(
         features,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
-from bertjax.models.bert import BertModel, dense
+from bertjax.models.bert import BertModel, dense, sequence_rows
 from bertjax.models.bilstm import BiLSTMHead
 from bertjax.models.config import BertConfig
 
@@ -78,14 +78,10 @@ class BertForMultipleChoice(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         """input_ids, segment_ids, input_mask: [batch, choices, seq] → logits [batch, choices]."""
-        batch, choices, seq = input_ids.shape
-
-        def flat(x):  # every choice is encoded as its own sequence
-            return None if x is None else x.reshape(batch * choices, seq)
-
+        batch, choices, _ = input_ids.shape
         outputs = BertModel(self.config, name="bert")(
-            flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic,
-            pooled_only=self.pooled_only,
+            sequence_rows(input_ids), sequence_rows(segment_ids), sequence_rows(input_mask),
+            deterministic=deterministic, pooled_only=self.pooled_only,
         )
         pooled = nn.Dropout(self.config.hidden_dropout_prob)(
             outputs["pooled_output"], deterministic=deterministic

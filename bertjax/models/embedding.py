@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
-from bertjax.models.bert import BertModel
+from bertjax.models.bert import BertModel, sequence_rows
 from bertjax.models.config import BertConfig
 
 Array = jax.Array
@@ -91,18 +91,13 @@ class BertForEmbedding(nn.Module):
         *,
         deterministic: bool = True,
     ) -> Array:
-        batch, columns, seq = input_ids.shape
-        if input_mask is None:
-            input_mask = jnp.ones_like(input_ids)
-
-        def flat(x):
-            return None if x is None else x.reshape(batch * columns, seq)
-
-        outputs = BertModel(self.config, name="bert")(
-            flat(input_ids), flat(segment_ids), flat(input_mask), deterministic=deterministic,
-            pooled_only=self.pooling.mode == "cls")
-        vectors = pool(outputs["sequence_output"], flat(input_mask)[:, :outputs[
-            "sequence_output"].shape[1]], self.pooling.mode)
+        batch, columns, _ = input_ids.shape
+        mask = sequence_rows(jnp.ones_like(input_ids) if input_mask is None else input_mask)
+        tokens = BertModel(self.config, name="bert")(
+            sequence_rows(input_ids), sequence_rows(segment_ids), mask,
+            deterministic=deterministic, pooled_only=self.pooling.mode == "cls",
+        )["sequence_output"]  # cls: [rows, 1, hidden], the [CLS] token's alone
+        vectors = pool(tokens, mask[:, :tokens.shape[1]], self.pooling.mode)
         if self.pooling.normalize:
             vectors = l2_normalize(vectors)
         vectors = vectors.reshape(batch, columns, -1)
