@@ -18,8 +18,13 @@ Attention (`attention_impl`): "einsum" is the reference, `einsum_attention` unde
 implementation="xla")` given the structure instead of a mask: the window as
 `local_window_size=(r, r)`, key padding as `key_value_seq_lengths` (right-padded rows; any other
 padding as a [batch, 1, 1, k] key mask), and a [batch, 1, q, k] mask only for packed rows.
-"auto" (the default) runs einsum where attention dropout is active (training with
-attention_dropout > 0) and on a CPU, the "xla" path elsewhere, as `attention.fused_attention`.
+"splash" is JAX's Pallas TPU splash-attention kernel (`splash_attention`, interpreted off a
+TPU), for long sequences: the window is its static mask, so a local layer computes only the
+blocks of the band and skips the rest; padding and documents are segment ids, masked within
+the computed blocks (they skip none). Neither "xla" nor "splash" forms a dense mask, and
+neither applies attention dropout (a ConfigError). "auto" (the default) runs einsum where
+attention dropout is active (training with attention_dropout > 0) and on a CPU, the "xla" path
+elsewhere, as `attention.fused_attention`.
 
 Parameters (every one with logical axis names):
     model/embeddings/tok_embeddings/embedding [vocab, hidden]   ("vocab", "embed")
@@ -52,6 +57,7 @@ import numpy as np
 from bertjax.errors import ConfigError
 from bertjax.models import attention as attn_lib
 from bertjax.models import dense as dense_lib
+from bertjax.models import splash_attention as splash_lib
 from bertjax.models.bert import Dropout
 from bertjax.models.pretraining import gather_positions
 
@@ -59,7 +65,7 @@ Array = jax.Array
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-ATTENTION_IMPLS = ("auto", "einsum", "xla")
+ATTENTION_IMPLS = ("auto", "einsum", "xla", "splash")
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
 
 # Published shapes (answerdotai/ModernBERT-base, -large); everything else is the default.
@@ -502,9 +508,9 @@ class ModernAttention(nn.Module):
                  deterministic: bool, input_mask: Array | None = None,
                  packing_ids: Array | None = None) -> Array:
         """x [batch, seq, hidden]; mask [batch or 1, 1, q or 1, k] bool or None (the einsum
-        path's, from `attention_masks`; None under attention_impl "xla"); cos, sin [batch, seq,
-        1, head_dim]; input_mask, packing_ids [batch, seq] int or None (the "xla" path's)
-        → [batch, seq, hidden]."""
+        path's, from `attention_masks`; None under attention_impl "xla" / "splash"); cos, sin
+        [batch, seq, 1, head_dim]; input_mask, packing_ids [batch, seq] int or None (the "xla"
+        and "splash" paths') → [batch, seq, hidden]."""
         cfg = self.config
         qkv = Linear(cfg, (3, cfg.num_heads, cfg.head_dim), ("embed", None, "heads", "kv"),
                      cfg.initializer_range, name="wqkv")(x)  # [batch, seq, 3, heads, head_dim]
@@ -522,10 +528,13 @@ class ModernAttention(nn.Module):
                 raise ConfigError(
                     f"model.attention_impl={impl!r} cannot apply attention dropout; set "
                     "model.attention_dropout=0.0 or model.attention_impl='auto'")
-            fused = functools.partial(fused_attention,
-                                      radius=cfg.window_radius if self.local else None)
+            radius = cfg.window_radius if self.local else None
+            fused = functools.partial(fused_attention, radius=radius)
             if impl == "xla":
                 context = fused(query, key, value, input_mask, packing_ids)
+            elif impl == "splash":
+                context = splash_lib.splash_attention(query, key, value, input_mask,
+                                                      packing_ids, radius)
             else:  # "auto": chosen when lowering, as attention.fused_attention
                 context = jax.lax.platform_dependent(
                     query, key, value, mask, input_mask, packing_ids,
@@ -609,8 +618,9 @@ class ModernBertModel(nn.Module):
             position_ids = (attn_lib.positions_from_packing(packing_ids)
                             if packing_ids is not None
                             else jnp.broadcast_to(jnp.arange(seq_len), input_ids.shape))
-        # The "xla" path takes the padding and packing themselves, and forms no dense mask.
-        masks = ({GLOBAL: None, LOCAL: None} if cfg.attention_impl == "xla" else
+        # The "xla" and "splash" paths take the padding and packing themselves, and form no
+        # dense mask.
+        masks = ({GLOBAL: None, LOCAL: None} if cfg.attention_impl in ("xla", "splash") else
                  attention_masks(input_mask, packing_ids, seq_len, cfg.window_radius))
         rope = {GLOBAL: rope_tables(position_ids, cfg.head_dim, cfg.global_rope_theta),
                 LOCAL: rope_tables(position_ids, cfg.head_dim, cfg.local_rope_theta)}

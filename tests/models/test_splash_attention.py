@@ -1,0 +1,206 @@
+"""attention_impl "splash" (JAX's Pallas TPU splash-attention kernel, bertjax/models/
+splash_attention.py), interpreted on CPU, against the einsum path under ModernBERT's masks:
+values and gradients of global and local layers with padded and packed rows, at lengths below,
+at and above the window and off the block multiple; a whole ModernBertModel; and the block
+sparsity itself: the kernels' MaskInfos compute the blocks of the window's band only (a count
+made here from the window), and their cost estimates count just those."""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.extend.core as jex
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax.errors import ConfigError
+from bertjax.models import attention as attn_lib
+from bertjax.models import flash_attention as flash
+from bertjax.models import modern
+from bertjax.models import splash_attention as splash
+from bertjax.models.modern import ModernBertModel, ModernConfig
+
+TOL = 1e-5
+
+
+def _inputs(seed, batch, seq, heads, head_dim):
+    keys = jax.random.split(jax.random.key(seed), 4)
+    return [jax.random.normal(k, (batch, seq, heads, head_dim), jnp.float32) for k in keys]
+
+
+def _reference(q, k, v, input_mask, packing_ids, radius):
+    """einsum_attention under the dense mask ModernBertModel builds for this layer type."""
+    masks = modern.attention_masks(input_mask, packing_ids, q.shape[1],
+                                   0 if radius is None else radius)
+    mask = masks[modern.GLOBAL if radius is None else modern.LOCAL]
+    return attn_lib.einsum_attention(q, k, v, mask)
+
+
+CASES = {  # name: (seq, radius, lengths of the two rows, documents per row or None)
+    # 200 → one block of 256 (100 padding tokens); a row with one real token
+    "global, padded": (200, None, (200, 1), None),
+    "global, packed": (200, None, (200, 170), 3),
+    # 300 → 3 blocks of 128: with radius 40, blocks (0, 2) and (2, 0) are skipped
+    "local, above the window, padded": (300, 40, (300, 211), None),
+    "local, below the window": (50, 40, (50, 37), None),  # window 81 > 50 tokens
+    "local, at the window": (81, 40, (81, 81), None),
+    "local, packed": (300, 40, (300, 260), 4),  # documents shorter and longer than 81
+    # 600 → 5 blocks of 128, grid shrunk to the band's 3 key steps per query block
+    "local, packed, 5 blocks": (600, 40, (600, 555), 3),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_splash_equals_einsum_values_and_gradients(case):
+    seq, radius, lengths, documents = CASES[case]
+    batch, heads, head_dim = 2, 2, 32
+    q, k, v, weights = _inputs(len(case), batch, seq, heads, head_dim)
+    input_mask = jnp.asarray(np.arange(seq)[None] < np.array(lengths)[:, None], jnp.int32)
+    packing_ids = None
+    if documents:  # 1, 2, ... by position, 0 on padding as the data pipeline writes them
+        cuts = np.sort(np.random.default_rng(seq).choice(np.arange(5, seq - 5), documents - 1,
+                                                         replace=False))
+        doc = 1 + np.searchsorted(cuts, np.arange(seq), side="right")
+        packing_ids = jnp.where(input_mask > 0, jnp.asarray(doc)[None], 0)
+    cotangent = weights * input_mask.astype(jnp.float32)[:, :, None, None]
+
+    def value_and_grads(q, k, v, splash_path):
+        attend = splash.splash_attention if splash_path else _reference
+        out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, input_mask, packing_ids, radius),
+                           q, k, v)
+        return out, vjp(cotangent)  # the gradients of Σ out · cotangent: real query rows only
+
+    (got_out, got), (want_out, want) = (jax.jit(value_and_grads, static_argnums=3)(
+        q, k, v, splash_path) for splash_path in (True, False))
+    assert bool(jnp.all(jnp.isfinite(got_out)))  # padding rows too: no row is empty
+    rows = np.asarray(input_mask, bool)  # padding rows differ by design
+    np.testing.assert_allclose(np.asarray(got_out)[rows], np.asarray(want_out)[rows],
+                               atol=TOL, rtol=0)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        assert bool(jnp.all(jnp.isfinite(a))), name
+        np.testing.assert_allclose(a, b, atol=TOL, rtol=TOL, err_msg=name)
+
+
+def test_modern_model_splash_equals_einsum():
+    """A small ModernBertModel (a global layer, then a local one of radius 4) on padded,
+    packed rows: the same hidden states on real tokens and the same parameter gradients."""
+    base = ModernConfig(vocab_size=50, hidden_size=64, num_layers=2, num_heads=4,
+                        intermediate_size=96, local_attention=8, global_attn_every_n_layers=2,
+                        max_position_embeddings=64, pad_token_id=0, bos_token_id=1,
+                        eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    batch, seq = 2, 40
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(3, 50, (batch, seq)), jnp.int32)
+    input_mask = jnp.asarray(np.arange(seq)[None] < np.array([[seq], [29]]), jnp.int32)
+    packing = jnp.where(input_mask > 0, 1 + (jnp.arange(seq)[None] >= 17), 0)
+    weights = jax.random.normal(jax.random.key(1), (batch, seq, 64))
+    real = input_mask.astype(jnp.float32)[..., None]
+    init = ModernBertModel(dataclasses.replace(base, attention_impl="einsum")).init
+    params = nn.unbox(jax.jit(init)(jax.random.key(0), ids, input_mask,
+                                    packing_ids=packing)["params"])
+
+    def run(impl):
+        model = ModernBertModel(dataclasses.replace(base, attention_impl=impl))
+
+        def loss(params):
+            out = model.apply({"params": params}, ids, input_mask, packing_ids=packing)
+            return jnp.sum(out * weights * real), out
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+
+    (loss_e, out_e), grads_e = run("einsum")
+    (loss_s, out_s), grads_s = run("splash")
+    rows = np.asarray(input_mask, bool)
+    np.testing.assert_allclose(np.asarray(out_s)[rows], np.asarray(out_e)[rows], atol=TOL)
+    np.testing.assert_allclose(loss_s, loss_e, rtol=TOL)
+    want = dict(jax.tree_util.tree_leaves_with_path(grads_e))
+    for path, a in jax.tree_util.tree_leaves_with_path(grads_s):
+        np.testing.assert_allclose(a, want[path], atol=TOL, rtol=1e-4,
+                                   err_msg=jax.tree_util.keystr(path))
+
+
+def test_splash_refuses_attention_dropout():
+    cfg = ModernConfig(vocab_size=50, hidden_size=32, num_layers=1, num_heads=2,
+                       intermediate_size=48, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                       cls_token_id=1, sep_token_id=2, attention_dropout=0.1,
+                       attention_impl="splash")
+    ids = jnp.ones((1, 8), jnp.int32)
+    model = ModernBertModel(cfg)
+    variables = jax.eval_shape(model.init, jax.random.key(0), ids)  # traced, nothing run
+    with pytest.raises(ConfigError, match="cannot apply attention dropout"):
+        jax.eval_shape(lambda variables: model.apply(variables, ids, deterministic=False,
+                                                     rngs={"dropout": jax.random.key(1)}),
+                       variables)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block sparsity
+
+
+def band(seq, block, radius):
+    """[q blocks, k blocks] bool: some query of block i is within `radius` of some key of
+    block j, i.e. the blocks' intervals, the key block widened by the radius, overlap."""
+    start = np.arange(seq // block) * block
+    end = start + block - 1
+    return (start[None, :] - radius <= end[:, None]) & (end[None, :] + radius >= start[:, None])
+
+
+@pytest.mark.parametrize("seq,block,radius", [(8192, 512, 64), (8192, 128, 64),
+                                              (1024, 512, 64), (2048, 128, 300)])
+def test_local_kernels_compute_the_band_only(seq, block, radius):
+    """Every kernel's MaskInfo marks exactly the band's blocks as computed and the grid walks
+    only as many key (dk/dv: query) steps as the band's widest row: at 8,192 tokens, 46 of 256
+    blocks of 512 (3 per query block, 2 at the ends), 190 of 4,096 blocks of 128."""
+    want = band(seq, block, radius)
+    attn = splash.kernel(12, seq, radius, block)
+    per_row = int(want.sum(axis=1).max())
+    # an interior query block's keys run from radius before it to radius after it
+    assert per_row == min((block - 1 + radius) // block + -(-radius // block) + 1,
+                          seq // block)
+    for name, info, width_axis in (("fwd", attn.fwd_mask_info, -1),
+                                   ("dq", attn.dq_mask_info, -1),
+                                   ("dkv", attn.dkv_mask_info, -2)):
+        assert splash.computed_blocks(info) == int(want.sum()), name
+        assert info.data_next.shape[width_axis] == per_row, name  # the shrunk grid
+    if seq == 8192:
+        assert int(want.sum()) == {512: 46, 128: 190}[block]
+        assert int(want.sum()) * 5 < want.size  # far fewer than all blocks
+    full = splash.kernel(12, seq, None, block)
+    assert splash.computed_blocks(full.fwd_mask_info) == want.size  # a global layer: all
+
+
+def _pallas_calls(jaxpr):
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "pallas_call":
+            found.append(eqn)
+        for sub in jex.jaxprs_in_params(eqn.params):
+            found += _pallas_calls(sub)
+    return found
+
+
+def test_cost_estimates_count_the_band():
+    """The kernels' cost estimates (the shipped ones have none) count the computed blocks:
+    at 2,048 tokens in blocks of 512 with radius 64, 10 of 16 blocks per head."""
+    batch, seq, heads, head_dim, radius = 2, 2048, 2, 64, 64
+    q = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), jnp.bfloat16)
+    mask = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
+
+    def step(q, k, v, mask):
+        return jax.grad(lambda q, k, v: jnp.sum(splash.splash_attention(
+            q, k, v, mask, None, radius).astype(jnp.float32)), (0, 1, 2))(q, k, v)
+
+    calls = _pallas_calls(jax.make_jaxpr(step)(q, q, q, mask).jaxpr)
+    computed = batch * heads * int(band(seq, 512, radius).sum()) * 512 * 512
+    assert int(band(seq, 512, radius).sum()) == 10
+    flops = {}
+    for eqn in calls:  # each kernel twice: the TPU branch and the interpreted one
+        name = eqn.params["jaxpr"].debug_info.func_name
+        kind = next(k for k in ("fwd", "dkv", "dq") if f"_{k}" in name)
+        flops.setdefault(kind, set()).add(eqn.params["cost_estimate"].flops)
+    elementwise = {"fwd": flash.FORWARD_ELEMENTWISE, "dq": flash.BACKWARD_ELEMENTWISE,
+                   "dkv": flash.BACKWARD_ELEMENTWISE}
+    for kind, matmuls in (("fwd", 2), ("dq", 3), ("dkv", 4)):
+        want = 2 * matmuls * computed * head_dim + elementwise[kind] * computed
+        assert flops[kind] == {want}, kind
