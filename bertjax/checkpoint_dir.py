@@ -1,11 +1,13 @@
 """bertjax checkpoint directories: the one format that converters, the trainer's export,
 fine-tuning, feature extraction and users' own code read and write.
 
-    DIR/config.json            BertConfig.to_dict(), always with scan_layers=false (see params)
+    DIR/config.json            BertConfig.to_dict(), always with scan_layers=false (see params),
+                               or ModernConfig.to_dict() (model_type "modernbert")
     DIR/params/                orbax-checkpoint PyTree (StandardCheckpointer) of the unboxed
                                BertForPreTraining params {"bert", "mlm", "nsp"}: host NumPy
                                arrays in config.param_dtype, layers unrolled
-                               (bert/encoder/layer_0 ... layer_{L-1})
+                               (bert/encoder/layer_0 ... layer_{L-1}); for a ModernBERT its
+                               ModernBertForMaskedLM params {"model", "head", "decoder_bias"}
     DIR/vocab.txt | DIR/*.model  the WordPiece vocabulary or the SentencePiece model
     DIR/tokenizer_config.json  {"type": "wordpiece" | "sentencepiece", "do_lower_case": bool}
     DIR/conversion.json        only when something was not taken from a source checkpoint:
@@ -37,7 +39,7 @@ from etils import epath
 
 from bertjax import paths
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.models import ModelConfig, is_modern, model_config, pretraining_model
 from bertjax.models.embedding import POOLING_FILE, Pooling
 from bertjax.models.layout import to_layout
 from bertjax.train import multihost
@@ -51,6 +53,25 @@ CONVERSION_FILE = "conversion.json"
 # Parameter groups a source may lack entirely (encoder-only or MLM-only checkpoints). They are
 # then initialised and reported, never silently. The encoder group is always required.
 OPTIONAL_GROUPS = ("bert/pooler", "mlm", "nsp")
+MODERN_OPTIONAL_GROUPS = ("head", "decoder_bias")  # ModernBertModel checkpoints lack them
+
+
+def optional_groups(config: ModelConfig) -> tuple[str, ...]:
+    return MODERN_OPTIONAL_GROUPS if is_modern(config) else OPTIONAL_GROUPS
+
+
+def _init_pretraining(config: ModelConfig, rng: jax.Array) -> dict[str, Any]:
+    """Boxed params of the pre-training model of `config` (BERT's or ModernBERT's)."""
+    model = pretraining_model(config)
+    ids, positions = jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 1), jnp.int32)
+    if is_modern(config):
+        return model.init(rng, ids, ids, positions)["params"]
+    return model.init(rng, ids, ids, ids, positions)["params"]
+
+
+def _unrolled(config: ModelConfig) -> ModelConfig:
+    """The config with its layers unrolled, as stored (a ModernBERT's always are)."""
+    return config if is_modern(config) else dataclasses.replace(config, scan_layers=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,31 +79,22 @@ OPTIONAL_GROUPS = ("bert/pooler", "mlm", "nsp")
 
 
 @functools.lru_cache(maxsize=8)
-def abstract_params(config: BertConfig) -> dict[str, Any]:
-    """ShapeDtypeStructs of every BertForPreTraining parameter (layout of `config`); cached,
-    do not modify the result."""
-    model = BertForPreTraining(config)
-    ids = jnp.zeros((1, 2), jnp.int32)
-    boxed = jax.eval_shape(
-        lambda: model.init(jax.random.key(0), ids, ids, ids, jnp.zeros((1, 1), jnp.int32))
-    )
-    return nn.unbox(boxed["params"])
+def abstract_params(config: ModelConfig) -> dict[str, Any]:
+    """ShapeDtypeStructs of every parameter of the pre-training model (BertForPreTraining or
+    ModernBertForMaskedLM, layout of `config`); cached, do not modify the result."""
+    return nn.unbox(jax.eval_shape(lambda: _init_pretraining(config, jax.random.key(0))))
 
 
-def config_summary(config: BertConfig) -> str:
+def config_summary(config: ModelConfig) -> str:
     """The config fields that fix the parameter shapes, for error messages."""
-    return (f"vocab_size={config.vocab_size}, hidden_size={config.hidden_size}, "
-            f"num_layers={config.num_layers}, num_heads={config.num_heads}, "
-            f"intermediate_size={config.intermediate_size}, "
-            f"max_position_embeddings={config.max_position_embeddings}, "
-            f"type_vocab_size={config.type_vocab_size}")
+    return ", ".join(f"{name}={getattr(config, name)}" for name in size_fields(config))
 
 
 def _flat(tree: Mapping[str, Any]) -> dict[str, Any]:
     return {"/".join(k): v for k, v in flax.traverse_util.flatten_dict(dict(tree)).items()}
 
 
-def check_params(config: BertConfig, params: Mapping[str, Any], where: str) -> None:
+def check_params(config: ModelConfig, params: Mapping[str, Any], where: str) -> None:
     """Raises CheckpointError naming the first missing, unexpected or misshapen parameter."""
     want = _flat(abstract_params(config))
     have = _flat(params)
@@ -110,21 +122,18 @@ def _group_present(params: Mapping[str, Any], group: str) -> bool:
     return True
 
 
-def init_groups(config: BertConfig, groups: list[str], seed: int) -> dict[str, Any]:
+def init_groups(config: ModelConfig, groups: list[str], seed: int) -> dict[str, Any]:
     """Freshly initialised subtrees `groups` (e.g. ["nsp", "bert/pooler"]) of the params,
     from the model's own initialisers."""
     return jax.device_get(_group_initialiser(config, tuple(groups))(jax.random.key(seed)))
 
 
 @functools.lru_cache(maxsize=8)
-def _group_initialiser(config: BertConfig, groups: tuple[str, ...]):
+def _group_initialiser(config: ModelConfig, groups: tuple[str, ...]):
     # Only the requested subtrees leave the jitted init, so XLA drops the rest of the model's
     # initialisation (no BERT-large-sized allocation to fill a 2-class head).
-    model = BertForPreTraining(config)
-    ids = jnp.zeros((1, 2), jnp.int32)
-
     def init(rng):
-        params = nn.unbox(model.init(rng, ids, ids, ids, jnp.zeros((1, 1), jnp.int32))["params"])
+        params = nn.unbox(_init_pretraining(config, rng))
         picked: dict[str, Any] = {}
         for group in groups:
             src, dst = params, picked
@@ -138,14 +147,15 @@ def _group_initialiser(config: BertConfig, groups: tuple[str, ...]):
 
 
 def complete_params(
-    config: BertConfig, params: Mapping[str, Any], seed: int = 0
+    config: ModelConfig, params: Mapping[str, Any], seed: int = 0
 ) -> tuple[dict[str, Any], list[str]]:
-    """Adds the optional groups (`bert/pooler`, `mlm`, `nsp`) that `params` lacks entirely.
+    """Adds the optional groups (`bert/pooler`, `mlm`, `nsp`; a ModernBERT's `head`,
+    `decoder_bias`) that `params` lacks entirely.
 
     Returns (params, names of the initialised groups). A partly present group is left alone
     (check_params then names the missing tensor).
     """
-    missing = [g for g in OPTIONAL_GROUPS if not _group_present(params, g)]
+    missing = [g for g in optional_groups(config) if not _group_present(params, g)]
     if not missing:
         return dict(params), []
     fresh = init_groups(config, missing, seed)
@@ -207,15 +217,17 @@ def infer_do_lower_case(path: epath.Path) -> bool:
     return True
 
 
-def check_vocab_size(config: BertConfig, size: int, source: str) -> None:
+def check_vocab_size(config: ModelConfig, size: int, source: str) -> None:
     if size != config.vocab_size:
+        table = ("model/embeddings/tok_embeddings" if is_modern(config)
+                 else "bert/embeddings/word_embeddings")
         raise CheckpointError(
-            f"{source} has {size} entries but bert/embeddings/word_embeddings has "
+            f"{source} has {size} entries but {table} has "
             f"{config.vocab_size} rows (vocab_size={config.vocab_size})"
         )
 
 
-def _check_vocabulary(config: BertConfig, tokenizer_or_vocab_path: Any) -> None:
+def _check_vocabulary(config: ModelConfig, tokenizer_or_vocab_path: Any) -> None:
     if hasattr(tokenizer_or_vocab_path, "save"):  # a bertjax.tokenization.Tokenizer
         check_vocab_size(config, tokenizer_or_vocab_path.vocab_size, "the tokenizer's vocabulary")
     else:
@@ -260,7 +272,7 @@ def _write_vocabulary(
 
 def save_pretrained(
     directory: str | epath.Path,
-    model_config: BertConfig,
+    model_config: ModelConfig,
     params: Mapping[str, Any],
     tokenizer_or_vocab_path: Any,
     *,
@@ -273,7 +285,9 @@ def save_pretrained(
 
     params: BertForPreTraining params (boxed or not, unrolled or scanned, on device or host,
       fully addressable by this process), or BertModel params; `bert/pooler`, `mlm`, `nsp`
-      may be absent: they are then initialised (seed `seed`).
+      may be absent: they are then initialised (seed `seed`). For a ModernConfig:
+      ModernBertForMaskedLM params, or ModernBertModel params (`head` and `decoder_bias`
+      then initialised).
     tokenizer_or_vocab_path: a bertjax Tokenizer, or a vocab.txt / *.model / directory holding
       one (its tokenizer_config.json, if any, supplies do_lower_case unless given).
     provenance: extra fields for conversion.json (e.g. {"source": ..., "skipped": ...}).
@@ -281,10 +295,11 @@ def save_pretrained(
     """
     directory = epath.Path(directory)
     params = nn.unbox(dict(params))
-    if "embeddings" in params:  # BertModel params: the encoder alone
-        params = {"bert": params}
-    params = to_layout(params, scan_layers=False)
-    config = dataclasses.replace(model_config, scan_layers=False)
+    if "embeddings" in params:  # BertModel / ModernBertModel params: the encoder alone
+        params = {"model" if is_modern(model_config) else "bert": params}
+    if not is_modern(model_config):
+        params = to_layout(params, scan_layers=False)
+    config = _unrolled(model_config)
     params, initialised = complete_params(config, params, seed)
     check_params(config, params, where="params")
     _check_vocabulary(config, tokenizer_or_vocab_path)  # before anything is written
@@ -332,7 +347,7 @@ def _absolute(path: epath.Path) -> epath.Path:
     return path if "://" in str(path) else path.resolve()
 
 
-def load_config(directory: str | epath.Path) -> BertConfig:
+def load_config(directory: str | epath.Path) -> ModelConfig:
     directory = epath.Path(directory)
     config_file = directory / CONFIG_FILE
     if not (directory / PARAMS_DIR).exists():
@@ -352,19 +367,31 @@ def load_config(directory: str | epath.Path) -> BertConfig:
         raise CheckpointError(f"{config_file} does not exist")
     fields = paths.read_json_object(config_file, CheckpointError)
     try:
-        return BertConfig.from_dict(fields)
+        return model_config(fields)
     except (ConfigError, TypeError) as e:
         raise CheckpointError(f"{config_file}: {e}") from None
 
 
 SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
                "max_position_embeddings", "type_vocab_size")
+# A ModernBERT's (RoPE has no position table; max_position_embeddings fixes no shape).
+MODERN_SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
+                      "intermediate_size")
 
 
-def check_sizes(stored: BertConfig, wanted: BertConfig, where: str) -> None:
-    """The parameter shapes of a stored model (its SIZE_FIELDS) are those of `wanted`; else
-    ConfigError from `where` (e.g. "config.init_checkpoint=DIR")."""
-    for name in SIZE_FIELDS:
+def size_fields(config: ModelConfig) -> tuple[str, ...]:
+    return MODERN_SIZE_FIELDS if is_modern(config) else SIZE_FIELDS
+
+
+def check_sizes(stored: ModelConfig, wanted: ModelConfig, where: str) -> None:
+    """The parameter shapes of a stored model (its size_fields) are those of `wanted`, and it
+    is the same architecture; else ConfigError from `where` (e.g.
+    "config.init_checkpoint=DIR")."""
+    if is_modern(stored) != is_modern(wanted):
+        kinds = {True: "a ModernBERT", False: "a BERT"}
+        raise ConfigError(f"{where}: the model there is {kinds[is_modern(stored)]} but "
+                          f"config.model is {kinds[is_modern(wanted)]} (model.model_type)")
+    for name in size_fields(stored):
         if getattr(stored, name) != getattr(wanted, name):
             raise ConfigError(f"{where}: model.{name} is {getattr(stored, name)} there but "
                               f"config.model.{name}={getattr(wanted, name)} here")
@@ -393,7 +420,7 @@ def load_pooling(directory: str | epath.Path) -> Pooling | None:
         raise CheckpointError(f"{path}: {e}") from None
 
 
-def load_params(directory: str | epath.Path, config: BertConfig) -> dict[str, Any]:
+def load_params(directory: str | epath.Path, config: ModelConfig) -> dict[str, Any]:
     """Host NumPy params in `config.param_dtype`, in the layout `config.scan_layers` selects."""
     import orbax.checkpoint as ocp
 
@@ -403,23 +430,24 @@ def load_params(directory: str | epath.Path, config: BertConfig) -> dict[str, An
     params_dir = directory / PARAMS_DIR
     params = read_checkpoint(params_dir, lambda: ocp.StandardCheckpointer().restore(
         _absolute(params_dir)), hint=("incomplete", "write or convert the checkpoint again"))
-    stored = dataclasses.replace(config, scan_layers=False)
-    check_params(stored, params, where=str(params_dir))
-    return to_layout(_to_host(params, config.param_dtype), config.scan_layers)
+    check_params(_unrolled(config), params, where=str(params_dir))
+    params = _to_host(params, config.param_dtype)
+    return params if is_modern(config) else to_layout(params, config.scan_layers)
 
 
 def load_pretrained(
     directory: str | epath.Path, *, do_lower_case: bool | None = None, **config_overrides: Any
-) -> tuple[BertConfig, dict[str, Any], Any]:
+) -> tuple[ModelConfig, dict[str, Any], Any]:
     """(config, params, tokenizer) from a checkpoint directory.
 
-    config_overrides: BertConfig fields to change, e.g. scan_layers=True (params are then
-      stacked to match), dtype="bfloat16", param_dtype, hidden_dropout_prob, attention_impl.
+    config_overrides: BertConfig (or ModernConfig) fields to change, e.g. scan_layers=True
+      (params are then stacked to match), dtype="bfloat16", param_dtype, hidden_dropout_prob,
+      attention_impl.
     params: host NumPy arrays (place them with jax.device_put(params, shardings)).
     tokenizer: bertjax.tokenization.load_tokenizer(directory, do_lower_case).
     """
     stored = load_config(directory)
-    config = BertConfig.from_dict({**stored.to_dict(), **config_overrides})
+    config = model_config({**stored.to_dict(), **config_overrides})
     params = load_params(directory, config)
     from bertjax.tokenization import load_tokenizer
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 
-from bertjax import paths
+from bertjax import models, paths
 from bertjax.checkpoint_dir import check_sizes, count_vocab, load_config, vocab_path
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.models import BertConfig
-from bertjax.train import profiling
+from bertjax.train import optimizer, profiling
 from bertjax.train import step as step_lib
 
 # ------------------------------------------------------------------------------ config ranges
@@ -53,13 +52,13 @@ def check_ranges(config, ints_min: dict[str, int], positive: tuple[str, ...] = (
 
 
 def model_config(fields):
-    """BertConfig of config.model fields: it checks every model field. dtype "auto" is checked
-    as float32: resolving it queries the JAX backend, which must wait for
-    jax.distributed.initialize()."""
+    """BertConfig or ModernConfig of config.model fields (bertjax.models.model_config): it
+    checks every model field. dtype "auto" is checked as float32: resolving it queries the JAX
+    backend, which must wait for jax.distributed.initialize()."""
     fields = dict(fields)
     if fields.get("dtype") == "auto":
         fields["dtype"] = "float32"
-    return BertConfig.from_dict(fields)
+    return models.model_config(fields)
 
 
 def check_common(config) -> None:
@@ -90,9 +89,9 @@ def check_common(config) -> None:
         raise ConfigError(f"config.train.grad_reduce_dtype={reduce_dtype!r} is not one of "
                           f"{step_lib.GRAD_REDUCE_DTYPES}")
     name = number(config, "optimizer.name")
-    if name is not None and name not in ("bert_adamw", "adamw", "lamb"):
+    if name is not None and name not in optimizer.OPTIMIZERS:
         raise ConfigError(f"config.optimizer.name={name!r} is not one of "
-                          "('bert_adamw', 'adamw', 'lamb')")
+                          f"{optimizer.OPTIMIZERS}")
 
 
 # ------------------------------------------------------------------------------ files

@@ -6,19 +6,23 @@ r"""BERT pre-training (Devlin et al., 2018), one preset per model size.
       --config.model.num_layers=4 --config.train.batch_size=32
 
 `arg` names a model preset: tiny, mini, small, medium, base, large; or `large_lamb`, BERT-large
-with LAMB at batch 65536 then 32768 (You et al., 2019; see `large_lamb`). Every field below can be
-overridden with --config.<path>=<value>.
+with LAMB at batch 65536 then 32768 (You et al., 2019; see `large_lamb`); or a ModernBERT with
+its recipe: modern_base, modern_large (modern_tiny, modern_mini for demos; see `modern`). Every
+field below can be overridden with --config.<path>=<value>.
 """
 
 import ml_collections
 
 from bertjax.models.config import BertConfig
+from bertjax.models.modern import MODERN_PRESETS, ModernConfig
 from experiments import common
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     if arg == "large_lamb":
         return large_lamb()
+    if arg in MODERN_PRESETS:
+        return modern(arg)
     config = ml_collections.ConfigDict()
     config.preset = arg
     config.seed = 0
@@ -142,4 +146,79 @@ def large_lamb() -> ml_collections.ConfigDict:
     config.checkpoint = common.checkpoint(every_steps=500)
     config.eval.every_steps = 1000
     config.log_every_steps = 10
+    return config
+
+
+# ModernBERT's pre-training (Warner et al., 2024), in tokens: a batch warm-up from 768 to 4,608
+# sequences of 1,024 tokens over the first 50B tokens, 1.7T tokens at 1,024 in all, then a
+# context extension to 8,192 tokens for 250B (global RoPE theta 10,000 → 160,000, peak lowered
+# to 3e-4) and a decay over 50B more. Steps = tokens / (batch x length).
+_MODERN_TOKENS_PER_STEP = 4608 * 1024
+_MODERN_BATCH_WARMUP = ((768, 50e9 / 3), (1536, 50e9 / 3), (3072, 50e9 / 3))
+
+
+def modern(arg: str = "modern_base") -> ml_collections.ConfigDict:
+    """A ModernBERT (bertjax/models/modern.py) pre-trained with its published recipe:
+
+    - MLM only (objective "mlm": no NSP) on packed rows of whole documents, 30% of the tokens
+      masked (80/10/10), predicted only at the masked positions;
+    - StableAdamW (AdamW with per-tensor update clipping; no global-norm clipping), betas
+      (0.9, 0.98), eps 1e-6, weight decay 1e-5 not on norms or biases;
+    - a warmup-stable-decay schedule: linear warm-up over 3B tokens, constant peak (8e-4 for
+      base, 5e-4 for large), a 1 - sqrt decay to 0 over the last phase;
+    - batch-size warm-up as phases of growing batch (phase1a..c), then phase1d at 4,608 x
+      1,024; phase2 extends the context to 8,192 tokens with the global layers' RoPE theta at
+      160,000 (config.model.global_rope_theta, what the exported model keeps; phase 1 runs at
+      10,000) and the peak at 3e-4; phase3 decays at 8,192.
+    Every phase resumes bitwise like BERT's. Data: unmasked documents with metadata
+    (python -m data_pipeline.create_segments at each phase's length) and config.vocab, e.g. a
+    BPE tokenizer.json (python -m bertjax.tokenization train --model_type=bpe).
+    """
+    config = get_config("base")
+    config.preset = arg
+    config.objective = "mlm"
+    config.model = ModernConfig.from_preset(arg).to_dict()
+    config.model.dtype = "auto"
+    config.model.param_dtype = "float32"
+    config.model.attention_impl = "auto"
+    config.masking.masked_lm_prob = 0.3
+    config.packing.enabled = True
+    config.train.nsp_weight = 0.0
+    config.train.batch_size = 4608
+    large = arg == "modern_large"
+    peak, context_peak = (5e-4, 3e-4) if large else (8e-4, 3e-4)
+    warmup_tokens = 2e9 if large else 3e9
+
+    def phase(seq_len, steps, batch_size=0, learning_rate=0.0, global_rope_theta=0.0):
+        # 30% of the row masked: max_predictions rounded up to a multiple of 8.
+        predictions = -(-int(0.3 * seq_len + 1) // 8) * 8
+        return dict(data="", eval_data="", seq_len=seq_len, max_predictions=predictions,
+                    fraction=0.0, steps=int(steps), remat_policy="", batch_size=batch_size,
+                    grad_accum_steps=0, learning_rate=learning_rate,
+                    global_rope_theta=global_rope_theta)
+
+    short_theta = 10_000.0
+    config.phases = ml_collections.ConfigDict()
+    warmup_total = 0.0
+    for name, (batch, tokens) in zip("abc", _MODERN_BATCH_WARMUP):
+        config.phases[f"phase1{name}"] = phase(1024, round(tokens / (batch * 1024)), batch,
+                                               global_rope_theta=short_theta)
+        warmup_total += tokens
+    config.phases.phase1d = phase(1024, round((1.7e12 - warmup_total) / _MODERN_TOKENS_PER_STEP),
+                                  global_rope_theta=short_theta)
+    long_batch = _MODERN_TOKENS_PER_STEP // 8192  # 576 rows of 8,192: the same tokens a step
+    config.phases.phase2 = phase(8192, round(250e9 / _MODERN_TOKENS_PER_STEP), long_batch,
+                                 learning_rate=context_peak)
+    config.phases.phase3 = phase(8192, round(50e9 / _MODERN_TOKENS_PER_STEP), long_batch,
+                                 learning_rate=context_peak)
+    config.train.num_train_steps = sum(p.steps for p in config.phases.values())
+
+    config.optimizer = common.optimizer(peak, name="stable_adamw", schedule="wsd")
+    config.optimizer.update(b1=0.9, b2=0.98, eps=1e-6, weight_decay=1e-5, clip_norm=0.0)
+    config.optimizer.warmup_steps = round(warmup_tokens / (768 * 1024))
+    config.optimizer.decay_steps = config.phases.phase3.steps
+    config.optimizer.decay_shape = "1-sqrt"
+    config.checkpoint = common.checkpoint(every_steps=2000)
+    config.eval.every_steps = 10_000
+    config.log_every_steps = 100
     return config

@@ -27,6 +27,7 @@ from bertjax.aot.measure import GIB, use_tpu_dtype
 from bertjax.aot.report import global_batch, run_on_slice
 from bertjax.aot.sweep import sweep
 from bertjax.errors import ConfigError
+from bertjax.models import is_modern
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
@@ -52,9 +53,13 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
 
     table = parameter_table(abstract_state.params)
     total = sum(n for _, n in table)
-    bert_total = sum(n for name, n in table if name.startswith("bert/"))
+    # The encoder alone: BertModel's params under bert/, ModernBertModel's under model.
+    encoder = "model" if is_modern(job.model_config) else "bert"
+    encoder_total = sum(n for name, n in table if name.split("/")[0] == encoder)
+    encoder_row = (f"{encoder} ({'ModernBertModel' if encoder == 'model' else 'BertModel'})",
+                   encoder_total)
     print_fn(f"Parameters of {type(job.model).__name__} ({config.get('preset', 'custom')}):")
-    for name, n in table + [("bert (BertModel)", bert_total), ("total", total)]:
+    for name, n in table + [encoder_row, ("total", total)]:
         print_fn(f"  {name:<20} {n:>14,}")
 
     devices = mesh.devices.size
@@ -76,7 +81,7 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
                  f"{'n/a' if xla is None else f'{xla / 1e9:.2f}':>14} "
                  f"{row['argument_bytes'] / GIB:>9.3f} {row['temp_bytes'] / GIB:>9.3f} "
                  f"{row['total_bytes'] / GIB:>17.3f}")
-    return {"parameters": dict(table), "total": total, "bert_total": bert_total,
+    return {"parameters": dict(table), "total": total, "encoder_total": encoder_total,
             "phases": stages}
 
 

@@ -285,12 +285,14 @@ class _ScannedLayer(nn.Module):
 
     @nn.compact
     def __call__(self, x: Array, mask: Array | None):
-        layer_cls = _maybe_remat(EncoderLayer, self.config.remat_policy, scanned=True)
+        layer_cls = maybe_remat(EncoderLayer, self.config.remat_policy, scanned=True)
         x = layer_cls(self.config, self.deterministic, name="layer")(x, mask)
         return x, (x if self.collect else None)
 
 
-def _maybe_remat(module_cls, policy: str, scanned: bool = False):
+def maybe_remat(module_cls, policy: str, scanned: bool = False,
+                static_argnums: tuple[int, ...] = ()):
+    """module_cls rematerialised under `policy` (REMAT_POLICIES), or as it is for "none"."""
     if policy == "none":
         return module_cls
     saveable = {
@@ -301,7 +303,8 @@ def _maybe_remat(module_cls, policy: str, scanned: bool = False):
             jax.checkpoint_policies.save_only_these_names("dense")),
     }[policy]
     # Inside scan, XLA cannot CSE across iterations, so prevent_cse is unnecessary there.
-    return nn.remat(module_cls, policy=saveable, prevent_cse=not scanned)
+    return nn.remat(module_cls, policy=saveable, prevent_cse=not scanned,
+                    static_argnums=static_argnums)
 
 
 class Encoder(nn.Module):
@@ -331,7 +334,7 @@ class Encoder(nn.Module):
             )
             x, per_layer = stack(cfg, deterministic, return_all_layers, name="layers")(x, mask)
             return x, per_layer
-        layer_cls = _maybe_remat(EncoderLayer, cfg.remat_policy)
+        layer_cls = maybe_remat(EncoderLayer, cfg.remat_policy)
         outputs = []
         for i in range(cfg.num_layers):
             last = final_index if i == cfg.num_layers - 1 else None

@@ -58,7 +58,8 @@ from bertjax.errors import ConfigError
 from bertjax.models import attention as attn_lib
 from bertjax.models import dense as dense_lib
 from bertjax.models import splash_attention as splash_lib
-from bertjax.models.bert import Dropout
+from bertjax.models.bert import Dropout, maybe_remat
+from bertjax.models.config import REMAT_POLICIES
 from bertjax.models.pretraining import gather_positions
 
 Array = jax.Array
@@ -68,8 +69,14 @@ DTYPES = ("float32", "bfloat16", "float16", "float64")
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "splash")
 GLOBAL, LOCAL = "full_attention", "sliding_attention"  # transformers' layer_types names
 
+MODEL_TYPE = "modernbert"  # config.json's model_type (BERT's config.json has none)
+
 # Published shapes (answerdotai/ModernBERT-base, -large); everything else is the default.
+# modern_tiny / modern_mini: the shapes of BERT's tiny / mini (2 x 128, 4 x 256) with ModernBERT's
+# GeGLU width ratio (1.5 H), for demos and tests.
 MODERN_PRESETS: dict[str, dict[str, int]] = {
+    "modern_tiny": dict(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=192),
+    "modern_mini": dict(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=384),
     "modern_base": dict(num_layers=22, hidden_size=768, num_heads=12, intermediate_size=1152),
     "modern_large": dict(num_layers=28, hidden_size=1024, num_heads=16, intermediate_size=2624),
 }
@@ -112,8 +119,10 @@ class ModernConfig:
     dtype: str = "float32"  # compute dtype of activations
     param_dtype: str = "float32"
     # "auto" | "einsum" (the reference, dense masks) | "xla" (jax.nn.dot_product_attention with
-    # the window and padding as structure); see the module docstring. Not in config.json.
+    # the window and padding as structure) | "splash" (the Pallas TPU kernel, skipping the
+    # blocks outside the window); see the module docstring. Not in config.json.
     attention_impl: str = "auto"
+    remat_policy: str = "none"  # rematerialise each layer: none | full | dots (as BertConfig)
 
     def __post_init__(self):
         for field in ("vocab_size", "hidden_size", "num_layers", "num_heads",
@@ -152,7 +161,8 @@ class ModernConfig:
                                      if field == "pad_token_id" else ""))
         for field, allowed in (("hidden_act", ACTIVATIONS), ("head_act", ACTIVATIONS),
                                ("dtype", DTYPES), ("param_dtype", DTYPES),
-                               ("attention_impl", ATTENTION_IMPLS)):
+                               ("attention_impl", ATTENTION_IMPLS),
+                               ("remat_policy", REMAT_POLICIES)):
             if getattr(self, field) not in allowed:
                 raise ConfigError(f"model.{field}={getattr(self, field)!r} is not one of "
                                   f"{allowed}")
@@ -160,6 +170,11 @@ class ModernConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def scan_layers(self) -> bool:
+        """The layers are always unrolled (they alternate two kinds; BertConfig's field)."""
+        return False
 
     @property
     def window_radius(self) -> int:
@@ -181,15 +196,21 @@ class ModernConfig:
 
     @classmethod
     def from_dict(cls, values: Any) -> ModernConfig:
-        """From a dict or ConfigDict; an unknown key is named in the error."""
+        """From a dict or ConfigDict (`to_dict`'s, with or without model_type); an unknown key
+        is named in the error."""
         values = dict(values)
+        kind = values.pop("model_type", MODEL_TYPE)
+        if kind != MODEL_TYPE:
+            raise ConfigError(f"model.model_type={kind!r} is not {MODEL_TYPE!r}")
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
         if unknown:
             raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
         return cls(**values)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields and model_type="modernbert", which tells a config.json or a
+        config.model of this model from a BERT's (bertjax.models.model_config)."""
+        return {"model_type": MODEL_TYPE, **dataclasses.asdict(self)}
 
     @classmethod
     def from_hf(cls, values: Mapping[str, Any], **overrides: Any) -> ModernConfig:
@@ -593,7 +614,9 @@ class ModernBertModel(nn.Module):
     def setup(self):
         cfg = self.config
         self.embeddings = ModernEmbeddings(cfg)
-        self.layers = [ModernLayer(cfg, i, name=f"layers_{i}") for i in range(cfg.num_layers)]
+        # deterministic (argument 5, counting self) is a Python bool: static under remat.
+        layer_cls = maybe_remat(ModernLayer, cfg.remat_policy, static_argnums=(5,))
+        self.layers = [layer_cls(cfg, i, name=f"layers_{i}") for i in range(cfg.num_layers)]
         self.final_norm = norm(cfg, "final_norm")
 
     def __call__(

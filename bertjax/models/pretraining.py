@@ -130,7 +130,8 @@ def pretraining_loss(
     outputs: dict[str, Array], batch: dict[str, Any], nsp_weight: float = 1.0,
     denominators: dict[str, Array] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
-    """Loss = weighted-mean MLM NLL + nsp_weight × mean NSP NLL, all in float32.
+    """Loss = weighted-mean MLM NLL + nsp_weight × mean NSP NLL, all in float32; the MLM
+    terms alone where `outputs` has no nsp_logits.
 
     batch: masked_lm_ids [batch, n] int, masked_lm_weights [batch, n] float,
       next_sentence_labels [batch] or [batch, 1] int (0 = IsNext, 1 = NotNext).
@@ -148,6 +149,8 @@ def pretraining_loss(
     mlm_correct = (jnp.argmax(mlm_logits, axis=-1) == ids).astype(jnp.float32)
     mlm_accuracy = jnp.sum(mlm_correct * weights) / denominators["mlm_accuracy"]
 
+    if "nsp_logits" not in outputs:  # a model with an MLM head only (ModernBERT)
+        return mlm_loss, {"loss": mlm_loss, "mlm_loss": mlm_loss, "mlm_accuracy": mlm_accuracy}
     nsp_logits = outputs["nsp_logits"].astype(jnp.float32)
     labels = batch["next_sentence_labels"].reshape(-1).astype(jnp.int32)
     nsp_log_probs = jax.nn.log_softmax(nsp_logits, axis=-1)

@@ -11,7 +11,7 @@ import jax
 from jax.sharding import Mesh
 
 from bertjax.errors import ConfigError
-from bertjax.models import BertConfig
+from bertjax.models import ModelConfig, model_config
 from bertjax.train import step as step_lib
 
 
@@ -23,11 +23,12 @@ def compute_dtype(dtype: str) -> str:
     return dtype
 
 
-def resolve_model_config(fields: Mapping[str, Any]) -> BertConfig:
-    """BertConfig from config fields (config.model, or a checkpoint's config with overrides)."""
+def resolve_model_config(fields: Mapping[str, Any]) -> ModelConfig:
+    """BertConfig or ModernConfig (bertjax.models.model_config) from config fields
+    (config.model, or a checkpoint's config with overrides)."""
     fields = dict(fields)
     fields["dtype"] = compute_dtype(fields.get("dtype", "float32"))
-    return BertConfig.from_dict(fields)
+    return model_config(fields)
 
 
 def check_batch_size(batch_size: int, mesh: Mesh, grad_accum_steps: int = 1,

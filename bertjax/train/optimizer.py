@@ -19,37 +19,103 @@ def weight_decay_mask(params: Any) -> Any:
     The single home of this rule (the reference excludes "LayerNorm" and "bias" variables).
     """
     flat = flax.traverse_util.flatten_dict(params)
+    # BERT's layer norms are "*layer_norm", a ModernBERT's "norm" / "*_norm".
     mask = {
-        path: not (path[-1] in ("bias", "output_bias") or any("layer_norm" in p for p in path))
+        path: not (path[-1] in ("bias", "output_bias", "decoder_bias")
+                   or any(p.endswith("norm") for p in path[:-1]))
         for path in flat
     }
     return flax.traverse_util.unflatten_dict(mask)
 
 
-def learning_rate_schedule(
-    peak: float, warmup_steps: int, total_steps: int, kind: str = "reference"
-) -> optax.Schedule:
-    """Linear warmup from 0, then linear decay to 0 at `total_steps`.
+OPTIMIZERS = ("bert_adamw", "adamw", "lamb", "stable_adamw")
+SCHEDULES = ("reference", "from_peak", "wsd")
+DECAY_SHAPES = ("linear", "1-sqrt")
 
-    kind="reference": the decay is counted from step 0 (polynomial decay over all steps) and the
+
+def learning_rate_schedule(
+    peak: float, warmup_steps: int, total_steps: int, kind: str = "reference",
+    decay_steps: int = 0, decay_shape: str = "linear",
+) -> optax.Schedule:
+    """Linear warmup from 0, then a decay to 0 at `total_steps`.
+
+    kind="reference": linear decay counted from step 0 (polynomial decay over all steps) and the
       warmup ramp replaces it while step < warmup, so right after warmup
       lr = peak * (1 - warmup / total), as google-research/bert does.
-    kind="from_peak": decay from the peak at the end of warmup down to 0 at total_steps.
+    kind="from_peak": linear decay from the peak at the end of warmup down to 0 at total_steps.
+    kind="wsd": warmup-stable-decay (trapezoidal): the peak until the last `decay_steps`, which
+      decay to 0 at total_steps, linearly or as 1 - sqrt(fraction of the decay done)
+      (`decay_shape` "1-sqrt", Hägele et al., 2024; ModernBERT's); decay_steps 0: no decay.
     """
-    if kind not in ("reference", "from_peak"):
-        raise ConfigError(f"optimizer.schedule={kind!r} is not one of ('reference', 'from_peak')")
+    if kind not in SCHEDULES:
+        raise ConfigError(f"optimizer.schedule={kind!r} is not one of {SCHEDULES}")
+    if decay_shape not in DECAY_SHAPES:
+        raise ConfigError(f"optimizer.decay_shape={decay_shape!r} is not one of {DECAY_SHAPES}")
+    if kind == "wsd" and not 0 <= decay_steps <= total_steps - warmup_steps:
+        raise ConfigError(f"optimizer.decay_steps={decay_steps} must be in [0, "
+                          f"num_train_steps - warmup_steps = {total_steps - warmup_steps}]")
 
     def schedule(step):
         step = jnp.asarray(step, jnp.float32)
         warm = peak * step / max(warmup_steps, 1)
         if kind == "reference":
             decayed = peak * (1.0 - jnp.minimum(step, total_steps) / total_steps)
-        else:
+        elif kind == "from_peak":
             frac = (step - warmup_steps) / max(total_steps - warmup_steps, 1)
             decayed = peak * (1.0 - jnp.clip(frac, 0.0, 1.0))
+        else:
+            frac = jnp.clip((step - (total_steps - decay_steps)) / max(decay_steps, 1), 0.0, 1.0)
+            decayed = peak * (1.0 - (jnp.sqrt(frac) if decay_shape == "1-sqrt" else frac))
         return jnp.where(step < warmup_steps, warm, decayed)
 
     return schedule
+
+
+class ScaleByStableAdamState(NamedTuple):
+    count: jax.Array
+    mu: Any
+    nu: Any
+
+
+def scale_by_stable_adamw(
+    b1: float = 0.9, b2: float = 0.98, eps: float = 1e-6, weight_decay: float = 0.0,
+    mask=weight_decay_mask,
+) -> optax.GradientTransformation:
+    """StableAdamW (Wortsman et al., 2023): bias-corrected AdamW whose step, weight decay
+    included, is divided per tensor by max(1, RMS(g² / v̂)), the ratio of the current squared
+    gradient to its running estimate (Adafactor's update clipping): a tensor whose gradient
+    suddenly outgrows its second moment, where Adam's step would spike, takes a smaller one.
+    No learning rate here (chain optax.scale_by_learning_rate). State in float32."""
+
+    def init_fn(params):
+        zeros = lambda p: jnp.zeros_like(p, dtype=jnp.float32)
+        return ScaleByStableAdamState(count=jnp.zeros([], jnp.int32),
+                                      mu=jax.tree.map(zeros, params),
+                                      nu=jax.tree.map(zeros, params))
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("scale_by_stable_adamw needs the params")
+        count = state.count + 1
+        mu = jax.tree.map(lambda m, g: b1 * m + (1 - b1) * g, state.mu, updates)
+        nu = jax.tree.map(lambda v, g: b2 * v + (1 - b2) * jnp.square(g), state.nu, updates)
+        t = count.astype(jnp.float32)
+        correct1, correct2 = 1 - b1 ** t, 1 - b2 ** t
+        treedef = jax.tree.structure(updates)
+        decays = jax.tree.unflatten(treedef, jax.tree.leaves(mask(params)))
+
+        def step(g, m, v, p, decay):
+            v_hat = v / correct2
+            rms = jnp.sqrt(jnp.mean(jnp.square(g) / jnp.maximum(v_hat, eps * eps)))
+            u = (m / correct1) / (jnp.sqrt(v_hat) + eps)
+            if decay and weight_decay:
+                u = u + weight_decay * p
+            return (u / jnp.maximum(1.0, rms)).astype(p.dtype)
+
+        new = jax.tree.map(step, updates, mu, nu, params, decays)
+        return new, ScaleByStableAdamState(count=count, mu=mu, nu=nu)
+
+    return optax.GradientTransformation(init_fn, update_fn)
 
 
 class ScaleByAdamNoBiasCorrectionState(NamedTuple):
@@ -171,8 +237,8 @@ def make_optimizer(
     """
     opt = config
     schedule = learning_rate_schedule(
-        opt.learning_rate, opt.warmup_steps, total_steps, opt.schedule
-    )
+        opt.learning_rate, opt.warmup_steps, total_steps, opt.schedule,
+        opt.get("decay_steps", 0), opt.get("decay_shape", "linear"))
     phase_warmup = opt.get("phase_warmup_steps", 0)
     schedule = with_phase_scales(schedule, phase_scales(
         schedule, phase_peaks, phase_starts, opt.warmup_steps, phase_warmup))
@@ -196,10 +262,13 @@ def make_optimizer(
             scale_by_trust_ratio_masked(weight_decay_mask),
             optax.scale_by_learning_rate(schedule),
         )
-    else:
-        raise ConfigError(
-            f"optimizer.name={opt.name!r} is not one of ('bert_adamw', 'adamw', 'lamb')"
+    elif opt.name == "stable_adamw":
+        core = optax.chain(
+            scale_by_stable_adamw(opt.b1, opt.b2, opt.eps, opt.weight_decay),
+            optax.scale_by_learning_rate(schedule),
         )
+    else:
+        raise ConfigError(f"optimizer.name={opt.name!r} is not one of {OPTIMIZERS}")
     if opt.clip_norm and opt.clip_norm > 0:
         core = optax.chain(optax.clip_by_global_norm(opt.clip_norm), core)
     return core, schedule

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from bertjax import paths
 from bertjax.errors import ConfigError, DataError
-from bertjax.models.config import BertConfig
+from bertjax.models import BertConfig, is_modern
+from bertjax.models.modern import ModernConfig
 from bertjax.tasks.pretraining.rules import packing_enabled, plan_phases
 from bertjax.tokenization import load_tokenizer
 from bertjax.validate import (
@@ -37,6 +38,7 @@ def check(config, workdir: str | None, vocab_size_given: bool = False, log=print
 
     plan_phases(config)
     packing_enabled(config)
+    check_architecture(config, model)
     check_ranges(config, {"seed": 0}, fractions=("masking.masked_lm_prob",))
     if workdir is None:
         return
@@ -51,6 +53,21 @@ def check(config, workdir: str | None, vocab_size_given: bool = False, log=print
         check_init_checkpoint(config.init_checkpoint, model)
 
 
+def check_architecture(config, model) -> None:
+    """What a ModernBERT pre-trains (its masked-LM head alone, on packed rows: objective
+    "mlm"), and that a BERT's phases leave global_rope_theta alone."""
+    if is_modern(model):
+        if config.get("objective", "mlm_nsp") != "mlm":
+            raise ConfigError(f"config.objective={config.get('objective', 'mlm_nsp')!r}: a "
+                              "ModernBERT (config.model.model_type='modernbert') pre-trains "
+                              "with objective 'mlm' (it has no NSP head and no causal mode)")
+        return
+    for name, phase in config.phases.items():
+        if phase.get("global_rope_theta", 0.0):
+            raise ConfigError(f"config.phases.{name}.global_rope_theta is a ModernBERT's "
+                              "(config.model.model_type='modernbert'); BERT has no RoPE")
+
+
 def vocab_size(config, given: bool = False) -> int | None:
     """config.model.vocab_size against config.vocab, before anything is compiled: the export
     needs one word-embedding row per entry, so any other size trains a model that can never
@@ -60,16 +77,29 @@ def vocab_size(config, given: bool = False) -> int | None:
     path = config.get("vocab")
     if not path:
         return None
-    entries = vocab_entries(path)
+    tokenizer = load_vocab(path)
+    entries = tokenizer.vocab_size
+    modern = is_modern(config.model)
+    if modern:
+        special_ids(config, tokenizer)
     size = config.model.get("vocab_size")
     if size == entries:
         return None
-    if not given and size == BertConfig.vocab_size:  # the presets' size: left as it came
+    preset_size = (ModernConfig if modern else BertConfig).vocab_size
+    if not given and size == preset_size:  # the presets' size: left as it came
         config.model.vocab_size = entries
         return entries
     raise ConfigError(f"config.vocab={path} has {entries} entries but config.model.vocab_size="
                       f"{size} (the exported model needs one embedding row per entry); pass "
                       f"--config.model.vocab_size={entries} or leave it out")
+
+
+def special_ids(config, tokenizer) -> None:
+    """A ModernBERT's special-token ids (its config.json's; the model reads none of them) set
+    to config.vocab's: [PAD], [CLS] (also bos) and [SEP] (also eos), or <pad>, <s>, </s>."""
+    config.model.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
+                        bos_token_id=tokenizer.cls_id, sep_token_id=tokenizer.sep_id,
+                        eos_token_id=tokenizer.sep_id)
 
 
 def load_vocab(path: str, field: str = "config.vocab"):

@@ -20,7 +20,7 @@ import jax
 from etils import epath
 
 from bertjax.checkpoint_dir import check_sizes, load_config, load_params, save_pretrained
-from bertjax.models import BertConfig, BertForPreTraining
+from bertjax.models import ModelConfig, pretraining_model
 from bertjax.tasks.pretraining import checks, rules
 from bertjax.tasks.pretraining.input import make_input_fn, masking_mix
 from bertjax.tasks.pretraining.objective import (
@@ -36,7 +36,7 @@ from bertjax.train.loop import Job, Stage
 from bertjax.train.optimizer import make_optimizer
 
 
-def load_init_params(directory: str, model_cfg: BertConfig) -> dict[str, Any]:
+def load_init_params(directory: str, model_cfg: ModelConfig) -> dict[str, Any]:
     """Host params of a bertjax checkpoint directory (a phase-1 export or a converted release)
     in this run's layout and dtype; the model sizes must agree. No tokenizer is loaded."""
     check_sizes(load_config(directory), model_cfg, f"config.init_checkpoint={directory}")
@@ -58,7 +58,7 @@ class PretrainingJob(Job):
         # The LTR model attends left to right; its exported config.json records causal=True.
         self.model_config = configs.resolve_model_config(
             dict(config.model, causal=True) if self.ltr else config.model)
-        self.model = BertForPreTraining(self.model_config)
+        self.model = pretraining_model(self.model_config)
         self.phases = rules.plan_phases(config)
         # The defaults of the phases (each stage has its phase's own: Stage.batch_size).
         self.batch_size = config.train.batch_size
@@ -72,7 +72,10 @@ class PretrainingJob(Job):
         # Normalisers over the global batch: accumulated micro-batches sum to one batch.
         self.denominators = functools.partial(loss_denominators, packed=self.packed,
                                               ltr=self.ltr)
-        self._eval_sums = jax.jit(functools.partial(eval_sums, model=self.model, **nsp))
+        self._eval_sums = {
+            p.name: jax.jit(functools.partial(
+                eval_sums, model=pretraining_model(self._phase_model_config(p)), **nsp))
+            for p in self.phases}
         self.stages = [self._stage(p) for p in self.phases]
 
     def _stage(self, phase: rules.Phase) -> Stage:
@@ -83,7 +86,7 @@ class PretrainingJob(Job):
             batch_spec=batch_spec(phase.batch_size, phase.seq_len, phase.max_predictions,
                                   self.packed, self.ltr),
             flops_per_example=flops_lib.train_flops_per_sequence(
-                self.model_config, phase.seq_len,
+                self._phase_model_config(phase), phase.seq_len,
                 phase.seq_len - 1 if self.ltr else phase.max_predictions),
             tokens_per_example=phase.seq_len,
             description=self._describe(phase),
@@ -102,14 +105,23 @@ class PretrainingJob(Job):
                 f"data {phase.data or '(none)'}" + (", packed" if self.packed else "")
                 + f", objective {self.objective}")
 
+    def _phase_model_config(self, phase: rules.Phase) -> ModelConfig:
+        """The model config of a phase: its own remat policy and (a ModernBERT's context
+        extension) global RoPE theta where it sets them; the same parameters either way."""
+        changes = {}
+        if phase.remat_policy:
+            changes["remat_policy"] = phase.remat_policy
+        if phase.global_rope_theta:
+            changes["global_rope_theta"] = phase.global_rope_theta
+        return dataclasses.replace(self.model_config, **changes)
+
     def _phase_loss(self, phase: rules.Phase) -> Callable | None:
-        """The loss of a phase with its own remat policy (same params, another model
-        transform); None where the phase keeps the model's."""
-        if phase.remat_policy in ("", self.model_config.remat_policy):
+        """The loss of a phase's own model (_phase_model_config); None where it is the
+        model's."""
+        model_config = self._phase_model_config(phase)
+        if model_config == self.model_config:
             return None
-        model = BertForPreTraining(dataclasses.replace(self.model_config,
-                                                       remat_policy=phase.remat_policy))
-        return step_fns(model, **self._nsp)[1]
+        return step_fns(pretraining_model(model_config), **self._nsp)[1]
 
     def optimizer(self):
         return make_optimizer(self.config.optimizer, self.total_steps,
@@ -125,7 +137,7 @@ class PretrainingJob(Job):
         phase = next(p for p in self.phases if p.name == stage.name)
         batches = self.make_input(phase, phase.batch_size, split="eval")
         totals: dict[str, float] = {}
-        for _, sums in runner.run(self._eval_sums, params,
+        for _, sums in runner.run(self._eval_sums[phase.name], params,
                                   (next(batches) for _ in range(self.config.eval.num_batches))):
             for k, v in sums.items():
                 totals[k] = totals.get(k, 0.0) + float(v)

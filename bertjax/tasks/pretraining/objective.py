@@ -22,6 +22,9 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import BertForPreTraining, pretraining_denominators, pretraining_loss
+from bertjax.models.modern import ModernBertForMaskedLM
+
+PretrainingModel = BertForPreTraining | ModernBertForMaskedLM
 
 Batch = dict[str, jax.Array]
 
@@ -72,16 +75,24 @@ def next_token_targets(batch: Batch) -> Batch:
             "masked_lm_weights": (real[:, 1:] & real[:, :-1] & same).astype(jnp.float32)}
 
 
-def init_params(model: BertForPreTraining, rng: jax.Array) -> Any:
+def init_params(model: PretrainingModel, rng: jax.Array) -> Any:
     """Boxed (logically partitioned) parameters; shapes do not depend on the sequence length."""
     ids = jnp.zeros((1, 8), jnp.int32)
-    return model.init(rng, ids, ids, ids, jnp.zeros((1, 1), jnp.int32))["params"]
+    positions = jnp.zeros((1, 1), jnp.int32)
+    if isinstance(model, ModernBertForMaskedLM):
+        return model.init(rng, ids, ids, positions)["params"]
+    return model.init(rng, ids, ids, ids, positions)["params"]
 
 
 def model_outputs(model, params, batch: Batch, packed: bool, **kwargs) -> dict[str, jax.Array]:
-    """The model applied to a batch; packed batches pass `packing_ids` (block-diagonal
-    attention, position ids restarting at each example)."""
+    """The model applied to a batch: {"mlm_logits" [batch, n, vocab], and BERT's
+    "nsp_logits" [batch, 2]}. Packed batches pass `packing_ids` (attention within each
+    example, positions restarting at each). A ModernBERT reads no segment ids."""
     extra = {"packing_ids": batch["packing_ids"]} if packed else {}
+    if isinstance(model, ModernBertForMaskedLM):
+        logits = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
+                             batch["masked_lm_positions"], **extra, **kwargs)
+        return {"mlm_logits": logits}
     return model.apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
         batch["masked_lm_positions"], **extra, **kwargs,
@@ -131,7 +142,7 @@ def loss_fn(params, batch: Batch, rng, denominators=None, *, model, nsp_weight: 
     return loss_and_metrics(outputs, batch, nsp_weight, packed, denominators)
 
 
-def step_fns(model: BertForPreTraining, nsp_weight: float = 1.0, packed: bool = False,
+def step_fns(model: PretrainingModel, nsp_weight: float = 1.0, packed: bool = False,
              ltr: bool = False):
     """(init_params(rng), loss_fn(params, batch, rng, denominators=None)) for
     bertjax.train.step; the job's denominators are `functools.partial(loss_denominators,

@@ -27,6 +27,9 @@ class Phase:
     # warm-up ends (optimizer.make_optimizer's phase_peaks); 0.0: the global schedule as is.
     learning_rate: float = 0.0
     batch_field: str = "config.train.batch_size"  # the field that set batch_size (in errors)
+    # A ModernBERT's RoPE theta of the global layers in this phase (its context extension
+    # raises it); 0.0: config.model.global_rope_theta.
+    global_rope_theta: float = 0.0
 
 
 def plan_phases(config) -> list[Phase]:
@@ -62,7 +65,7 @@ def plan_phases(config) -> list[Phase]:
         phases.append(Phase(name, start, start + steps, int(p.seq_len), int(p.max_predictions),
                             p.get("data", ""), p.get("eval_data", ""),
                             p.get("remat_policy", ""), batch, accum, learning_rate,
-                            batch_field))
+                            batch_field, float(p.get("global_rope_theta", 0.0))))
         start += steps
     if start != total:
         raise ConfigError(
@@ -90,6 +93,10 @@ def _check_phase(field: str, phase, max_positions: int | None) -> None:
     if not is_int(predictions) or not 1 <= predictions <= seq_len:
         raise ConfigError(f"{field}.max_predictions={predictions!r} must be in "
                           f"[1, seq_len={seq_len}]")
+    theta = phase.get("global_rope_theta", 0.0)
+    if isinstance(theta, bool) or not isinstance(theta, int | float) or not theta >= 0:
+        raise ConfigError(f"{field}.global_rope_theta={theta!r} must be a number >= 0 "
+                          "(0: config.model.global_rope_theta)")
     remat = phase.get("remat_policy", "")
     if remat and remat not in REMAT_POLICIES:
         raise ConfigError(f"{field}.remat_policy={remat!r} is not one of "

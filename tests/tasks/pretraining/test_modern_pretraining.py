@@ -1,0 +1,145 @@
+"""A ModernBERT pre-trained by the same job as BERT: the published recipe as a config
+(experiments/pretrain.py:modern_base), its checks, a packed run through every kind of phase
+(batch warm-up, context extension with a raised RoPE theta, the decay) that learns and
+exports a checkpoint directory bertjax.load_pretrained reads back, and the directory format
+itself for a ModernBERT."""
+
+import re
+
+import flax
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from conftest import run_python
+from subprocess_runs import final_params
+
+from bertjax import checkpoint_dir
+from bertjax.errors import ConfigError
+from bertjax.models import BertConfig, is_modern
+from bertjax.models.modern import ModernBertModel, ModernConfig, num_params
+from bertjax.tasks.pretraining import checks, rules
+from experiments import pretrain
+
+
+def test_modern_base_is_the_published_recipe_in_tokens():
+    config = pretrain.get_config("modern_base")
+    phases = rules.plan_phases(config)
+    tokens = {p.name: (p.end - p.start) * p.batch_size * p.seq_len for p in phases}
+    short = sum(t for name, t in tokens.items() if name.startswith("phase1"))
+    assert short == pytest.approx(1.7e12, rel=1e-4)
+    assert sum(tokens[n] for n in ("phase1a", "phase1b", "phase1c")) == pytest.approx(
+        50e9, rel=1e-3)
+    assert [p.batch_size for p in phases] == [768, 1536, 3072, 4608, 576, 576]
+    assert tokens["phase2"] == pytest.approx(250e9, rel=1e-4)
+    assert tokens["phase3"] == pytest.approx(50e9, rel=1e-3)
+    # RoPE theta 10k at 1,024 tokens, the model's 160k from the context extension on.
+    assert [p.global_rope_theta for p in phases] == [1e4] * 4 + [0.0, 0.0]
+    assert config.model.global_rope_theta == 160_000
+    assert all(p.max_predictions >= 0.3 * p.seq_len for p in phases)
+    assert config.optimizer.decay_steps == phases[-1].end - phases[-1].start
+    assert (config.optimizer.name, config.optimizer.schedule) == ("stable_adamw", "wsd")
+    checks.check(config, workdir=None)  # every field valid, nothing written
+
+
+@pytest.mark.parametrize("preset,want", [("modern_base", 149_655_232),
+                                         ("modern_large", 395_881_664)])
+def test_recipe_presets_have_the_published_sizes(preset, want):
+    config = pretrain.get_config(preset)
+    assert num_params(ModernConfig.from_dict({**config.model, "dtype": "float32"})) == want
+
+
+def test_a_modern_model_needs_the_mlm_objective_and_bert_has_no_rope_theta():
+    config = pretrain.get_config("modern_tiny")
+    config.objective = "mlm_nsp"
+    with pytest.raises(ConfigError, match="config.objective='mlm_nsp': a ModernBERT"):
+        checks.check(config, workdir=None)
+    config = pretrain.get_config("tiny")
+    config.phases.phase2.global_rope_theta = 1e5
+    with pytest.raises(ConfigError, match="config.phases.phase2.global_rope_theta"):
+        checks.check(config, workdir=None)
+
+
+def test_checkpoint_directory_of_an_encoder_only_modern_model(tmp_path):
+    """ModernBertModel params alone: the MLM head is initialised and reported; the directory
+    reads back as a ModernConfig with the same encoder."""
+    cfg = ModernConfig.from_preset("modern_tiny", vocab_size=40, pad_token_id=0)
+    (tmp_path / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                  + [f"w{i}" for i in range(35)]) + "\n")
+    ids = np.ones((1, 4), np.int32)
+    encoder = ModernBertModel(cfg).init(jax.random.key(1), ids, ids)["params"]
+    summary = checkpoint_dir.save_pretrained(tmp_path / "ckpt", cfg, encoder,
+                                             tmp_path / "vocab.txt")
+    assert summary["initialised"] == ["head", "decoder_bias"]
+    loaded, params, tokenizer = checkpoint_dir.load_pretrained(tmp_path / "ckpt")
+    assert is_modern(loaded) and loaded == cfg and tokenizer.vocab_size == 40
+    flat = flax.traverse_util.flatten_dict(params["model"])
+    for key, value in flax.traverse_util.flatten_dict(nn.unbox(encoder)).items():
+        np.testing.assert_array_equal(flat[key], np.asarray(value))
+    with pytest.raises(ConfigError, match="the model there is a ModernBERT but config.model "
+                                          "is a BERT"):
+        checkpoint_dir.check_sizes(loaded, BertConfig(), "here")
+
+
+@pytest.mark.slow
+def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
+    from news_corpus import write_corpus
+
+    write_corpus(tmp_path / "corpus.txt", num_docs=150)
+    text = (tmp_path / "corpus.txt").read_text().lower()
+    words = sorted(set(re.findall(r"\w+|[^\w\s]", text)))
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    (tmp_path / "vocab.txt").write_text("\n".join(specials + words) + "\n")
+    data = tmp_path / "segments"
+    proc = run_python(["-m", "data_pipeline.create_segments", f"--input={tmp_path / 'corpus.txt'}",
+                       f"--vocab={tmp_path / 'vocab.txt'}", f"--output_dir={data}",
+                       "--max_seq_length=32", "--num_shards=2"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    workdir = tmp_path / "run"
+    steps = {"phase1a": 4, "phase1b": 4, "phase1c": 4, "phase1d": 12, "phase2": 8, "phase3": 8}
+    batches = {"phase1a": 4, "phase1b": 8, "phase1c": 8, "phase1d": 16, "phase2": 8,
+               "phase3": 8}
+    total = sum(steps.values())
+    args = ["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:modern_tiny",
+            f"--workdir={workdir}", f"--config.vocab={tmp_path / 'vocab.txt'}",
+            "--config.model.dtype=float32", "--config.model.local_attention=16",
+            f"--config.train.num_train_steps={total}", "--config.log_every_steps=1",
+            f"--config.checkpoint.every_steps={total}", "--config.optimizer.warmup_steps=4",
+            "--config.optimizer.learning_rate=3e-3", "--config.optimizer.decay_steps=8",
+            f"--config.eval.every_steps={total}", "--config.eval.num_batches=2"]
+    for name, n in steps.items():
+        seq = 32 if name.startswith("phase1") else 64
+        args += [f"--config.phases.{name}.data={data}/part-*",
+                 f"--config.phases.{name}.eval_data={data}/part-*",
+                 f"--config.phases.{name}.seq_len={seq}",
+                 f"--config.phases.{name}.max_predictions={seq * 3 // 10 + 2}",
+                 f"--config.phases.{name}.steps={n}",
+                 f"--config.phases.{name}.batch_size={batches[name]}"]
+    args += ["--config.phases.phase2.learning_rate=1e-3",
+             "--config.phases.phase3.learning_rate=1e-3"]
+    proc = run_python(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "objective mlm" in proc.stdout and "packed" in proc.stdout
+
+    import json
+
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    train = {r["step"]: r for r in records if r["split"] == "train"}
+    assert sorted(train) == list(range(1, total + 1))
+    losses = [train[s]["loss"] for s in range(1, total + 1)]
+    assert np.mean(losses[-6:]) < np.mean(losses[:4]) - 0.5, losses
+    assert train[total]["learning_rate"] < 1e-3 * 0.5  # the 1 - sqrt decay is under way
+    evaluation = [r for r in records if r["split"] == "eval"][-1]
+    assert evaluation["mlm_accuracy"] > 0.1 and "nsp_accuracy" not in evaluation
+
+    config, params, tokenizer = checkpoint_dir.load_pretrained(workdir / "export")
+    assert is_modern(config) and config.global_rope_theta == 160_000
+    assert (config.pad_token_id, config.cls_token_id, config.sep_token_id) == (0, 2, 3)
+    assert config.vocab_size == len(specials) + len(words) == tokenizer.vocab_size
+    stored = final_params(str(workdir), total)
+    exported = flax.traverse_util.flatten_dict(params, sep="/")
+    assert sorted(stored) == sorted(exported)
+    for key in stored:
+        np.testing.assert_array_equal(stored[key], exported[key])
