@@ -1,11 +1,14 @@
 """transformers' ModernBERT checkpoints (config.json + model.safetensors) ↔ bertjax's
 `bertjax.models.modern` parameters.
 
-Reads the ModernBertModel layout (no prefix) and the ModernBertForMaskedLM one (`model.`
-prefix, `head.*`, `decoder.bias`), sharded `*.index.json` weights included. Every tensor is
-mapped by `tensor_table`; the one other name a file may hold is the tied `decoder.weight`
-(transformers does not save it; a copy must equal `model.embeddings.tok_embeddings.weight`).
-Anything else (a task head's `classifier.*`, say) is an error naming it. Layouts:
+Reads and writes the ModernBertModel layout (no prefix), the ModernBertForMaskedLM one
+(`model.` prefix, `head.*`, `decoder.bias`) and the task heads' (ModernBertFor
+SequenceClassification / TokenClassification / QuestionAnswering / MultipleChoice: `model.`,
+`head.*`, `classifier.weight` / `classifier.bias`; bertjax's `classifier` group, see
+bertjax/models/heads.py), sharded `*.index.json` weights included. Every tensor is mapped by
+`tensor_table`; the one other name a file may hold is the tied `decoder.weight` (transformers
+does not save it; a copy must equal `model.embeddings.tok_embeddings.weight`). Anything else is
+an error naming it. Layouts:
 
     Wqkv.weight [3·hidden, hidden]    → wqkv/kernel [hidden, 3, heads, head_dim]
                                         (rows: q | k | v, each head-major)
@@ -14,6 +17,7 @@ Anything else (a task head's `classifier.*`, say) is an error naming it. Layouts
                                         (rows: the activated half, then the gate)
     mlp.Wo.weight [hidden, inter]     → mlp/wo/kernel [inter, hidden]
     head.dense.weight [hidden, hidden] → head/dense/kernel, transposed
+    classifier.weight [labels, hidden] → classifier/kernel [hidden, labels], transposed
 
 torch `nn.Linear` weights are [out, in]; bertjax kernels are [in, out] with the axes split, so
 every mapping is a transpose and a reshape, values untouched.
@@ -23,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,9 +39,32 @@ from bertjax.convert.mapping import ConversionError
 from bertjax.errors import ConfigError
 from bertjax.models.modern import ModernConfig
 
-PREFIX = "model."  # ModernBertForMaskedLM's encoder; ModernBertModel's own keys have none
+PREFIX = "model."  # the encoder inside a head class; ModernBertModel's own keys have none
 TIED_DECODER = "decoder.weight"
 TOKEN_EMBEDDINGS = "embeddings.tok_embeddings.weight"
+
+MASKED_LM = "ModernBertForMaskedLM"
+ENCODER = "ModernBertModel"
+# transformers' classes → the bertjax parameter groups each holds. The four task classes
+# share one layout (the classifier's outputs: num_labels, or 1 for multiple choice).
+ARCHITECTURES = {
+    ENCODER: ("model",),
+    MASKED_LM: ("model", "head", "decoder_bias"),
+    "ModernBertForSequenceClassification": ("model", "head", "classifier"),
+    "ModernBertForTokenClassification": ("model", "head", "classifier"),
+    "ModernBertForQuestionAnswering": ("model", "head", "classifier"),
+    "ModernBertForMultipleChoice": ("model", "head", "classifier"),
+}
+# bertjax's BERT task classes (a fine-tuning run's export record) → the ModernBERT class.
+FROM_BERT_ARCHITECTURE = {
+    "BertModel": ENCODER,
+    "BertForPreTraining": MASKED_LM,
+    "BertForMaskedLM": MASKED_LM,
+    "BertForSequenceClassification": "ModernBertForSequenceClassification",
+    "BertForTokenClassification": "ModernBertForTokenClassification",
+    "BertForQuestionAnswering": "ModernBertForQuestionAnswering",
+    "BertForMultipleChoice": "ModernBertForMultipleChoice",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +77,7 @@ class ModernTensor:
     shape: tuple[int, ...]
     hf_shape: tuple[int, ...]
     transposed: bool = False
-    head: bool = False  # ModernBertForMaskedLM only
+    group: str = "model"  # the top-level parameter group (ARCHITECTURES)
 
     def to_bertjax(self, array: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray((array.T if self.transposed else array).reshape(self.shape))
@@ -62,8 +89,9 @@ class ModernTensor:
         return np.ascontiguousarray(array.reshape(self.hf_shape))
 
 
-def tensor_table(config: ModernConfig) -> list[ModernTensor]:
-    """Every parameter of ModernBertForMaskedLM(config), in transformers' order."""
+def tensor_table(config: ModernConfig, num_labels: int = 0) -> list[ModernTensor]:
+    """Every parameter of ModernBertForMaskedLM(config), in transformers' order, and with
+    num_labels > 0 a task head's classifier of that many outputs."""
     hidden, inter, vocab = config.hidden_size, config.intermediate_size, config.vocab_size
     heads, head_dim = config.num_heads, config.head_dim
     table = [
@@ -92,16 +120,35 @@ def tensor_table(config: ModernConfig) -> list[ModernTensor]:
         ModernTensor(("model", "final_norm", "scale"), "final_norm.weight", (hidden,),
                      (hidden,)),
         ModernTensor(("head", "dense", "kernel"), "head.dense.weight", (hidden, hidden),
-                     (hidden, hidden), transposed=True, head=True),
+                     (hidden, hidden), transposed=True, group="head"),
         ModernTensor(("head", "norm", "scale"), "head.norm.weight", (hidden,), (hidden,),
-                     head=True),
-        ModernTensor(("decoder_bias",), "decoder.bias", (vocab,), (vocab,), head=True),
+                     group="head"),
+        ModernTensor(("decoder_bias",), "decoder.bias", (vocab,), (vocab,),
+                     group="decoder_bias"),
     ]
+    if num_labels:
+        table += [
+            ModernTensor(("classifier", "kernel"), "classifier.weight", (hidden, num_labels),
+                         (num_labels, hidden), transposed=True, group="classifier"),
+            ModernTensor(("classifier", "bias"), "classifier.bias", (num_labels,),
+                         (num_labels,), group="classifier"),
+        ]
     return table
 
 
-def _file_name(spec: ModernTensor, masked_lm: bool) -> str:
-    return spec.hf_name if spec.head or not masked_lm else PREFIX + spec.hf_name
+def _file_name(spec: ModernTensor, prefixed: bool) -> str:
+    return PREFIX + spec.hf_name if prefixed and spec.group == "model" else spec.hf_name
+
+
+def _num_labels(tensors: Mapping[str, Any], source: str) -> int:
+    """The classifier's outputs in transformers' tensors (0: none)."""
+    for name, axis in (("classifier.bias", 0), ("classifier.weight", 0)):
+        if name in tensors:
+            shape = np.shape(tensors[name])
+            if len(shape) != (1 if name.endswith("bias") else 2):
+                raise ConversionError(f"{source}: tensor {name} has shape {tuple(shape)}")
+            return int(shape[axis])
+    return 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -138,12 +185,14 @@ def _read_tensors(directory: epath.Path) -> dict[str, np.ndarray]:
 
 def import_params(config: ModernConfig, tensors: Mapping[str, np.ndarray],
                   source: str) -> dict[str, Any]:
-    """Nested bertjax params from transformers' named tensors: `model` always, `head` and
-    `decoder_bias` where the source is a ModernBertForMaskedLM. A missing, misshapen or
-    unknown tensor raises ConversionError naming it as the source spells it."""
+    """Nested bertjax params from transformers' named tensors: `model` always; `head` and
+    `decoder_bias` where the source is a ModernBertForMaskedLM; `head` and `classifier` where
+    it is a task head's class. A missing, misshapen or unknown tensor raises ConversionError
+    naming it as the source spells it."""
     tensors = dict(tensors)
-    masked_lm = any(name.startswith(PREFIX) for name in tensors)
-    table = tensor_table(config)
+    prefixed = any(name.startswith(PREFIX) for name in tensors)
+    num_labels = _num_labels(tensors, source)
+    table = tensor_table(config, num_labels)
     if TIED_DECODER in tensors:  # a copy of what it is tied to: checked, then dropped
         embeddings = tensors.get(PREFIX + TOKEN_EMBEDDINGS)
         if embeddings is None or not np.array_equal(tensors[TIED_DECODER], embeddings):
@@ -151,11 +200,16 @@ def import_params(config: ModernConfig, tensors: Mapping[str, np.ndarray],
                                   f"{PREFIX + TOKEN_EMBEDDINGS}; bertjax ties the decoder to "
                                   "the token embeddings")
         del tensors[TIED_DECODER]
-    head_present = [s for s in table if s.head and s.hf_name in tensors]
-    wanted = [s for s in table if not s.head or (masked_lm and head_present)]
+    present = {s.group for s in table if s.group != "model" and s.hf_name in tensors}
+    if {"decoder_bias", "classifier"} <= present:
+        raise ConversionError(f"{source}: holds both an MLM decoder (decoder.bias) and a "
+                              "classifier (classifier.*), which no ModernBERT class has")
+    groups = {"model"}
+    if present:  # a head class: its prediction head, and the decoder or the classifier
+        groups |= {"head", "classifier" if "classifier" in present else "decoder_bias"}
     params: dict[str, Any] = {}
-    for spec in wanted:
-        name = _file_name(spec, masked_lm)
+    for spec in (s for s in table if s.group in groups):
+        name = _file_name(spec, prefixed)
         if name not in tensors:
             raise ConversionError(f"{source}: missing tensor {name}")
         array = np.asarray(tensors.pop(name))
@@ -171,15 +225,16 @@ def import_params(config: ModernConfig, tensors: Mapping[str, np.ndarray],
         tree[spec.path[-1]] = spec.to_bertjax(array)
     if tensors:
         raise ConversionError(
-            f"{source}: tensor(s) {', '.join(sorted(tensors))} are not ModernBertModel / "
-            "ModernBertForMaskedLM parameters (task heads are not read yet)")
+            f"{source}: tensor(s) {', '.join(sorted(tensors))} are not parameters of "
+            f"{' / '.join(ARCHITECTURES)}")
     return params
 
 
 def read_hf(directory: str | epath.Path) -> tuple[ModernConfig, dict[str, Any]]:
     """(config, params) from a directory written by transformers' `save_pretrained` of a
-    ModernBertModel or ModernBertForMaskedLM. params: {"model": ...} for the former, plus
-    "head" and "decoder_bias" for the latter (`ModernBertForMaskedLM`'s tree)."""
+    ModernBertModel, ModernBertForMaskedLM or task head class. params: {"model": ...} for the
+    first, plus "head" and "decoder_bias" (`ModernBertForMaskedLM`'s tree) or "head" and
+    "classifier" (the heads of bertjax/models/heads.py)."""
     directory = epath.Path(directory)
     config = read_config(directory)
     return config, import_params(config, _read_tensors(directory), f"--input {directory}")
@@ -189,35 +244,95 @@ def read_hf(directory: str | epath.Path) -> tuple[ModernConfig, dict[str, Any]]:
 # Writing
 
 
-def to_hf_state_dict(config: ModernConfig, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    """bertjax params → {transformers name: array}: ModernBertForMaskedLM's names where
-    params hold the MLM head, else ModernBertModel's; the tied decoder matrix left out, as
+def architecture_of(params: Mapping[str, Any]) -> str:
+    """The transformers class whose parameters `params` hold (a task head: its sequence
+    classification class, the four sharing one layout)."""
+    if "classifier" in params:
+        return "ModernBertForSequenceClassification"
+    return MASKED_LM if "head" in params else ENCODER
+
+
+def to_hf_state_dict(config: ModernConfig, params: Mapping[str, Any],
+                     architecture: str | None = None) -> dict[str, np.ndarray]:
+    """bertjax params → {transformers name: array} of `architecture` (default:
+    `architecture_of(params)`), the groups it holds (ARCHITECTURES) with its names (the
+    `model.` prefix in every class but ModernBertModel); the tied decoder matrix left out, as
     transformers saves it."""
-    masked_lm = "head" in params
+    architecture = architecture or architecture_of(params)
+    if architecture not in ARCHITECTURES:
+        raise ConversionError(f"--architecture={architecture!r} is not one of "
+                              f"{sorted(ARCHITECTURES)}")
+    groups = ARCHITECTURES[architecture]
+    for group in groups:
+        if group not in params:
+            raise ConversionError(f"a {architecture} needs the {group!r} parameters, which "
+                                  "this model does not have")
+    num_labels = np.shape(params["classifier"]["bias"])[0] if "classifier" in groups else 0
     out = {}
-    for spec in tensor_table(config):
-        if spec.head and not masked_lm:
+    for spec in tensor_table(config, num_labels):
+        if spec.group not in groups:
             continue
         tree = params
         for key in spec.path:
             tree = tree[key]
-        out[_file_name(spec, masked_lm)] = spec.to_hf(tree)
+        out[_file_name(spec, architecture != ENCODER)] = spec.to_hf(tree)
     return out
 
 
-def write_hf(output: str | epath.Path, config: ModernConfig, params: Mapping[str, Any],
-             overwrite: bool = False) -> None:
-    """config.json + model.safetensors that transformers' ModernBertForMaskedLM (params with
-    the head) or ModernBertModel loads."""
-    from safetensors.numpy import save_file
+def hf_config(config: ModernConfig, architecture: str, labels: Sequence[str] = (),
+              num_labels: int = 0, problem_type: str | None = None,
+              extra_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """transformers' config.json of `architecture`: the model's fields, and for a classifier
+    of `num_labels` outputs its label names (id2label; default LABEL_i), problem_type and
+    `extra_config` (classifier_pooling, classifier_dropout, a SQuAD v2.0 threshold, ...)."""
+    values = config.to_hf(architecture)
+    if num_labels and architecture != "ModernBertForMultipleChoice":
+        names = list(labels) or [f"LABEL_{i}" for i in range(num_labels)]
+        if len(names) != num_labels:
+            raise ConversionError(f"{len(names)} label names for a classifier of {num_labels} "
+                                  "outputs")
+        values["id2label"] = dict(enumerate(names))
+        values["label2id"] = {name: i for i, name in enumerate(names)}
+    if problem_type:
+        values["problem_type"] = problem_type
+    values.update(extra_config or {})
+    return values
 
+
+def write_hf(output: str | epath.Path, config: ModernConfig, params: Mapping[str, Any],
+             overwrite: bool = False, architecture: str | None = None,
+             labels: Sequence[str] = (), problem_type: str | None = None,
+             extra_config: Mapping[str, Any] | None = None, dtype: str = "float32") -> str:
+    """config.json + model.safetensors that transformers' `architecture` (default:
+    `architecture_of(params)`) loads, in `dtype`; see `hf_config` for the rest. Returns the
+    architecture written."""
     output = epath.Path(output)
     weights = output / SAFETENSORS
     if weights.exists() and not overwrite:
         raise ConversionError(f"--output {weights} already exists (pass --overwrite)")
-    architecture = "ModernBertForMaskedLM" if "head" in params else "ModernBertModel"
-    tensors = to_hf_state_dict(config, params)
+    architecture = architecture or architecture_of(params)
+    tensors = to_hf_state_dict(config, params, architecture)
+    num_labels = (np.shape(params["classifier"]["bias"])[0]
+                  if "classifier" in ARCHITECTURES[architecture] else 0)
+    values = hf_config(config, architecture, labels, num_labels, problem_type, extra_config)
+    values["dtype"] = dtype
     output.mkdir(parents=True, exist_ok=True)
-    (output / "config.json").write_text(json.dumps(config.to_hf(architecture), indent=2) + "\n")
-    # transformers refuses safetensors files without a "format" entry in the metadata.
-    save_file(tensors, str(weights), metadata={"format": "pt"})
+    (output / "config.json").write_text(json.dumps(values, indent=2) + "\n")
+    save_safetensors(tensors, weights, dtype)
+    return architecture
+
+
+def save_safetensors(tensors: Mapping[str, np.ndarray], path: epath.Path, dtype: str) -> None:
+    """`tensors` in `dtype` as a safetensors file transformers reads (a "format" entry in the
+    metadata, which it demands)."""
+    if dtype == "bfloat16":  # safetensors.numpy cannot write it; its JAX writer can
+        import jax.numpy as jnp
+        from safetensors.flax import save_file as save_jax
+
+        save_jax({k: jnp.asarray(v, jnp.bfloat16) for k, v in tensors.items()}, str(path),
+                 metadata={"format": "pt"})
+        return
+    from safetensors.numpy import save_file
+
+    save_file({k: np.asarray(v).astype(dtype) for k, v in tensors.items()}, str(path),
+              metadata={"format": "pt"})

@@ -6,6 +6,12 @@ layer (truncated-normal init). Classification and regression give logits [batch,
 (num_labels = 1 for regression, e.g. STS-B). Multiple choice (SWAG) encodes each choice as
 its own `[CLS] context [SEP] ending [SEP]` sequence and scores it as C·v with one learned
 vector v: logits [batch, choices], a softmax across the choices.
+
+Given a `ModernConfig` the same modules are transformers' ModernBertForSequenceClassification /
+ModernBertForMultipleChoice (bertjax/models/heads.py): the final hidden states pooled
+(`classifier_pooling`: "cls" the first token, "mean" the mean over real tokens), then `head`
+(dense, activation, LayerNorm), dropout (`classifier_dropout`) and `classifier` (with a bias);
+params {"model", "head", "classifier"}. Segment ids are not read.
 """
 
 from __future__ import annotations
@@ -13,24 +19,30 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
-from bertjax.models.bert import BertModel, dense, sequence_rows
+from bertjax.models import heads
+from bertjax.models.architectures import ModelConfig
+from bertjax.models.bert import sequence_rows
 from bertjax.models.bilstm import BiLSTMHead
-from bertjax.models.config import BertConfig
 
 Array = jax.Array
 
 
 class BertForSequenceClassification(nn.Module):
-    """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}}.
+    """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}};
+    for a ModernConfig {"model", "head", "classifier"} (the module docstring).
 
-    bilstm_units > 0: the "+ BiLSTM" head (paper Table 5): a randomly initialised BiLSTM
-    ("bilstm") reads the final hidden vectors, and the classifier its two final states
+    bilstm_units > 0 (BERT only): the "+ BiLSTM" head (paper Table 5): a randomly initialised
+    BiLSTM ("bilstm") reads the final hidden vectors, and the classifier its two final states
     [2 * bilstm_units] instead of the pooled [CLS] vector.
+    classifier_pooling: "cls" | "mean" (ModernBERT only); classifier_dropout: the dropout
+    before the classifier (None: the encoder's hidden dropout, heads.head_dropout).
     """
 
-    config: BertConfig
+    config: ModelConfig
     num_labels: int
     bilstm_units: int = 0
+    classifier_pooling: str = "cls"
+    classifier_dropout: float | None = None
 
     @property
     def pooled_only(self) -> bool:
@@ -47,25 +59,27 @@ class BertForSequenceClassification(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         """input_ids, segment_ids, input_mask: [batch, seq] int → logits [batch, num_labels]."""
-        outputs = BertModel(self.config, name="bert")(
-            input_ids, segment_ids, input_mask, deterministic=deterministic,
-            pooled_only=self.pooled_only,
-        )
-        pooled = outputs["pooled_output"]
+        cfg = self.config
+        heads.check_head_options(cfg, self.classifier_pooling, self.bilstm_units)
+        sequence, pooled = heads.encode(cfg, input_ids, segment_ids, input_mask,
+                                        deterministic=deterministic,
+                                        pooled_only=self.pooled_only,
+                                        pooling=self.classifier_pooling)
         if self.bilstm_units:
-            cfg = self.config
             pooled = BiLSTMHead(self.bilstm_units, cfg.initializer_range, cfg.dtype,
-                                summarize=True, name="bilstm")(
-                outputs["sequence_output"], input_mask)
-        pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
-        logits = dense(self.config, self.num_labels, ("embed", "classes"), "classifier")(pooled)
+                                summarize=True, name="bilstm")(sequence, input_mask)
+        logits = heads.output_layer(cfg, pooled, self.num_labels, deterministic=deterministic,
+                                    classifier_dropout=self.classifier_dropout)
         return nn.with_logical_constraint(logits, ("batch", "classes"))
 
 
 class BertForMultipleChoice(nn.Module):
-    """params: {"bert": BertModel params, "classifier": {kernel [hidden, 1], bias [1]}}."""
+    """params: {"bert": BertModel params, "classifier": {kernel [hidden, 1], bias [1]}}; for a
+    ModernConfig {"model", "head", "classifier"} (transformers' ModernBertForMultipleChoice)."""
 
-    config: BertConfig
+    config: ModelConfig
+    classifier_pooling: str = "cls"
+    classifier_dropout: float | None = None
     pooled_only = True  # the head reads the pooled token alone (BertModel's `pooled_only`)
 
     @nn.compact
@@ -78,15 +92,14 @@ class BertForMultipleChoice(nn.Module):
         deterministic: bool = True,
     ) -> Array:
         """input_ids, segment_ids, input_mask: [batch, choices, seq] → logits [batch, choices]."""
+        heads.check_head_options(self.config, self.classifier_pooling)
         batch, choices, _ = input_ids.shape
-        outputs = BertModel(self.config, name="bert")(
-            sequence_rows(input_ids), sequence_rows(segment_ids), sequence_rows(input_mask),
-            deterministic=deterministic, pooled_only=self.pooled_only,
-        )
-        pooled = nn.Dropout(self.config.hidden_dropout_prob)(
-            outputs["pooled_output"], deterministic=deterministic
-        )
+        _, pooled = heads.encode(self.config, sequence_rows(input_ids),
+                                 sequence_rows(segment_ids), sequence_rows(input_mask),
+                                 deterministic=deterministic, pooled_only=self.pooled_only,
+                                 pooling=self.classifier_pooling)
         # The vector v; a bias would be the same for every choice and cancel in the softmax,
         # but it is kept so the head is the same dense layer as classification's.
-        scores = dense(self.config, 1, ("embed", "classes"), "classifier")(pooled)
+        scores = heads.output_layer(self.config, pooled, 1, deterministic=deterministic,
+                                    classifier_dropout=self.classifier_dropout)
         return scores.reshape(batch, choices)

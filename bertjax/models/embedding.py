@@ -6,6 +6,9 @@ Pooling reads real tokens only (input_mask): "mean" (sentence-transformers' defa
 vector to unit length, so a dot product is the cosine. `Pooling` is the record a checkpoint
 directory keeps beside its weights (POOLING_FILE), read from a sentence-transformers
 directory's modules.json and 1_Pooling/config.json by `bertjax.convert from_hf`.
+
+Given a `ModernConfig`, `BertForEmbedding` pools a ModernBertModel's final hidden states
+(params {"model"}), as sentence-transformers does over a ModernBERT Transformer module.
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
-from bertjax.models.bert import BertModel, sequence_rows
-from bertjax.models.config import BertConfig
+from bertjax.models import heads
+from bertjax.models.architectures import ModelConfig
+from bertjax.models.bert import sequence_rows
 
 Array = jax.Array
 
@@ -73,13 +77,14 @@ def l2_normalize(vectors: Array, eps: float = 1e-12) -> Array:
 
 
 class BertForEmbedding(nn.Module):
-    """params: {"bert": BertModel params} (the pooler's weights are kept but unused).
+    """params: {"bert": BertModel params} (the pooler's weights are kept but unused); for a
+    ModernConfig {"model": ModernBertModel params}.
 
     Texts come in columns (anchor, positive, negatives...; or the two texts of a scored
     pair): input_ids, segment_ids, input_mask [batch, columns, seq] → [batch, columns, hidden]
     float32, every text encoded on its own."""
 
-    config: BertConfig
+    config: ModelConfig
     pooling: Pooling = Pooling()
 
     @nn.compact
@@ -93,10 +98,9 @@ class BertForEmbedding(nn.Module):
     ) -> Array:
         batch, columns, _ = input_ids.shape
         mask = sequence_rows(jnp.ones_like(input_ids) if input_mask is None else input_mask)
-        tokens = BertModel(self.config, name="bert")(
-            sequence_rows(input_ids), sequence_rows(segment_ids), mask,
-            deterministic=deterministic, pooled_only=self.pooling.mode == "cls",
-        )["sequence_output"]  # cls: [rows, 1, hidden], the [CLS] token's alone
+        tokens, _ = heads.encode(  # BERT's cls: [rows, 1, hidden], the [CLS] token's alone
+            self.config, sequence_rows(input_ids), sequence_rows(segment_ids), mask,
+            deterministic=deterministic, pooled_only=self.pooling.mode == "cls")
         vectors = pool(tokens, mask[:, :tokens.shape[1]], self.pooling.mode)
         if self.pooling.normalize:
             vectors = l2_normalize(vectors)

@@ -5,6 +5,11 @@ vector (paper Sec. 5.3; optionally "+ BiLSTM" before it, Table 5). `FeatureBased
 frozen, cached encoder layers instead (the feature-based approach, Table 7): a mix of the
 layers, a two-layer BiLSTM and a dense classifier; the encoder is not part of it.
 
+Given a `ModernConfig`, `BertForTokenClassification` is transformers'
+ModernBertForTokenClassification (bertjax/models/heads.py): every final hidden vector through
+`head` (dense, activation, LayerNorm), dropout and `classifier`; params {"model", "head",
+"classifier"}.
+
 Modules only: the loss, the readers and the metrics live in the task family.
 """
 
@@ -14,40 +19,39 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models.bert import BertModel, dense
+from bertjax.models import heads
+from bertjax.models.architectures import ModelConfig
 from bertjax.models.bilstm import BiLSTMHead, bidirectional_lstm
-from bertjax.models.config import BertConfig
 
 Array = jax.Array
 
 
 class BertForTokenClassification(nn.Module):
     """params: {"bert": BertModel params, "classifier": {kernel [hidden, num_labels], bias}}
-    (transformers' BertForTokenClassification: dropout, then one dense layer per position).
-    bilstm_units > 0: "+ BiLSTM", a randomly initialised BiLSTM ("bilstm") before the dropout."""
+    (transformers' BertForTokenClassification: dropout, then one dense layer per position);
+    for a ModernConfig {"model", "head", "classifier"} (ModernBertForTokenClassification).
+    bilstm_units > 0 (BERT only): "+ BiLSTM", a randomly initialised BiLSTM ("bilstm") before
+    the dropout. classifier_dropout: None = the encoder's hidden dropout (heads.head_dropout)."""
 
-    config: BertConfig
+    config: ModelConfig
     num_labels: int
     bilstm_units: int = 0
+    classifier_dropout: float | None = None
 
     @nn.compact
     def __call__(self, input_ids: Array, segment_ids: Array | None = None,
                  input_mask: Array | None = None, *, deterministic: bool = True) -> Array:
         """input_ids, segment_ids, input_mask: [batch, seq] → logits [batch, seq, num_labels]."""
-        outputs = BertModel(self.config, name="bert")(input_ids, segment_ids, input_mask,
-                                                      deterministic=deterministic)
-        hidden = outputs["sequence_output"]
+        cfg = self.config
+        heads.check_head_options(cfg, bilstm_units=self.bilstm_units)
+        hidden, _ = heads.encode(cfg, input_ids, segment_ids, input_mask,
+                                 deterministic=deterministic)
         if self.bilstm_units:
-            hidden = BiLSTMHead(self.bilstm_units, self.config.initializer_range,
-                                self.config.dtype, name="bilstm")(hidden, input_mask)
-        hidden = nn.Dropout(self.config.hidden_dropout_prob)(hidden, deterministic=deterministic)
-        return tagging_head(self.config, self.num_labels, hidden)
-
-
-def tagging_head(config: BertConfig, num_labels: int, hidden: Array) -> Array:
-    """The dense classifier: hidden [batch, seq, width] → logits [batch, seq, num_labels]."""
-    logits = dense(config, num_labels, ("embed", "classes"), "classifier")(hidden)
-    return nn.with_logical_constraint(logits, ("batch", "length", "classes"))
+            hidden = BiLSTMHead(self.bilstm_units, cfg.initializer_range, cfg.dtype,
+                                name="bilstm")(hidden, input_mask)
+        logits = heads.output_layer(cfg, hidden, self.num_labels, deterministic=deterministic,
+                                    classifier_dropout=self.classifier_dropout)
+        return nn.with_logical_constraint(logits, ("batch", "length", "classes"))
 
 
 def combine_layers(features: Array, mode: str, weights: Array | None = None,

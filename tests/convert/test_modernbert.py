@@ -87,7 +87,9 @@ def _altered(hf_dirs, tmp_path, change):
 
 @pytest.mark.parametrize("change, words", [
     (lambda t: t.update({"classifier.weight": np.zeros((2, 32), np.float32)}),
-     "classifier.weight are not ModernBertModel / ModernBertForMaskedLM parameters"),
+     "holds both an MLM decoder (decoder.bias) and a classifier"),
+    (lambda t: t.update({"pooler.dense.weight": np.zeros((32, 32), np.float32)}),
+     "pooler.dense.weight are not parameters of ModernBertModel / ModernBertForMaskedLM"),
     (lambda t: t.pop("model.layers.2.attn_norm.weight"),
      "missing tensor model.layers.2.attn_norm.weight"),
     (lambda t: t.pop("head.norm.weight"), "missing tensor head.norm.weight"),
@@ -95,7 +97,8 @@ def _altered(hf_dirs, tmp_path, change):
      "model.layers.0.mlp.Wi.weight has shape (40, 32) but config.json implies (80, 32)"),
     (lambda t: t.update({"decoder.weight": np.zeros((100, 32), np.float32)}),
      "decoder.weight differs from model.embeddings.tok_embeddings.weight"),
-], ids=["task head", "missing", "partial head", "shape", "untied decoder"])
+], ids=["decoder and classifier", "unknown", "missing", "partial head", "shape",
+        "untied decoder"])
 def test_a_bad_file_is_named(hf_dirs, tmp_path, change, words):
     directory = _altered(hf_dirs, tmp_path, change)
     with pytest.raises(ConversionError) as caught:

@@ -1,0 +1,131 @@
+"""What every fine-tuning head shares across the two architectures: the encoder, the pooled
+vector and the output layer (`encode`, `output_layer`), so that each head of
+classification.py / tagging.py / squad.py / embedding.py is written once for both.
+
+BERT (a `BertConfig`, the heads' parameters unchanged): `BertModel` "bert" gives the final
+hidden states and the pooler's tanh [CLS] vector; the output layer is dropout
+(hidden_dropout_prob, or the head's classifier_dropout) and one dense layer (`classifier`,
+`qa_outputs`).
+
+ModernBERT (a `ModernConfig`, transformers' ModernBertFor* classes parameter for parameter):
+`ModernBertModel` "model" gives the final hidden states (it has no segment ids and no pooler);
+a sequence head pools them (`pool`: "cls" the first token, "mean" the mean over real tokens:
+transformers' classifier_pooling); the output layer is `head` (ModernPredictionHead: dense
+without bias, activation, LayerNorm without bias) on the pooled vector or on every token,
+dropout (classifier_dropout), then `classifier`, a dense layer with a bias. params:
+{"model", "head", "classifier"}.
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bertjax.errors import ConfigError
+from bertjax.models import dense as dense_lib
+from bertjax.models import modern
+from bertjax.models.architectures import ModelConfig, is_modern
+from bertjax.models.bert import BertModel, Dropout, dense
+
+Array = jax.Array
+
+POOLINGS = ("cls", "mean")  # transformers' ModernBERT classifier_pooling
+
+
+def encoder_name(config: ModelConfig) -> str:
+    """The encoder's parameter group in a head: "model" (ModernBERT), "bert" (BERT)."""
+    return "model" if is_modern(config) else "bert"
+
+
+def check_head_options(config: ModelConfig, pooling: str = "cls", bilstm_units: int = 0
+                       ) -> None:
+    """ConfigError naming the config.task field a head cannot take for this architecture."""
+    if pooling not in POOLINGS:
+        raise ConfigError(f"config.task.classifier_pooling={pooling!r} is not one of "
+                          f"{' | '.join(POOLINGS)}")
+    if not is_modern(config) and pooling != "cls":
+        raise ConfigError(f"config.task.classifier_pooling={pooling!r} is for a ModernBERT; a "
+                          "BERT's head reads its pooler (the [CLS] vector)")
+    if is_modern(config) and bilstm_units:
+        raise ConfigError(f"config.task.bilstm_units={bilstm_units}: the + BiLSTM head is for "
+                          "a BERT (a ModernBERT's heads are transformers' ModernBertFor*)")
+
+
+def pool(hidden: Array, input_mask: Array | None, mode: str) -> Array:
+    """hidden [batch, seq, hidden], input_mask [batch, seq] (1 = real token) → [batch, hidden]:
+    "cls" the first token (the rows are right-padded, where transformers' first real token is
+    the first), "mean" the mean over the real tokens (a row without one, a filler row, gives
+    zeros instead of transformers' 0 / 0)."""
+    if mode == "cls":
+        return hidden[:, 0]
+    if mode != "mean":
+        raise ConfigError(f"config.task.classifier_pooling={mode!r} is not one of "
+                          f"{' | '.join(POOLINGS)}")
+    mask = (jnp.ones(hidden.shape[:2], hidden.dtype) if input_mask is None
+            else input_mask.astype(hidden.dtype))[..., None]
+    return jnp.sum(hidden * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1)
+
+
+def encode(config: ModelConfig, input_ids: Array, segment_ids: Array | None,
+           input_mask: Array | None, *, deterministic: bool, pooled_only: bool = False,
+           pooling: str = "cls") -> tuple[Array, Array]:
+    """The encoder of a head, created in the calling module (`encoder_name`): input_ids,
+    segment_ids (BERT only), input_mask [batch, seq] int → (sequence_output [batch, seq,
+    hidden], pooled [batch, hidden]). BERT: pooled is the pooler's output, and with
+    `pooled_only` the final layer is computed for [CLS] alone (sequence_output [batch, 1,
+    hidden]). ModernBERT: pooled is `pool(sequence_output, input_mask, pooling)`."""
+    if is_modern(config):
+        hidden = modern.ModernBertModel(config, name="model")(
+            input_ids, input_mask, deterministic=deterministic)
+        return hidden, pool(hidden, input_mask, pooling)
+    outputs = BertModel(config, name="bert")(input_ids, segment_ids, input_mask,
+                                             deterministic=deterministic,
+                                             pooled_only=pooled_only)
+    return outputs["sequence_output"], outputs["pooled_output"]
+
+
+def head_dropout(config: ModelConfig, classifier_dropout: float | None) -> float:
+    """The dropout before the output layer: `classifier_dropout` where given, else the
+    encoder's hidden dropout (BERT's hidden_dropout_prob, as transformers' BERT heads; a
+    ModernBERT's mlp_dropout)."""
+    if classifier_dropout is not None:
+        return float(classifier_dropout)
+    return config.mlp_dropout if is_modern(config) else config.hidden_dropout_prob
+
+
+class ModernClassifier(nn.Module):
+    """transformers' `classifier` of the ModernBertFor* heads: x [..., hidden] → [...,
+    features], kernel [hidden, features] ("embed", "classes") initialised as transformers does
+    (truncated normal, stddev hidden^-0.5), bias [features] zeros."""
+
+    config: modern.ModernConfig
+    features: int
+
+    @nn.compact
+    def __call__(self, x: Array) -> Array:
+        cfg = self.config
+        kernel = self.param("kernel", modern._init(cfg, cfg.hidden_size ** -0.5,
+                                                   ("embed", "classes")),
+                            (x.shape[-1], self.features), jnp.dtype(cfg.param_dtype))
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
+                                                               ("classes",)),
+                          (self.features,), jnp.dtype(cfg.param_dtype))
+        dtype = jnp.dtype(cfg.dtype)
+        return dense_lib.dense(x.astype(dtype), kernel.astype(dtype), bias.astype(dtype))
+
+
+def output_layer(config: ModelConfig, x: Array, features: int, *, deterministic: bool,
+                 classifier_dropout: float | None = None, bert_name: str = "classifier",
+                 bert_dropout: bool = True) -> Array:
+    """x [..., hidden] (a pooled vector or every token's) → [..., features], created in the
+    calling module. BERT: dropout (unless `bert_dropout` is false: its QA head has none), then
+    the dense layer `bert_name`. ModernBERT: `head`, dropout, `classifier`."""
+    rate = head_dropout(config, classifier_dropout)
+    if is_modern(config):
+        x = modern.ModernPredictionHead(config, name="head")(x)
+        x = Dropout(rate)(x, deterministic=deterministic)
+        return ModernClassifier(config, features, name="classifier")(x)
+    if bert_dropout:
+        x = nn.Dropout(rate)(x, deterministic=deterministic)
+    return dense(config, features, ("embed", "classes"), bert_name)(x)
