@@ -18,6 +18,8 @@ dropout (classifier_dropout), then `classifier`, a dense layer with a bias. para
 
 from __future__ import annotations
 
+import dataclasses
+
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -129,3 +131,26 @@ def output_layer(config: ModelConfig, x: Array, features: int, *, deterministic:
     if bert_dropout:
         x = nn.Dropout(rate)(x, deterministic=deterministic)
     return dense(config, features, ("embed", "classes"), bert_name)(x)
+
+
+def hidden_states(config: ModelConfig, params, input_ids: Array, segment_ids: Array | None,
+                  input_mask: Array | None) -> Array:
+    """Every layer's output of the encoder (`params`: its own group, "bert" / "model"):
+    [num_layers + 1, batch, seq, hidden], index 0 the embeddings' output, i the output of layer
+    i. A ModernBERT's last is its final-normed output (ModernBertModel's, and transformers'
+    hidden_states[-1]); its others are captured from its modules, so modern.py computes them
+    as it always does."""
+    if not is_modern(config):
+        return BertModel(config).apply({"params": params}, input_ids, segment_ids, input_mask,
+                                       return_all_layers=True)["hidden_states"]
+    # Unrematerialised layers: the capture filter then sees the layer modules themselves.
+    config = dataclasses.replace(config, remat_policy="none")
+    wanted = (modern.ModernEmbeddings, modern.ModernLayer)
+    last, state = modern.ModernBertModel(config).apply(
+        {"params": params}, input_ids, input_mask, mutable=["intermediates"],
+        capture_intermediates=lambda module, method: (method == "__call__"
+                                                      and isinstance(module, wanted)))
+    captured = state["intermediates"]
+    layers = [captured["embeddings"]["__call__"][0]]
+    layers += [captured[f"layers_{i}"]["__call__"][0] for i in range(config.num_layers - 1)]
+    return jnp.stack(layers + [last])

@@ -8,7 +8,8 @@ its own. For training (`TrainingTask`):
   batches(features, batch_size, shuffle, seed) -> per-host NumPy batches of one epoch, each
                                    with `example_index` [batch] (-1 for filler rows)
   batch_spec(batch_size, max_seq_length) -> shapes of the largest global batch (dry runs)
-  model(model_config)           -> the Flax module (BertModel "bert" + head)
+  model(model_config)           -> the Flax module (BertModel "bert" + head; for a ModernBERT
+                                   ModernBertModel "model" + transformers' head, models/heads.py)
   init_inputs()                 -> dummy inputs for model.init
   outputs(model, params, batch, **apply_kwargs) -> the head's outputs for a batch
   loss(outputs, batch, denominators=None) -> (loss, metrics) in float32
@@ -34,9 +35,11 @@ bertjax.predict`):
   input_chunks / stream_records  a file larger than memory, a chunk of rows at a time
 
 `FineTuningJob` turns a task into a job for bertjax.train.loop.train: it loads the pre-trained
-encoder (params only, no optimizer state), counts steps from epochs, applies the paper's warmup
-proportion, feeds epochs with a saveable position (so a resumed run sees the same batches), and
-evaluates every dev split; the loop does the rest. At the end it writes `workdir/export.json`
+encoder (params only, no optimizer state; a ModernBERT's MLM prediction head too where the
+task's head has one, as transformers' ModernBertFor*.from_pretrained loads it by name),
+counts steps from epochs, applies the paper's warmup proportion, feeds epochs with a saveable
+position (so a resumed run sees the same batches), and evaluates every dev split; the loop
+does the rest. At the end it writes `workdir/export.json`
 (EXPORT_FILE): the model config, vocabulary and head that `python -m bertjax.convert to_hf
 --input=WORKDIR` needs to write the best checkpoint as a Hugging Face model.
 """
@@ -57,6 +60,7 @@ from etils import epath
 
 from bertjax import checkpoint_dir
 from bertjax.errors import CheckpointError, ConfigError
+from bertjax.models import heads, is_modern
 from bertjax.tasks import chunks
 from bertjax.train import configs, multihost
 from bertjax.train.loop import Job, Stage
@@ -96,8 +100,18 @@ class TrainingTask:
     primary_metric: str = ""
     pooled_only: bool = False  # the head reads the pooled token alone (model FLOPs)
 
+    # Whether the task's head starts from a ModernBERT checkpoint's MLM prediction head
+    # ("head": dense, activation, norm), as transformers' ModernBertFor* classes do.
+    pretrained_head: bool = True
+
     def __init__(self, config):
         self.min_bucket_length = config.min_bucket_length  # the shortest length bucket
+        task = config.get("task") or {}
+        # The head options of bertjax/models/heads.py (checked by tasks/checks.py):
+        # ModernBERT's pooling of sequence heads, and the dropout before the output layer
+        # (None: the encoder's hidden dropout).
+        self.classifier_pooling = task.get("classifier_pooling") or "cls"
+        self.classifier_dropout = task.get("classifier_dropout")
 
     def read(self, config) -> Splits:
         raise NotImplementedError
@@ -156,11 +170,15 @@ class TrainingTask:
     def describe(self, features) -> str:
         return ""
 
-    def initial_params(self, model_config, encoder) -> dict[str, Any]:
-        """Param groups loaded from the pre-trained checkpoint (called before `encode`): the
-        encoder as "bert". A task whose model has no encoder (the feature-based tagger) keeps
-        `encoder` to compute its inputs and returns {}."""
-        return {"bert": encoder}
+    def initial_params(self, model_config, pretrained: dict[str, Any]) -> dict[str, Any]:
+        """Param groups loaded from the pre-trained checkpoint's params `pretrained` (called
+        before `encode`): the encoder ("bert", a ModernBERT's "model") and a ModernBERT's
+        prediction head "head" where `pretrained_head`. A task whose model has no encoder (the
+        feature-based tagger) keeps the encoder to compute its inputs and returns {}."""
+        groups = [heads.encoder_name(model_config)]
+        if is_modern(model_config) and self.pretrained_head:
+            groups.append("head")
+        return {group: pretrained[group] for group in groups}
 
 
 class ExportTask:
@@ -259,10 +277,40 @@ class EpochInput:
             next(self)
 
 
+# BERT's fine-tuning dropout fields (which the shipped configs' config.model sets) → the
+# ModernBERT fields that take their place: the hidden dropout where a ModernBERT has one (after
+# the embeddings, inside the MLP), the attention dropout on its probabilities and output.
+MODERN_DROPOUT_FIELDS = {"hidden_dropout_prob": ("embedding_dropout", "mlp_dropout"),
+                         "attention_dropout_prob": ("attention_dropout",)}
+
+
+def model_overrides(fields, modern: bool) -> dict[str, Any]:
+    """config.model's overrides of the init checkpoint's config.json. For a ModernBERT
+    (`modern`), BERT's dropout fields are translated (MODERN_DROPOUT_FIELDS) unless config.model
+    gives the ModernBERT field itself; any other field a ModernConfig lacks is a ConfigError
+    naming it."""
+    fields = dict(fields or {})
+    if not modern:
+        return fields
+    from bertjax.models.modern import ModernConfig
+
+    known = {f.name for f in dataclasses.fields(ModernConfig)}
+    out = {k: v for k, v in fields.items() if k in known}
+    for name, value in fields.items():
+        if name in MODERN_DROPOUT_FIELDS:
+            for target in MODERN_DROPOUT_FIELDS[name]:
+                out.setdefault(target, value)
+        elif name not in known and name != "model_type":
+            raise ConfigError(f"config.model.{name}: a ModernBERT (config.init_checkpoint) has "
+                              "no such field")
+    return out
+
+
 def load_pretrained_model(config):
     """(model config with config.model overrides and the dtype policy, host params, tokenizer)
     of config.init_checkpoint."""
-    overrides = dict(config.model)
+    stored = checkpoint_dir.load_config(config.init_checkpoint)
+    overrides = model_overrides(config.model, is_modern(stored))
     overrides["dtype"] = configs.compute_dtype(overrides.get("dtype", "auto"))
     try:
         return checkpoint_dir.load_pretrained(config.init_checkpoint, **overrides)
@@ -279,7 +327,7 @@ class FineTuningJob(Job):
         self.splits = task.read(config)
         self.model_config, pretrained, tokenizer = load_pretrained_model(config)
         self.do_lower_case = tokenizer.do_lower_case
-        self._pretrained = task.initial_params(self.model_config, pretrained["bert"])
+        self._pretrained = task.initial_params(self.model_config, pretrained)
         max_len = config.max_seq_length
         encode = functools.partial(task.encode, tokenizer, max_seq_length=max_len)
         self.train_features = encode(self.splits.train)
@@ -356,7 +404,7 @@ class FineTuningJob(Job):
     def write_export(self, workdir: epath.Path) -> None:
         """export.json, and the vocabulary beside it: the record names it relative to the
         workdir, so a moved or copied run still predicts and converts."""
-        vocab = checkpoint_dir.vocab_path(self.config.init_checkpoint)
+        vocab = tokenizer_file(self.config.init_checkpoint)
         multihost.write_from_main(lambda: (workdir / vocab.name).write_bytes(vocab.read_bytes()))
         write_json(workdir / EXPORT_FILE, self.export_record(vocab.name))
 
@@ -364,9 +412,40 @@ class FineTuningJob(Job):
         checkpoint = self.config.init_checkpoint
         if "://" not in checkpoint:
             checkpoint = os.path.abspath(checkpoint)
-        return {**self.task.hf_head(), "model": self.model_config.to_dict(), "vocab": vocab,
+        head = self.task.hf_head()
+        if is_modern(self.model_config):
+            head = modern_hf_head(head, self.model)
+        return {**head, "model": self.model_config.to_dict(), "vocab": vocab,
                 "do_lower_case": self.do_lower_case, "init_checkpoint": checkpoint,
                 "task": self.task.state()}
+
+
+def modern_hf_head(head: dict[str, Any], model) -> dict[str, Any]:
+    """A task's export record (`hf_head`, written with BERT's class names) for its ModernBERT
+    `model`: transformers' ModernBertFor* class, and the head's config.json fields
+    (classifier_pooling, classifier_dropout: what ModernBertConfig calls them)."""
+    from bertjax.convert.modernbert import FROM_BERT_ARCHITECTURE
+
+    if head.get("architecture") is None:
+        return head
+    extra = {"classifier_pooling": getattr(model, "classifier_pooling", "cls"),
+             "classifier_dropout": heads.head_dropout(
+                 model.config, getattr(model, "classifier_dropout", None)),
+             **head.get("extra_config", {})}
+    return {**head, "architecture": FROM_BERT_ARCHITECTURE[head["architecture"]],
+            "extra_config": extra}
+
+
+def tokenizer_file(directory: str) -> epath.Path:
+    """The checkpoint directory's vocabulary: its vocab.txt or SentencePiece *.model, else its
+    tokenizer.json (a ModernBERT's BPE, say)."""
+    try:
+        return checkpoint_dir.vocab_path(directory)
+    except CheckpointError:
+        path = epath.Path(directory) / "tokenizer.json"
+        if path.exists():
+            return path
+        raise
 
 
 def predict_rows(task: Task, predict_fn, params, features, batch_size: int, runner,

@@ -1,14 +1,17 @@
 """What a fine-tuning run checks before its data is read or anything is written, beside the
 checks every job shares (bertjax/validate.py): its ranges, the data encoding, and the init
 checkpoint (its config.json read once): readable, its sizes not overridden, its vocabulary
-within its embeddings, its positions covering config.max_seq_length. Each family's data files
-are read, and named in any error, by its Task.read."""
+within its embeddings, its positions covering config.max_seq_length; the head options
+(config.task.classifier_pooling / classifier_dropout / bilstm_units) its architecture takes.
+Each family's data files are read, and named in any error, by its Task.read."""
 
 from __future__ import annotations
 
 from bertjax import paths
 from bertjax.checkpoint_dir import check_sizes
 from bertjax.errors import ConfigError
+from bertjax.models import heads, is_modern
+from bertjax.tasks.base import model_overrides
 from bertjax.validate import (
     check_checkpoint_vocab,
     check_common,
@@ -35,7 +38,8 @@ def check(config, workdir: str | None) -> None:
     if not config.get("init_checkpoint"):
         raise ConfigError("config.init_checkpoint is empty; give a bertjax checkpoint directory")
     loaded = check_init_checkpoint(config.init_checkpoint)
-    model = model_config({**loaded.to_dict(), **dict(config.get("model") or {})})
+    model = model_config({**loaded.to_dict(),
+                          **model_overrides(config.get("model"), is_modern(loaded))})
     # The checkpoint fixes the sizes (its params and its vocabulary): an override of one
     # would fail on the params' shapes after the data is read.
     check_sizes(loaded, model, f"config.init_checkpoint={config.init_checkpoint}")
@@ -44,3 +48,16 @@ def check(config, workdir: str | None) -> None:
         raise ConfigError(f"config.max_seq_length={config.max_seq_length} exceeds the model's "
                           f"{model.max_position_embeddings} positions "
                           f"({config.init_checkpoint})")
+    check_head(config, model)
+
+
+def check_head(config, model) -> None:
+    """config.task's head options for the model's architecture (bertjax/models/heads.py)."""
+    task = config.get("task") or {}
+    dropout = task.get("classifier_dropout")
+    if dropout is not None and not (isinstance(dropout, (int, float))
+                                    and not isinstance(dropout, bool) and 0 <= dropout < 1):
+        raise ConfigError(f"config.task.classifier_dropout={dropout!r} must be in [0, 1) "
+                          "(or None: the encoder's hidden dropout)")
+    heads.check_head_options(model, task.get("classifier_pooling") or "cls",
+                             int(task.get("bilstm_units") or 0))

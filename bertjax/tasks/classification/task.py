@@ -2,10 +2,12 @@
 TSV / JSONL files), one task family of the fine-tuning plug-in (tasks/base.py).
 
 The heads are bertjax/models/classification.py's (logits [batch, num_labels], or
-[batch, choices] for multiple choice). Losses in float32: softmax cross-entropy for
-classification and across the choices of multiple choice, mean squared error for regression
-(num_labels = 1, e.g. STS-B). Examples come from readers.py, dev metrics are the official ones
-(metrics.py), GLUE test predictions become leaderboard files (submission.py).
+[batch, choices] for multiple choice; over a ModernBERT, transformers' ModernBertFor* heads with
+config.task.classifier_pooling "cls" | "mean" and config.task.classifier_dropout). Losses in
+float32: softmax cross-entropy for classification and across the choices of multiple choice,
+mean squared error for regression (num_labels = 1, e.g. STS-B). Examples come from readers.py,
+dev metrics are the official ones (metrics.py), GLUE test predictions become leaderboard files
+(submission.py).
 """
 
 from __future__ import annotations
@@ -210,10 +212,13 @@ class SequenceTask(Task):
         return self.kind == "multiple_choice" or not self.bilstm_units
 
     def model(self, model_config):
+        options = dict(classifier_pooling=self.classifier_pooling,
+                       classifier_dropout=self.classifier_dropout)
         if self.kind == "multiple_choice":
-            return BertForMultipleChoice(model_config)
+            return BertForMultipleChoice(model_config, **options)
         num_labels = 1 if self.kind == "regression" else len(self.label_names)
-        return BertForSequenceClassification(model_config, num_labels, self.bilstm_units)
+        return BertForSequenceClassification(model_config, num_labels, self.bilstm_units,
+                                             **options)
 
     def init_inputs(self) -> tuple:
         ids = jnp.zeros((1, 2, 8) if self.kind == "multiple_choice" else (1, 8), jnp.int32)

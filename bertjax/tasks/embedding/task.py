@@ -241,6 +241,8 @@ class EmbeddingTask(Task):
 
     # ---- model and loss
 
+    pretrained_head = False  # the vectors pool the encoder's output: no prediction head
+
     def model(self, model_config):
         return BertForEmbedding(model_config, self.pooling)
 

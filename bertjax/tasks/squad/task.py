@@ -195,7 +195,7 @@ class SquadTask(Task):
                        extra_config=extra)
 
     def model(self, model_config):
-        return BertForQuestionAnswering(model_config, self.bilstm_units)
+        return BertForQuestionAnswering(model_config, self.bilstm_units, self.classifier_dropout)
 
     def init_inputs(self) -> tuple:
         ids = jnp.zeros((1, 8), jnp.int32)

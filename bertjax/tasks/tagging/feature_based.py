@@ -1,5 +1,7 @@
 r"""The feature-based approach (paper Sec. 5.3, Table 7): BERT frozen, its layer outputs cached
-once per dataset, a two-layer bidirectional LSTM and a classifier trained on them.
+once per dataset, a two-layer bidirectional LSTM and a classifier trained on them. A ModernBERT
+checkpoint works the same way (its layers as `bertjax.models.heads.hidden_states` gives them,
+the last one final-normed; the BiLSTM's dropout its mlp_dropout).
 
   python -m bertjax.finetune --config=experiments/ner_feature_based.py:concat_last_four \
       --config.init_checkpoint=checkpoints/bert-base-cased --config.data.dir=conll2003 ...
@@ -40,7 +42,7 @@ import numpy as np
 from etils import epath
 
 from bertjax.errors import ConfigError, DataError
-from bertjax.models import BertModel
+from bertjax.models import heads
 from bertjax.models.tagging import FeatureBasedTagger
 from bertjax.tasks.base import unexportable
 from bertjax.tasks.tagging import features as token_features
@@ -139,9 +141,10 @@ class FeatureBasedTask(TokenClassificationTask):
         self.encoder_batches = 0  # encoder passes run by this task (a test counts them)
         self.encode_seconds = 0.0
 
-    def initial_params(self, model_config, encoder):
+    def initial_params(self, model_config, pretrained):
         # The trained model has no encoder: keep it here to compute the cache, load nothing.
-        self.model_config, self._encoder = model_config, encoder
+        self.model_config = model_config
+        self._encoder = pretrained[heads.encoder_name(model_config)]
         self.layers, self.mode = variant_layers(self.fb.variant, model_config.num_layers)
         return {}
 
@@ -179,13 +182,12 @@ class FeatureBasedTask(TokenClassificationTask):
         """Yields (row indices, own spans, [n_layers, batch, seq, hidden]) for every row."""
         if self._encoder is None:
             raise DataError("the encoder was released before every split was cached")
-        model = BertModel(self.model_config)
         index = jnp.asarray(layers)
 
         @jax.jit
         def run(params, ids, segments, mask):
-            out = model.apply({"params": params}, ids, segments, mask, return_all_layers=True)
-            return out["hidden_states"][index].astype(jnp.float32)
+            states = heads.hidden_states(self.model_config, params, ids, segments, mask)
+            return states[index].astype(jnp.float32)
 
         params = jax.device_put(self._encoder)
         for batch in token_features.batches(rows, self.fb.encode_batch_size, self.buckets,
@@ -240,7 +242,7 @@ class FeatureBasedTask(TokenClassificationTask):
         self._encoder = None  # every split is cached by now: host memory back
         return FeatureBasedTagger(len(self.labels), len(self.layers), self.mode,
                                   self.fb.lstm_units, self.fb.lstm_layers,
-                                  model_config.hidden_dropout_prob,
+                                  heads.head_dropout(model_config, None),
                                   model_config.initializer_range)
 
     def init_inputs(self) -> tuple:

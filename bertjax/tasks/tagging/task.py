@@ -205,7 +205,8 @@ class TokenClassificationTask(Task):
                        "single_label_classification", self.bilstm_units)
 
     def model(self, model_config):
-        return BertForTokenClassification(model_config, len(self.labels), self.bilstm_units)
+        return BertForTokenClassification(model_config, len(self.labels), self.bilstm_units,
+                                          self.classifier_dropout)
 
     def init_inputs(self) -> tuple:
         ids = jnp.zeros((1, 8), jnp.int32)

@@ -1,0 +1,253 @@
+"""Every fine-tuning family from a ModernBERT checkpoint directory, through the job the BERT
+runs use (`bertjax.tasks.train_and_evaluate`): a tiny random ModernBERT (modern_checkpoint.py)
+fine-tuned a few steps per family learns (its loss falls, its dev metric rises above chance)
+and writes its outputs and an export record naming transformers' ModernBertFor* class; the
+job starts from the checkpoint's encoder and MLM prediction head, as transformers'
+from_pretrained does; config.model's BERT dropout fields become a ModernBERT's, and the head
+options a ModernBERT cannot take are named."""
+
+import json
+import random
+
+import embedding_data
+import numpy as np
+import pytest
+import squad_data
+import tagging_data as td
+from conftest import filler_sentence
+from finetune_task import train_losses, write_task
+from modern_checkpoint import write_modern_checkpoint
+
+from bertjax import checkpoint_dir
+from bertjax.errors import ConfigError
+from bertjax.tasks import base, checks, get_task, train_and_evaluate
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_modern_checkpoint(tmp_path_factory.mktemp("modern"))
+
+
+def files_config(kind, checkpoint, **data):
+    from experiments.finetune_files import get_config
+
+    config = get_config(kind)
+    config.init_checkpoint = checkpoint
+    config.max_seq_length = 32
+    config.min_bucket_length = 32  # one bucket: fewer compiles
+    config.train.batch_size = 16
+    config.eval.batch_size = 32
+    config.optimizer.learning_rate = 1e-3
+    config.log_every_steps = 1
+    for key, value in data.items():
+        config.data[key] = value
+    return config
+
+
+def export_record(workdir):
+    return json.loads((workdir / "export.json").read_text())
+
+
+def assert_learns(workdir, steps=4):
+    """The mean loss of the last `steps` steps is below that of the first `steps`."""
+    losses = train_losses(str(workdir))
+    ordered = [losses[s] for s in sorted(losses)]
+    assert np.mean(ordered[-steps:]) < np.mean(ordered[:steps]), ordered
+
+
+# ------------------------------------------------------------------------- config and start
+
+
+def test_bert_dropout_fields_become_modernbert_ones():
+    fields = {"dtype": "auto", "hidden_dropout_prob": 0.1, "attention_dropout_prob": 0.2}
+    assert base.model_overrides(fields, modern=False) == fields
+    assert base.model_overrides(fields, modern=True) == {
+        "dtype": "auto", "embedding_dropout": 0.1, "mlp_dropout": 0.1, "attention_dropout": 0.2}
+    # A ModernBERT field given itself wins over the translation.
+    assert base.model_overrides({**fields, "mlp_dropout": 0.0}, modern=True)["mlp_dropout"] == 0
+    with pytest.raises(ConfigError, match="config.model.type_vocab_size: a ModernBERT"):
+        base.model_overrides({"type_vocab_size": 2}, modern=True)
+
+
+def test_head_options_a_model_cannot_take_are_named(checkpoint, tmp_path):
+    config = files_config("classification", checkpoint)
+    config.task.bilstm_units = 8
+    with pytest.raises(ConfigError, match="config.task.bilstm_units=8: the \\+ BiLSTM head"):
+        checks.check(config, str(tmp_path / "run"))
+    config.task.bilstm_units = 0
+    config.task.classifier_dropout = 1.5
+    with pytest.raises(ConfigError, match="config.task.classifier_dropout=1.5"):
+        checks.check(config, str(tmp_path / "run"))
+    config.task.classifier_dropout = 0.0
+    config.model.scan_layers = True
+    with pytest.raises(ConfigError, match="config.model.scan_layers: a ModernBERT"):
+        checks.check(config, str(tmp_path / "run"))
+    from conftest import KEYWORD_VOCAB, write_tiny_checkpoint
+
+    bert = files_config("classification", write_tiny_checkpoint(tmp_path, KEYWORD_VOCAB))
+    bert.task.classifier_pooling = "mean"
+    with pytest.raises(ConfigError, match="classifier_pooling='mean' is for a ModernBERT"):
+        checks.check(bert, str(tmp_path / "run"))
+
+
+@pytest.mark.parametrize("family", ["classification", "embedding"])
+def test_the_job_starts_from_the_encoder_and_the_mlm_prediction_head(checkpoint, tmp_path,
+                                                                     family):
+    """transformers' ModernBertFor*.from_pretrained of a ModernBertForMaskedLM checkpoint loads
+    its `head` by name: the job does too (the embedding family pools the encoder alone)."""
+    if family == "embedding":
+        from experiments.embedding import get_config
+
+        config = get_config("pairs")
+        config.init_checkpoint = checkpoint
+        config.data.train = embedding_data.write_pairs(tmp_path / "p.jsonl", 8)
+        config.data.columns = "query,passage"
+        config.data.beir = embedding_data.write_beir(tmp_path / "beir")
+        config.max_seq_length = 32
+    else:
+        write_task(tmp_path)
+        config = files_config("classification", checkpoint, train=str(tmp_path / "train.jsonl"),
+                              validation=str(tmp_path / "dev.jsonl"))
+    job = base.FineTuningJob(get_task(config), config, log=lambda *_: None)
+    # config.model's hidden_dropout_prob, translated.
+    assert job.model_config.mlp_dropout == config.model.hidden_dropout_prob
+    loaded = job.pretrained_params()
+    stored = checkpoint_dir.load_pretrained(checkpoint)[1]
+    want = {"model"} if family == "embedding" else {"model", "head"}
+    assert set(loaded) == want
+    import jax
+
+    for group in want:
+        jax.tree.map(np.testing.assert_array_equal, loaded[group], stored[group])
+    shapes = jax.eval_shape(job.init_params, jax.random.key(0))
+    assert set(shapes) == (want if family == "embedding" else want | {"classifier"})
+
+
+# ------------------------------------------------------------------------- the families
+
+
+def test_classification_learns_and_exports_the_modernbert_class(checkpoint, tmp_path):
+    write_task(tmp_path)
+    config = files_config("classification", checkpoint, train=str(tmp_path / "train.jsonl"),
+                          validation=str(tmp_path / "dev.jsonl"),
+                          test=str(tmp_path / "test.jsonl"))
+    config.train.num_epochs = 3
+    config.eval.every_steps = 6
+    config.task.classifier_pooling = "mean"
+    summary = train_and_evaluate(config, str(tmp_path / "run"), log=lambda *_: None)
+    assert_learns(tmp_path / "run")
+    assert summary["primary_metric"] == "accuracy"
+    assert summary["best"]["accuracy"] >= 0.75, summary["best"]  # half are "good"
+    assert (tmp_path / "run" / "submission" / "test.tsv").read_text().count("\n") == 25
+    record = export_record(tmp_path / "run")
+    assert record["architecture"] == "ModernBertForSequenceClassification"
+    assert record["model"]["model_type"] == "modernbert"
+    assert record["extra_config"] == {"classifier_pooling": "mean", "classifier_dropout": 0.1}
+    assert record["labels"] == ["0", "1"] and record["vocab"] == "vocab.txt"
+
+
+@pytest.mark.slow
+def test_regression_and_multiple_choice_learn(checkpoint, tmp_path):
+    rng = random.Random(1)
+    with open(tmp_path / "reg.jsonl", "w") as f:
+        for _ in range(160):
+            count = rng.randint(0, 3)  # the score is the number of "good"s
+            f.write(json.dumps({"text": filler_sentence(rng, "good", count),
+                                "score": float(count)}) + "\n")
+    config = files_config("regression", checkpoint, train=str(tmp_path / "reg.jsonl"),
+                          validation=str(tmp_path / "reg.jsonl"), label="score")
+    config.train.num_epochs = 3
+    summary = train_and_evaluate(config, str(tmp_path / "reg"), log=lambda *_: None)
+    assert_learns(tmp_path / "reg")
+    assert summary["best"]["pearson"] > 0.5, summary["best"]
+    assert export_record(tmp_path / "reg")["problem_type"] == "regression"
+
+    with open(tmp_path / "mc.jsonl", "w") as f:
+        for _ in range(128):
+            answer = rng.randrange(3)  # the right ending is the one with "good"
+            f.write(json.dumps({"context": filler_sentence(rng), "answer": answer, **{
+                c: filler_sentence(rng, "good" if i == answer else "bad")
+                for i, c in enumerate("abc")}}) + "\n")
+    config = files_config("multiple_choice", checkpoint, train=str(tmp_path / "mc.jsonl"),
+                          validation=str(tmp_path / "mc.jsonl"), text_a="context",
+                          choices="a,b,c", label="answer")
+    config.train.num_epochs = 4
+    summary = train_and_evaluate(config, str(tmp_path / "mc"), log=lambda *_: None)
+    assert_learns(tmp_path / "mc")
+    assert summary["best"]["accuracy"] > 0.5, summary["best"]  # chance is 1/3
+    assert export_record(tmp_path / "mc")["architecture"] == "ModernBertForMultipleChoice"
+
+
+@pytest.mark.slow
+def test_token_classification_learns_the_entities(checkpoint, tmp_path):
+    from experiments.ner import get_config
+
+    paths = {}
+    for name, seed, n in (("train", 1, 160), ("dev", 2, 32)):
+        paths[name] = str(tmp_path / f"{name}.conll")
+        td.write_conll(tmp_path / f"{name}.conll", td.dataset(seed, n), docs_every=4)
+    config = get_config("files")
+    config.init_checkpoint = checkpoint
+    config.data.train, config.data.validation, config.data.test = (
+        paths["train"], paths["dev"], paths["dev"])
+    config.data.scheme, config.data.token_column = "iob2", 0
+    config.max_seq_length, config.train.batch_size, config.eval.batch_size = 32, 16, 32
+    config.min_bucket_length = 32
+    config.train.num_epochs, config.log_every_steps = 4, 1
+    config.optimizer.learning_rate = 1e-3
+    summary = train_and_evaluate(config, str(tmp_path / "run"), log=lambda *_: None)
+    assert_learns(tmp_path / "run")
+    assert summary["primary_metric"] == "f1" and summary["best"]["f1"] > 0.3, summary["best"]
+    assert (tmp_path / "run" / "predictions" / "test.conll").exists()
+    record = export_record(tmp_path / "run")
+    assert record["architecture"] == "ModernBertForTokenClassification"
+    assert {"O", "B-PER", "I-LOC"} <= set(record["labels"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_squad_learns_spans(checkpoint, tmp_path, version):
+    from experiments.squad import get_config
+
+    config = get_config(version)
+    config.init_checkpoint = checkpoint
+    rate = 0.3 if version == "v2" else 0.0
+    config.data.train = squad_data.generate(tmp_path / "train.json", 200, seed=1,
+                                            impossible_rate=rate)
+    config.data.validation = squad_data.generate(tmp_path / "dev.json", 40, seed=2,
+                                                 impossible_rate=rate)
+    config.max_seq_length = 64
+    config.task.doc_stride, config.task.max_query_length = 16, 10
+    config.train.batch_size, config.eval.batch_size, config.train.num_epochs = 32, 32, 3
+    config.optimizer.learning_rate = 1e-3
+    config.log_every_steps = 1
+    summary = train_and_evaluate(config, str(tmp_path / "run"), log=lambda *_: None)
+    assert_learns(tmp_path / "run", steps=3)
+    assert summary["primary_metric"] == ("best_f1" if version == "v2" else "f1")
+    assert (tmp_path / "run" / "predictions.json").exists()
+    record = export_record(tmp_path / "run")
+    assert record["architecture"] == "ModernBertForQuestionAnswering"
+    if version == "v2":
+        assert "null_score_diff_threshold" in record["extra_config"]
+        assert (tmp_path / "run" / "null_odds.json").exists()
+
+
+@pytest.mark.slow
+def test_embedding_pairs_raise_ndcg_above_the_starting_checkpoint(checkpoint, tmp_path):
+    from experiments.embedding import get_config
+
+    config = get_config("pairs")
+    config.init_checkpoint = checkpoint
+    config.data.train = embedding_data.write_pairs(tmp_path / "p.jsonl", 320, negatives=1)
+    config.data.columns = "query,passage,negative1"
+    config.data.beir = embedding_data.write_beir(tmp_path / "beir")
+    config.max_seq_length = 32
+    config.train.batch_size, config.eval.batch_size, config.train.num_epochs = 32, 32, 3
+    config.optimizer.learning_rate = 2e-3
+    lines = []
+    summary = train_and_evaluate(config, str(tmp_path / "run"), log=lines.append)
+    before = json.loads(next(x for x in lines if x.startswith("eval before training"))
+                        .split(": ", 1)[1])["ndcg@10"]
+    assert summary["best"]["ndcg@10"] > before + 0.1, (before, summary["best"])
+    record = export_record(tmp_path / "run")
+    assert record["architecture"] == "ModernBertModel" and record["pooling"]["mode"] == "mean"
