@@ -17,6 +17,7 @@ import jax
 
 from bertjax.aot import hlo_costs, kernel_schedule
 from bertjax.aot import topology as topology_lib
+from bertjax.models import is_modern
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
@@ -204,7 +205,8 @@ def layer_config(config, layers: int | None):
     what the calibrated dry run compiles."""
     config = config.copy_and_resolve_references()
     with config.unlocked():  # fine-tuning's config.model holds only the fields it overrides
-        config.model.scan_layers = False
+        if not is_modern(config.model):  # a ModernBERT's layers are always unrolled
+            config.model.scan_layers = False
         if layers is not None:
             config.model.num_layers = layers
     return config
@@ -345,10 +347,14 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
     full = Step.build(make_job(layer_config(config, None)), config, devices)
     layers = full.job.model_config.num_layers
     first = FIT_LAYERS
-    exact = exact or layers <= first + 1
+    # A ModernBERT's layers are of two kinds (global, local) whose costs differ: no one
+    # per-layer figure to extrapolate, so its full step is compiled.
+    mixed = is_modern(full.job.model_config)
+    exact = exact or mixed or layers <= first + 1
     if exact:
         variants = []
-        method = f"measured: the full step compiled, layers unrolled ({layers})"
+        method = f"measured: the full step compiled, layers unrolled ({layers})" + (
+            "; global and local layers differ, so nothing is extrapolated" if mixed else "")
     else:
         variants = [Step.build(make_job(layer_config(config, n)), config, devices)
                     for n in (first, first + 1)]

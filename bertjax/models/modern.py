@@ -23,8 +23,8 @@ TPU), for long sequences: the window is its static mask, so a local layer comput
 blocks of the band and skips the rest; padding and documents are segment ids, masked within
 the computed blocks (they skip none). Neither "xla" nor "splash" forms a dense mask, and
 neither applies attention dropout (a ConfigError). "auto" (the default) runs einsum where
-attention dropout is active (training with attention_dropout > 0) and on a CPU, the "xla" path
-elsewhere, as `attention.fused_attention`.
+attention dropout is active (training with attention_dropout > 0) and on a CPU, "splash" on a
+TPU (also when compiled ahead of time for one) and the "xla" path elsewhere (GPUs).
 
 Parameters (every one with logical axis names):
     model/embeddings/tok_embeddings/embedding [vocab, hidden]   ("vocab", "embed")
@@ -560,6 +560,8 @@ class ModernAttention(nn.Module):
                 context = jax.lax.platform_dependent(
                     query, key, value, mask, input_mask, packing_ids,
                     cpu=lambda q, k, v, m, _i, _p: attn_lib.einsum_attention(q, k, v, m),
+                    tpu=lambda q, k, v, _m, i, p: splash_lib.splash_attention(
+                        q, k, v, i, p, radius),
                     default=lambda q, k, v, _m, i, p: fused(q, k, v, i, p))
         out = Linear(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), _out_stddev(cfg),
                      num_contract=2, name="wo")(context)

@@ -3,7 +3,7 @@ r"""Training parity against the reference implementation, as a report.
   python -m bertjax.parity --workdir=runs/parity
   python -m bertjax.parity --workdir=/tmp/parity --steps=50 --jobs=pretraining_phases
 
-Runs every job of bertjax.parity.{pretraining,finetuning,optimizers,paths} (or those named by
+Runs every job of bertjax.parity.{pretraining,modern,finetuning,optimizers,paths} (or those named by
 --jobs) for --steps steps on both sides and writes parity.md, parity.json and
 loss_vs_step.png to --workdir (data files go under --workdir/data). Exit status 1 when a row
 is out of tolerance.
@@ -20,7 +20,7 @@ from absl import flags
 
 from bertjax import cli
 
-ROW_MODULES = ("pretraining", "finetuning", "optimizers", "paths")
+ROW_MODULES = ("pretraining", "modern", "finetuning", "optimizers", "paths")
 
 
 def define_flags() -> None:

@@ -335,7 +335,8 @@ def reference_lr(optimizer: ml_collections.ConfigDict, total_steps: int) -> Call
 
 
 def _no_decay(name: str) -> bool:
-    return "bias" in name or "LayerNorm" in name
+    # BERT's "LayerNorm", a ModernBERT's "norm" / "*_norm" modules.
+    return "bias" in name or "LayerNorm" in name or "norm." in name
 
 
 def train_torch(
@@ -349,7 +350,7 @@ def train_torch(
 ) -> tuple[dict[str, list[float]], dict[str, np.ndarray]]:
     """The reference: loss_fn(model, torch_batch) -> {"loss": tensor, components...}; backward;
     clip_grad_norm_(clip_norm); torch.optim.AdamW with (decay, no-decay) param groups by name
-    ('bias', 'LayerNorm'), or `step_fn(named_params, lr)` instead of AdamW.
+    ('bias', 'LayerNorm', 'norm.'), or `step_fn(named_params, lr)` instead of AdamW.
 
     Returns ({"loss", components, "grad_norm", "learning_rate": per-step floats}, final
     state_dict as NumPy).

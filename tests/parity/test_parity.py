@@ -10,6 +10,7 @@ import pytest
 import scipy.stats
 
 from bertjax.parity import harness, report
+from bertjax.parity import modern as modern_parity
 from bertjax.parity import pretraining as pre
 
 STEPS = 20
@@ -178,6 +179,17 @@ def test_pretraining_rows_follow_transformers(job, datadir):
         assert row.passed(), (row.job, row.max_rel_diff(), row.max_param_diff())
         # Training moved the loss: the rows compare trajectories, not a fixed point.
         assert row.ours["loss"][-1] != row.ours["loss"][0]
+
+
+@pytest.mark.slow
+def test_modern_rows_follow_transformers_and_a_decay_on_norms_fails_them(datadir, monkeypatch):
+    rows = modern_parity.run_mlm(STEPS, datadir)
+    for row in rows:
+        assert row.passed(), (row.job, row.max_rel_diff(), row.max_param_diff())
+        assert row.ours["loss"][-1] != row.ours["loss"][0]
+    _decay_on_layer_norm(monkeypatch)  # on every norm scale and the decoder bias too
+    planted = modern_parity.run_mlm(STEPS, datadir)
+    assert not planted[0].passed(), planted[0].max_param_diff()
 
 
 def _schedule_one_step_ahead(monkeypatch):
