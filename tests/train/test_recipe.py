@@ -154,3 +154,24 @@ def test_modern_flops_equal_xla_count_of_an_all_global_model():
     saved = (flops.modern_attention_flops(local, seq, all_global=True)
              - flops.modern_attention_flops(local, seq))
     assert saved == 4 * 64 * (seq * seq - flops.window_keys(seq, 16))
+
+
+def test_dry_run_reports_what_the_local_layers_save_per_sequence_length():
+    from bertjax.aot.report import local_attention_lines
+    from bertjax.tasks.pretraining import job as job_lib
+    from experiments import pretrain
+
+    config = pretrain.get_config("modern_base")
+    config.model.dtype = "bfloat16"
+    lines = local_attention_lines(job_lib.make_job(config))
+    assert "14 of 22 layers, window 64 each side" in lines[0]
+    # Independently: 14 local layers of 2r + 1 = 129 keys per query (less the ends) instead of
+    # all 8,192; 4·H FLOPs per query-key pair forward, x3 for training.
+    pairs = 8192 * 129 - 64 * 65
+    line = next(x for x in lines if x.strip().startswith("8192 tokens"))
+    local = 3 * 4 * 768 * (8 * 8192 * 8192 + 14 * pairs)
+    dense = 3 * 4 * 768 * 22 * 8192 * 8192
+    assert f"attention {local / 1e9:,.1f} GFLOP instead of {dense / 1e9:,.1f}" in line, line
+    bert = pretrain.get_config("tiny")
+    bert.phases.phase1.data = bert.phases.phase2.data = "synthetic"
+    assert local_attention_lines(job_lib.make_job(bert)) == []
