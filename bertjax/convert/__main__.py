@@ -17,6 +17,15 @@ fine-tuned encoder alone; the task's class also gets bertjax_task.json (the run'
 task state), so `python -m bertjax.predict --export=DIR` / `bertjax.Predictor.from_export(DIR)`
 predict with it.
 
+A ModernBERT (config.json model_type "modernbert") goes both ways too: from_hf reads
+transformers' ModernBertModel / ModernBertForMaskedLM / ModernBertFor* directory (a task head's
+classifier is skipped and listed; its `head` kept as the MLM prediction head, as transformers
+itself would load it) with its vocab.txt or tokenizer.json; to_hf writes a checkpoint directory
+as ModernBertForMaskedLM (--architecture=ModernBertModel: the encoder alone) and a fine-tuning
+workdir as its ModernBertForSequenceClassification / TokenClassification / QuestionAnswering /
+MultipleChoice (num_labels, id2label, classifier_pooling, classifier_dropout) or, for an
+embedding run, a ModernBertModel with the sentence-transformers modules.
+
 A sentence-transformers directory (modules.json: a BERT Transformer, a mean | cls | max
 Pooling, an optional Normalize) is read by from_hf as its Transformer's weights plus the
 pooling, kept as pooling.json beside them (`BertForEmbedding(config, pooling)` computes its
@@ -42,6 +51,7 @@ from etils import epath
 
 from bertjax import checkpoint_dir, cli
 from bertjax.convert.mapping import ConversionError
+from bertjax.models import is_modern
 from bertjax.models.config import BertConfig
 from bertjax.models.embedding import POOLING_FILE, Pooling
 from bertjax.train import multihost
@@ -51,6 +61,8 @@ GROUP_NAMES = {
     "bert/pooler": "the pooler (bert/pooler)",
     "mlm": "the masked-LM head (mlm: cls/predictions)",
     "nsp": "the next-sentence head (nsp: cls/seq_relationship)",
+    "head": "the MLM prediction head (head: dense, activation, norm)",
+    "decoder_bias": "the MLM decoder's bias (decoder_bias)",
 }
 
 
@@ -70,9 +82,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("seed", 0, "from_*: seed for heads the source lacks (they are listed).")
     flags.DEFINE_bool("overwrite", False, "Replace the weights already in --output.")
     flags.DEFINE_enum("architecture", None,
-                      ["BertForPreTraining", "BertForMaskedLM", "BertModel"], "to_hf: the model "
-                      "class to write (default: BertForPreTraining; a checkpoint with "
-                      "pooling.json: BertModel; a fine-tuning workdir: its task's class).")
+                      ["BertForPreTraining", "BertForMaskedLM", "BertModel",
+                       "ModernBertForMaskedLM", "ModernBertModel"], "to_hf: the model "
+                      "class to write (default: BertForPreTraining, a ModernBERT's "
+                      "ModernBertForMaskedLM; a checkpoint with pooling.json: BertModel; a "
+                      "fine-tuning workdir: its task's class). A BERT name given for a "
+                      "ModernBERT means its ModernBERT class.")
     flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16", "float64"],
                       "to_hf: dtype of the written weights.")
 
@@ -166,11 +181,47 @@ def from_hf(args) -> None:
         raise ConversionError(f"--input {directory} is not a directory")
     if sentence_transformers.is_sentence_transformers(directory):
         return _from_sentence_transformers(args, directory)
+    if _hf_model_type(directory) == "modernbert":
+        return _from_hf_modern(args, directory)
     config = huggingface.read_config(directory)
     vocab_flag = "--vocab" if args.vocab else "--input"
     vocab = _vocab_file(args.vocab or str(directory), vocab_flag)
     params, skipped = huggingface.read_hf_checkpoint(directory, config)
     _import(args, config, params, vocab, f"Hugging Face {directory}", skipped, [])
+
+
+def _hf_model_type(directory: epath.Path) -> str | None:
+    """config.json's model_type (None where there is no readable one: read_config names it)."""
+    try:
+        return json.loads((directory / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _from_hf_modern(args, directory: epath.Path) -> None:
+    """A transformers ModernBERT directory: its encoder, its MLM (or task) head's `head`, its
+    decoder bias where it has one (save_pretrained initialises and lists what it lacks), and
+    its vocabulary: --vocab, else the directory's vocab.txt / *.model / tokenizer.json."""
+    from bertjax.convert import modernbert
+    from bertjax.tokenization import load_tokenizer
+
+    config, params = modernbert.read_hf(directory)
+    skipped = {}
+    if "classifier" in params:
+        del params["classifier"]
+        skipped = {name: "a task head's classifier, not a ModernBertForMaskedLM parameter"
+                   for name in ("classifier.weight", "classifier.bias")}
+    vocab = args.vocab or str(directory)
+    notes = []
+    try:
+        found = _vocab_file(vocab, "--vocab" if args.vocab else "--input")
+    except ConversionError:
+        found = None  # a tokenizer.json alone, as transformers 5 saves one
+    if found is None:
+        tokenizer = load_tokenizer(vocab, do_lower_case=args.do_lower_case)
+        notes.append(f"vocabulary: {tokenizer.source} ({tokenizer.vocab_size} tokens)")
+        found = tokenizer
+    _import(args, config, params, found, f"Hugging Face {directory}", skipped, notes)
 
 
 def _from_sentence_transformers(args, directory: epath.Path) -> None:
@@ -220,6 +271,8 @@ def to_hf(args) -> None:
     if (directory / "checkpoints").is_dir():
         return _finetuned_to_hf(args, directory)
     config = checkpoint_dir.load_config(directory)
+    if is_modern(config):
+        return _modern_to_hf(args, directory, config)
     pooling = checkpoint_dir.load_pooling(directory)  # a sentence embedding model
     architecture = args.architecture or ("BertForPreTraining" if pooling is None
                                          else "BertModel")
@@ -248,6 +301,47 @@ def to_hf(args) -> None:
             print(f"sentence-transformers: {_describe(pooling)} pooling, "
                   f"max_seq_length={max_seq_length}; SentenceTransformer({args.output}) "
                   "loads it")
+
+
+def _modern_architecture(requested: str | None, default: str) -> str:
+    """The ModernBERT class of --architecture (a BERT name: its ModernBERT counterpart)."""
+    from bertjax.convert.modernbert import FROM_BERT_ARCHITECTURE
+
+    if requested is None:
+        return default
+    return FROM_BERT_ARCHITECTURE.get(requested, requested)
+
+
+def _modern_to_hf(args, directory: epath.Path, config) -> None:
+    """A ModernBERT checkpoint directory as ModernBertForMaskedLM (or ModernBertModel), with
+    its vocabulary; with pooling.json also the sentence-transformers modules."""
+    from bertjax.convert import modernbert, sentence_transformers
+    from bertjax.tasks.base import tokenizer_file
+
+    pooling = checkpoint_dir.load_pooling(directory)
+    architecture = _modern_architecture(
+        args.architecture, modernbert.MASKED_LM if pooling is None else modernbert.ENCODER)
+    if architecture not in (modernbert.MASKED_LM, modernbert.ENCODER):
+        raise ConversionError(f"--architecture={args.architecture}: a ModernBERT checkpoint "
+                              f"directory is written as {modernbert.MASKED_LM} or "
+                              f"{modernbert.ENCODER}")
+    params = checkpoint_dir.load_params(directory, config)
+    vocab = tokenizer_file(str(directory))
+    do_lower_case = checkpoint_dir.load_do_lower_case(directory)
+    max_seq_length = _sentence_max_seq_length(directory, config)
+
+    def write():
+        modernbert.write_hf(args.output, config, params, args.overwrite, architecture,
+                            dtype=args.dtype)
+        notes = modernbert.write_tokenizer(args.output, vocab, do_lower_case,
+                                           config.max_position_embeddings)
+        if pooling is not None:
+            sentence_transformers.write_modules(args.output, pooling, max_seq_length,
+                                                do_lower_case, config.hidden_size)
+        return notes
+
+    notes = multihost.write_from_main(write)
+    _wrote(args, architecture, directory, notes)
 
 
 def _sentence_max_seq_length(directory: epath.Path, config: BertConfig) -> int:
@@ -280,6 +374,8 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     record, step = read_finished_run(workdir, ConversionError, "--input")
     if record.get("architecture") is None:
         raise ConversionError(f"--input {workdir}: {record.get('why', 'not exportable')}")
+    if is_modern(record.get("model") or {}):
+        return _modern_finetuned_to_hf(args, workdir, record, step)
     architecture = args.architecture or record["architecture"]
     if architecture not in (record["architecture"], "BertModel"):
         raise ConversionError(f"--architecture={architecture}: a {record['architecture']} "
@@ -301,6 +397,48 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
         if pooling is not None:
             sentence_transformers.write_modules(args.output, pooling,
                                                 int(task["config"]["max_seq_length"]),
+                                                record["do_lower_case"], config.hidden_size)
+        return notes
+
+    notes = multihost.write_from_main(write)
+    _wrote(args, architecture, f"{workdir} (best step {step})", notes)
+    if pooling is not None and notes is not None:
+        print(f"sentence-transformers: {_describe(pooling)} pooling; "
+              f"SentenceTransformer({args.output}) loads it")
+
+
+def _modern_finetuned_to_hf(args, workdir: epath.Path, record: dict, step: int) -> None:
+    """A ModernBERT fine-tuning workdir: its best checkpoint as its task's ModernBertFor*
+    class (or --architecture=ModernBertModel / BertModel: the fine-tuned encoder alone), with
+    the task record; an embedding run as a ModernBertModel with the sentence-transformers
+    modules."""
+    from bertjax.convert import modernbert, sentence_transformers
+    from bertjax.models.modern import ModernConfig
+    from bertjax.serving.runs import TASK_FILE, run_vocab, task_record
+    from bertjax.train.checkpoints import read_params
+
+    architecture = _modern_architecture(args.architecture, record["architecture"])
+    if architecture not in (record["architecture"], modernbert.ENCODER):
+        raise ConversionError(f"--architecture={args.architecture}: a {record['architecture']} "
+                              f"fine-tuning run is written as that class or as "
+                              f"{modernbert.ENCODER}")
+    config = ModernConfig.from_dict(record["model"])
+    params = read_params(str(workdir), step)
+    task = task_record(workdir, ConversionError, "--input")
+    pooling = Pooling.from_dict(record["pooling"]) if record.get("pooling") else None
+    max_seq_length = int(task["config"]["max_seq_length"])
+
+    def write():
+        modernbert.write_hf(args.output, config, params, args.overwrite, architecture,
+                            labels=record.get("labels", ()),
+                            problem_type=record.get("problem_type"),
+                            extra_config=record.get("extra_config"), dtype=args.dtype)
+        notes = modernbert.write_tokenizer(args.output, run_vocab(workdir, record),
+                                           record["do_lower_case"], max_seq_length)
+        if architecture != modernbert.ENCODER or pooling is not None:
+            (epath.Path(args.output) / TASK_FILE).write_text(json.dumps(task, indent=2) + "\n")
+        if pooling is not None:
+            sentence_transformers.write_modules(args.output, pooling, max_seq_length,
                                                 record["do_lower_case"], config.hidden_size)
         return notes
 

@@ -166,7 +166,7 @@ def read_config(directory: epath.Path) -> ModernConfig:
         raise ConversionError(f"--input {path}: {e}") from None
 
 
-def _read_tensors(directory: epath.Path) -> dict[str, np.ndarray]:
+def read_tensors(directory: epath.Path) -> dict[str, np.ndarray]:
     tensors: dict[str, np.ndarray] = {}
     for path in weights_files(directory):
         if not path.name.endswith(".safetensors"):
@@ -237,7 +237,7 @@ def read_hf(directory: str | epath.Path) -> tuple[ModernConfig, dict[str, Any]]:
     "classifier" (the heads of bertjax/models/heads.py)."""
     directory = epath.Path(directory)
     config = read_config(directory)
-    return config, import_params(config, _read_tensors(directory), f"--input {directory}")
+    return config, import_params(config, read_tensors(directory), f"--input {directory}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -336,3 +336,56 @@ def save_safetensors(tensors: Mapping[str, np.ndarray], path: epath.Path, dtype:
 
     save_file({k: np.asarray(v).astype(dtype) for k, v in tensors.items()}, str(path),
               metadata={"format": "pt"})
+
+
+def write_tokenizer(output: str | epath.Path, vocab: epath.Path, do_lower_case: bool,
+                    max_length: int) -> list[str]:
+    """The vocabulary beside a written model, with the tokenizer_config.json transformers'
+    AutoTokenizer reads: a vocab.txt as a BertTokenizer ([CLS] A [SEP], bertjax's layout), a
+    tokenizer.json as a PreTrainedTokenizerFast (its own post-processor adds the special
+    tokens) naming its special tokens, a SentencePiece model copied (transformers has no
+    tokenizer class for a bertjax one). Returns notes for the user."""
+    output = epath.Path(output)
+    if vocab.name.endswith(".model"):
+        vocab.copy(output / vocab.name, overwrite=True)
+        return [f"copied the SentencePiece model {vocab.name}; transformers has no tokenizer "
+                "class that reads it as bertjax does, so load it with sentencepiece"]
+    if vocab.name.endswith(".json"):
+        from bertjax.tokenization.bpe import SPECIAL_NAMES, TokenizersTokenizer
+
+        vocab.copy(output / "tokenizer.json", overwrite=True)
+        tokenizer = TokenizersTokenizer.from_file(str(vocab))
+        tokens = {f"{role}_token": tokenizer.convert_ids_to_tokens(
+            [getattr(tokenizer, f"{role}_id")])[0] for role in SPECIAL_NAMES}
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokens,
+                  "model_max_length": max_length}
+    else:
+        vocab.copy(output / "vocab.txt", overwrite=True)
+        # transformers' AutoTokenizer gives a ModernBERT a PreTrainedTokenizerFast, which
+        # reads a tokenizer.json only: the vocabulary as one, as BertTokenizerFast builds it.
+        (output / "tokenizer.json").write_text(
+            wordpiece_tokenizer_json(vocab, do_lower_case).to_str(pretty=True))
+        config = {"tokenizer_class": "BertTokenizer", "do_lower_case": do_lower_case,
+                  **{f"{role}_token": f"[{role.upper()}]"
+                     for role in ("cls", "sep", "mask", "pad", "unk")},
+                  "model_max_length": max_length}
+    (output / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return []
+
+
+def wordpiece_tokenizer_json(vocab: epath.Path, do_lower_case: bool):
+    """A WordPiece vocab.txt as a `tokenizers.Tokenizer`: BERT's normaliser (lower-casing and
+    accent stripping as do_lower_case says), pre-tokenizer, [CLS] A [SEP] (B [SEP])
+    post-processor and decoder."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    tokens = vocab.read_text(encoding="utf-8").split("\n")
+    ids = {token: i for i, token in enumerate(tokens) if token or i < len(tokens) - 1}
+    tokenizer = Tokenizer(models.WordPiece(ids, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=do_lower_case,
+                                                      strip_accents=do_lower_case)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.BertProcessing(("[SEP]", ids["[SEP]"]),
+                                                         ("[CLS]", ids["[CLS]"]))
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer

@@ -20,9 +20,10 @@ import ml_collections
 import numpy as np
 from etils import epath
 
-from bertjax import paths
+from bertjax import models, paths
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.models import BertConfig
+from bertjax.models import ModelConfig, is_modern
+from bertjax.models.config import BertConfig
 from bertjax.tasks.base import Task
 from bertjax.train import configs
 from bertjax.train.workdir import EXPORT_FILE, RESULTS_FILE, run_config_path
@@ -68,7 +69,7 @@ class TrainedModel:
     workdir: str
     config: ml_collections.ConfigDict
     task: Task
-    model_config: BertConfig
+    model_config: ModelConfig  # BertConfig or ModernConfig
     params: dict[str, Any]
     tokenizer: Any
     step: int
@@ -94,8 +95,10 @@ def load_workdir(workdir: str, dtype: str | None = None) -> TrainedModel:
     fields = dict(record["model"])
     if dtype:
         fields["dtype"] = configs.compute_dtype(dtype)
-    model_config = BertConfig.from_dict(fields)
-    params = layout.to_layout(read_params(str(workdir), step), model_config.scan_layers)
+    model_config = models.model_config(fields)
+    params = read_params(str(workdir), step)
+    if not is_modern(model_config):  # a ModernBERT's layers are always unrolled
+        params = layout.to_layout(params, model_config.scan_layers)
     tokenizer = load_tokenizer(str(run_vocab(workdir, record)),
                                do_lower_case=record["do_lower_case"])
     return TrainedModel(str(workdir), config, task, model_config, params, tokenizer, step)
@@ -173,28 +176,52 @@ def load_export(directory: str, dtype: str | None = None) -> TrainedModel:
     fields = dict(record["model"])
     if dtype:
         fields["dtype"] = configs.compute_dtype(dtype)
-    model_config = BertConfig.from_dict(fields)
-    unrolled = BertConfig.from_dict({**fields, "scan_layers": False})
-    heads = huggingface.ARCHITECTURES.get(record.get("architecture"), ("classifier",
-                                                                       "qa_outputs"))
-    try:
-        params = huggingface.read_hf_checkpoint(path, unrolled, heads)[0]
-    except ConversionError as e:
-        raise CheckpointError(str(e).replace("--input", "--export")) from None
-    model = task.model(unrolled)
-    abstract = nn.unbox(jax.eval_shape(
-        lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"])
-    params = _fill_absent_pooler(params, abstract, path)
-    params = layout.to_layout(params, model_config.scan_layers)
+    if is_modern(fields):
+        model_config = models.model_config(fields)
+        params = _modern_export_params(path, model_config, task)
+    else:
+        model_config = BertConfig.from_dict(fields)
+        unrolled = BertConfig.from_dict({**fields, "scan_layers": False})
+        heads = huggingface.ARCHITECTURES.get(record.get("architecture"), ("classifier",
+                                                                           "qa_outputs"))
+        try:
+            params = huggingface.read_hf_checkpoint(path, unrolled, heads)[0]
+        except ConversionError as e:
+            raise CheckpointError(str(e).replace("--input", "--export")) from None
+        model = task.model(unrolled)
+        abstract = nn.unbox(jax.eval_shape(
+            lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"])
+        params = _fill_absent_pooler(params, abstract, path)
+        params = layout.to_layout(params, model_config.scan_layers)
     tokenizer = load_tokenizer(str(_vocab(path)), do_lower_case=record["do_lower_case"])
     return TrainedModel(str(directory), config, task, model_config, params, tokenizer,
                         int(record.get("best_step", 0)))
 
 
-def _vocab(path: epath.Path) -> epath.Path:
-    from bertjax.checkpoint_dir import vocab_path
+def _modern_export_params(path: epath.Path, config, task) -> dict[str, Any]:
+    """The params of a ModernBERT export (transformers' ModernBertFor* or, for an embedding
+    run, ModernBertModel weights), checked against the run's model: any missing or extra
+    group is a CheckpointError."""
+    from bertjax.convert import modernbert
+    from bertjax.convert.mapping import ConversionError
 
-    return vocab_path(path)
+    try:
+        params = modernbert.import_params(config, modernbert.read_tensors(path),
+                                          f"--export {path}")
+    except ConversionError as e:
+        raise CheckpointError(str(e).replace("--input", "--export")) from None
+    model = task.model(config)
+    want = jax.eval_shape(lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"]
+    if set(params) != set(want):
+        raise CheckpointError(f"--export {path}: its weights hold {sorted(params)} but the "
+                              f"run's model has {sorted(want)}")
+    return params
+
+
+def _vocab(path: epath.Path) -> epath.Path:
+    from bertjax.tasks.base import tokenizer_file
+
+    return tokenizer_file(str(path))
 
 
 def _no_task_file(path: epath.Path) -> str:

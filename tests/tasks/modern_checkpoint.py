@@ -39,3 +39,41 @@ def write_modern_checkpoint(root, seed: int = 0, **overrides) -> str:
     params = jax.jit(ModernBertForMaskedLM(config).init)(jax.random.key(seed), ids, ids)
     save_pretrained(root / "ckpt", config, nn.unbox(params["params"]), str(root / "vocab.txt"))
     return str(root / "ckpt")
+
+
+def wordpiece_tokenizer_json():
+    """VOCAB as a `tokenizers` WordPiece tokenizer with BERT's normaliser, pre-tokenizer and
+    [CLS] A [SEP] post-processor (what transformers 5 saves a BERT-style vocabulary as)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    tokenizer = Tokenizer(models.WordPiece({t: i for i, t in enumerate(VOCAB)},
+                                           unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.post_processor = processors.BertProcessing(("[SEP]", 3), ("[CLS]", 2))
+    tokenizer.decoder = decoders.WordPiece()
+    return tokenizer
+
+
+def write_hf_modern(directory, cls_name: str = "ModernBertForMaskedLM", seed: int = 0,
+                    **config_fields):
+    """A random transformers ModernBERT of class `cls_name` (every weight perturbed, so no
+    norm is the identity) saved with save_pretrained beside a tokenizer.json of VOCAB;
+    returns the model (eval mode)."""
+    import torch
+    import transformers
+
+    config = transformers.ModernBertConfig(
+        vocab_size=len(VOCAB), hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+        intermediate_size=48, local_attention=8, pad_token_id=0, bos_token_id=2,
+        eos_token_id=3, cls_token_id=2, sep_token_id=3, **config_fields)
+    torch.manual_seed(seed)
+    model = getattr(transformers, cls_name)(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(0.1 * torch.randn_like(param))
+    model.save_pretrained(directory)
+    transformers.PreTrainedTokenizerFast(
+        tokenizer_object=wordpiece_tokenizer_json(), unk_token="[UNK]", cls_token="[CLS]",
+        sep_token="[SEP]", pad_token="[PAD]", mask_token="[MASK]").save_pretrained(directory)
+    return model
