@@ -8,8 +8,10 @@ fine-tuning, feature extraction and users' own code read and write.
                                arrays in config.param_dtype, layers unrolled
                                (bert/encoder/layer_0 ... layer_{L-1}); for a ModernBERT its
                                ModernBertForMaskedLM params {"model", "head", "decoder_bias"}
-    DIR/vocab.txt | DIR/*.model  the WordPiece vocabulary or the SentencePiece model
-    DIR/tokenizer_config.json  {"type": "wordpiece" | "sentencepiece", "do_lower_case": bool}
+    DIR/vocab.txt | DIR/*.model | DIR/tokenizer.json  the WordPiece vocabulary, the
+                               SentencePiece model or a Hugging Face tokenizer (BPE, ...)
+    DIR/tokenizer_config.json  {"type": "wordpiece" | "sentencepiece" | "tokenizers",
+                               "do_lower_case": bool}
     DIR/conversion.json        only when something was not taken from a source checkpoint:
                                {"source", "initialised": [param groups], "skipped": {...}, ...}
 
@@ -47,6 +49,7 @@ from bertjax.train import multihost
 CONFIG_FILE = "config.json"
 PARAMS_DIR = "params"
 VOCAB_FILE = "vocab.txt"
+TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CONVERSION_FILE = "conversion.json"
 
@@ -173,7 +176,8 @@ def _to_host(params: Any, dtype: str) -> Any:
 
 
 def vocab_path(path: str | epath.Path) -> epath.Path:
-    """The vocab.txt or SentencePiece .model file at `path` (a file or a directory)."""
+    """The vocab.txt, SentencePiece .model or tokenizer.json file at `path` (a file or a
+    directory; in a directory, in that order, as bertjax.tokenization.load_tokenizer)."""
     path = epath.Path(path)
     if path.is_dir():
         if (path / VOCAB_FILE).exists():
@@ -181,9 +185,11 @@ def vocab_path(path: str | epath.Path) -> epath.Path:
         models = sorted(path.glob("*.model"))
         if len(models) == 1:
             return models[0]
+        if not models and (path / TOKENIZER_JSON).exists():
+            return path / TOKENIZER_JSON
         raise CheckpointError(
-            f"{path}: expected a {VOCAB_FILE} or exactly one SentencePiece *.model, "
-            f"found {len(models)} *.model files"
+            f"{path}: expected a {VOCAB_FILE}, exactly one SentencePiece *.model or a "
+            f"{TOKENIZER_JSON}, found {len(models)} *.model files"
         )
     if not path.exists():
         raise CheckpointError(f"vocabulary {path} does not exist")
@@ -194,8 +200,17 @@ def is_sentencepiece(path: epath.Path) -> bool:
     return path.name.endswith(".model")
 
 
+def is_tokenizer_json(path: epath.Path) -> bool:
+    return path.name.endswith(".json")
+
+
 def count_vocab(path: epath.Path) -> int:
-    """Entries in a vocab.txt (one token a line, as the reference reads it) or a .model."""
+    """Entries in a vocab.txt (one token a line, as the reference reads it), a .model or a
+    tokenizer.json (its vocabulary and added tokens)."""
+    if is_tokenizer_json(path):
+        from bertjax.tokenization import load_tokenizer
+
+        return load_tokenizer(str(path)).vocab_size
     if is_sentencepiece(path):
         import sentencepiece
 
@@ -246,6 +261,10 @@ def _write_vocabulary(
         return {"do_lower_case": tokenizer_or_vocab_path.do_lower_case,
                 "do_lower_case_source": "tokenizer"}
     source = vocab_path(tokenizer_or_vocab_path)
+    if is_tokenizer_json(source):  # lower-casing is the tokenizer's own normaliser
+        from bertjax.tokenization import load_tokenizer
+
+        return _write_vocabulary(directory, load_tokenizer(str(source)), do_lower_case)
     sentencepiece = is_sentencepiece(source)
     how = "given"
     if do_lower_case is None:

@@ -143,3 +143,28 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
     assert sorted(stored) == sorted(exported)
     for key in stored:
         np.testing.assert_array_equal(stored[key], exported[key])
+
+
+def test_checkpoint_directory_with_a_tokenizer_json(tmp_path):
+    """A BPE tokenizer.json (ModernBERT's kind) is counted by its entries, not its lines, and
+    travels with the model: the directory loads back with the same tokenizer."""
+    from bertjax.tokenization.bpe import train_bpe
+
+    lines = ["the prime minister said the vote would be held next week"] * 20
+    train_bpe(lines, vocab_size=300).save(str(tmp_path / "tokenizer.json"))
+    size = checkpoint_dir.count_vocab(tmp_path / "tokenizer.json")
+    lines_in_file = (tmp_path / "tokenizer.json").read_text().count("\n")
+    assert size != lines_in_file
+    cfg = ModernConfig.from_preset("modern_tiny", vocab_size=size, pad_token_id=0)
+    ids = np.ones((1, 4), np.int32)
+    encoder = ModernBertModel(cfg).init(jax.random.key(1), ids, ids)["params"]
+    checkpoint_dir.save_pretrained(tmp_path / "ckpt", cfg, encoder, tmp_path / "tokenizer.json")
+    assert (tmp_path / "ckpt" / "tokenizer.json").exists()
+    _, _, tokenizer = checkpoint_dir.load_pretrained(tmp_path / "ckpt")
+    assert tokenizer.vocab_size == size
+    from bertjax.tokenization import load_tokenizer
+
+    original = load_tokenizer(str(tmp_path / "tokenizer.json"))
+    text = "the minister said the vote"
+    assert tokenizer.encode(text).input_ids == original.encode(text).input_ids
+    assert len(original.encode(text).input_ids) > 3
