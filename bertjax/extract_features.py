@@ -1,4 +1,5 @@
-r"""Per-token contextual features from a pre-trained BERT (the reference extract_features.py).
+r"""Per-token contextual features from a pre-trained BERT or ModernBERT (the reference
+extract_features.py).
 
   python -m bertjax.extract_features --checkpoint=DIR --input_file=in.txt \
       --output_file=out.jsonl --layers=-1,-2,-3,-4 --max_seq_length=128 [--batch_size=32] \

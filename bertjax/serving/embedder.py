@@ -26,6 +26,7 @@ from etils import epath
 
 from bertjax import checkpoint_dir, paths
 from bertjax.errors import ConfigError, DataError
+from bertjax.models import heads
 from bertjax.models.embedding import Pooling
 from bertjax.serving.engine import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, Engine
 from bertjax.serving.runs import TrainedModel, load_export, load_workdir
@@ -59,7 +60,8 @@ def load_checkpoint(directory: str, max_seq_length: int = 128, pooling: Pooling 
     config = checkpoint_config(pooling, max_seq_length, batch_size)
     task = get_task(config)
     task.restore({"kind": "pairs", "pooling": pooling.to_dict(), "columns": 1})
-    return TrainedModel(str(directory), config, task, model_config, {"bert": params["bert"]},
+    group = heads.encoder_name(model_config)  # "bert", a ModernBERT's "model"
+    return TrainedModel(str(directory), config, task, model_config, {group: params[group]},
                         tokenizer, 0)
 
 

@@ -6,8 +6,12 @@ Input: one example a line, `text` or `text_a ||| text_b`. Output: one JSON objec
   {"linex_index": i, "features": [{"token": "[CLS]", "layers": [{"index": -1, "values": [...]},
                                                                ...]}, ...]}
 Layer indices count encoder layers as the reference does: 0 = first layer's output, -1 = last;
-values are rounded to 6 decimals. Lines are read a window of WINDOW_BATCHES batches at a time
-(memory independent of the file's size), sorted into the fine-tuning engine's length buckets
+values are rounded to 6 decimals. A ModernBERT checkpoint works the same way
+(`bertjax.models.heads.hidden_states`): its last layer is its final-normed output,
+ModernBertModel's (and transformers' hidden_states[-1]).
+
+Lines are read a window of WINDOW_BATCHES batches at a time (memory independent of the file's
+size), sorted into the fine-tuning engine's length buckets
 (16, 32, ..., max_seq_length: `data_pipeline.finetune_data.bucket_lengths`) and run in
 fixed-shape batches [batch_size, bucket length] through one jit-compiled function (one
 compilation per bucket; a bucket's last batch is padded) on the prediction engine's runner
@@ -28,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import paths
-from bertjax.models import BertConfig, BertModel
+from bertjax.models import BertModel, ModelConfig, heads, is_modern
 from bertjax.train import multihost
 
 # Lines sorted into buckets together: enough that most batches are full, few enough that a
@@ -71,7 +75,7 @@ class FeatureExtractor:
     [batch, len(layers), seq, hidden] float32.
     """
 
-    def __init__(self, config: BertConfig, params: Any, tokenizer: Any, layers: Sequence[int],
+    def __init__(self, config: ModelConfig, params: Any, tokenizer: Any, layers: Sequence[int],
                  max_seq_length: int, batch_size: int,
                  devices: Sequence[jax.Device] | None = None):
         from bertjax.serving.engine import (
@@ -89,18 +93,24 @@ class FeatureExtractor:
         self.layers = list(layers)
         self.max_seq_length, self.batch_size = max_seq_length, batch_size
         self.tokens = {"real": 0, "computed": 0}
-        model = BertModel(config)
         ids = jnp.zeros((1, 2), jnp.int32)
+        if is_modern(config):
+            from bertjax.models.modern import ModernBertModel
+
+            model, init_inputs = ModernBertModel(config), (ids, ids)
+        else:
+            model, init_inputs = BertModel(config), (ids, ids, ids)
+        group = heads.encoder_name(config)  # the encoder of pre-training params, or itself
         self.runner, self.params = runner_and_params(
-            model, (ids, ids, ids), params["bert"] if "bert" in params else params,
+            model, init_inputs, params[group] if group in params else params,
             DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, batch_size, devices)
         # hidden_states[0] is the embedding output; the reference's layer i is index i + 1.
         rows = np.array([layer % config.num_layers + 1 for layer in self.layers])
 
         def compute(params, batch):
-            out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                              batch["input_mask"], return_all_layers=True)
-            selected = out["hidden_states"][rows]  # [n_layers, batch, seq, hidden]
+            states = heads.hidden_states(config, params, batch["input_ids"],
+                                         batch["segment_ids"], batch["input_mask"])
+            selected = states[rows]  # [n_layers, batch, seq, hidden]
             return jnp.swapaxes(selected, 0, 1).astype(jnp.float32)
 
         self.compute = jax.jit(compute)

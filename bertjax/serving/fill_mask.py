@@ -1,5 +1,6 @@
 """Fill-mask: the masked-LM head of a pre-trained checkpoint directory (`bertjax.FillMask`,
-`python -m bertjax.predict fill_mask`)."""
+`python -m bertjax.predict fill_mask`): BertForPreTraining's, or a ModernBERT's
+ModernBertForMaskedLM."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.errors import DataError
-from bertjax.models import BertConfig
+from bertjax.models import ModelConfig, is_modern
 from bertjax.serving.engine import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, runner_and_params
 from bertjax.train import configs
 
@@ -23,27 +24,22 @@ class FillMask:
         → [{"position": 6, "candidates": [{"token", "word", "probability", "sequence"}]}]
 
     Probabilities are the softmax over the whole vocabulary; the candidates skip special
-    tokens. A WordPiece continuation (`##s`) is shown as the whole word it completes (`word`).
+    tokens (and the embedding rows past the tokenizer's vocabulary, a ModernBERT's padding).
+    A WordPiece continuation (`##s`) is shown as the whole word it completes (`word`).
     Texts run in fixed-shape batches of length buckets (16, 32, ..., max_seq_length), sharded
     over the data-parallel devices.
     """
 
-    def __init__(self, model_config: BertConfig, params, tokenizer, max_seq_length: int = 128,
+    def __init__(self, model_config: ModelConfig, params, tokenizer, max_seq_length: int = 128,
                  batch_size: int = 8):
-        from bertjax.models import BertForPreTraining
-
         self.tokenizer, self.batch_size = tokenizer, batch_size
         self.max_seq_length = min(max_seq_length, model_config.max_position_embeddings)
-        model = BertForPreTraining(model_config)
-        ids = jnp.zeros((1, 2), jnp.int32)
+        model, init_inputs, logits = mlm_model(model_config)
         self.runner, self.params = runner_and_params(
-            model, (ids, ids, ids, jnp.zeros((1, 1), jnp.int32)), params, DATA_PARALLEL_MESH,
-            DATA_PARALLEL_RULES, batch_size)
+            model, init_inputs, params, DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, batch_size)
 
         def probabilities(params, batch):  # [batch, masks, vocab] float32
-            out = model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
-                              batch["input_mask"], batch["positions"])
-            return jax.nn.softmax(out["mlm_logits"].astype(jnp.float32), axis=-1)
+            return jax.nn.softmax(logits(params, batch).astype(jnp.float32), axis=-1)
 
         self._probabilities = jax.jit(probabilities)
 
@@ -106,6 +102,7 @@ class FillMask:
         tokenizer = self.tokenizer
         special = np.zeros(probs.shape[-1], bool)
         special[list(tokenizer.special_ids)] = True
+        special[tokenizer.vocab_size:] = True  # a ModernBERT's padding rows: no token
         n = int(sum(enc.input_mask))
         out = []
         for m, position in enumerate(masks):
@@ -122,6 +119,25 @@ class FillMask:
                                    "sequence": tokenizer.decode(ids)})
             out.append({"position": position, "candidates": candidates})
         return out
+
+
+def mlm_model(config: ModelConfig):
+    """(module, its init inputs, logits(params, batch) → [batch, masks, vocab] at
+    batch["positions"]) of the checkpoint's masked-LM model: BertForPreTraining (its "mlm"
+    head) or ModernBertForMaskedLM (segment ids unread)."""
+    ids, positions = jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 1), jnp.int32)
+    if is_modern(config):
+        from bertjax.models.modern import ModernBertForMaskedLM
+
+        model = ModernBertForMaskedLM(config)
+        return model, (ids, ids, positions), lambda params, batch: model.apply(
+            {"params": params}, batch["input_ids"], batch["input_mask"], batch["positions"])
+    from bertjax.models import BertForPreTraining
+
+    model = BertForPreTraining(config)
+    return model, (ids, ids, ids, positions), lambda params, batch: model.apply(
+        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+        batch["positions"])["mlm_logits"]
 
 
 def whole_word(tokens: list[str], position: int, token: str) -> str:
