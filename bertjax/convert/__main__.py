@@ -203,7 +203,6 @@ def _from_hf_modern(args, directory: epath.Path) -> None:
     decoder bias where it has one (save_pretrained initialises and lists what it lacks), and
     its vocabulary: --vocab, else the directory's vocab.txt / *.model / tokenizer.json."""
     from bertjax.convert import modernbert
-    from bertjax.tokenization import load_tokenizer
 
     config, params = modernbert.read_hf(directory)
     skipped = {}
@@ -211,17 +210,10 @@ def _from_hf_modern(args, directory: epath.Path) -> None:
         del params["classifier"]
         skipped = {name: "a task head's classifier, not a ModernBertForMaskedLM parameter"
                    for name in ("classifier.weight", "classifier.bias")}
-    vocab = args.vocab or str(directory)
-    notes = []
-    try:
-        found = _vocab_file(vocab, "--vocab" if args.vocab else "--input")
-    except ConversionError:
-        found = None  # a tokenizer.json alone, as transformers 5 saves one
-    if found is None:
-        tokenizer = load_tokenizer(vocab, do_lower_case=args.do_lower_case)
-        notes.append(f"vocabulary: {tokenizer.source} ({tokenizer.vocab_size} tokens)")
-        found = tokenizer
-    _import(args, config, params, found, f"Hugging Face {directory}", skipped, notes)
+    # vocab.txt, *.model or tokenizer.json (transformers 5 saves that alone).
+    vocab = _vocab_file(args.vocab or str(directory), "--vocab" if args.vocab else "--input")
+    _import(args, config, params, vocab, f"Hugging Face {directory}", skipped,
+            [f"vocabulary: {vocab}"])
 
 
 def _from_sentence_transformers(args, directory: epath.Path) -> None:
@@ -316,7 +308,6 @@ def _modern_to_hf(args, directory: epath.Path, config) -> None:
     """A ModernBERT checkpoint directory as ModernBertForMaskedLM (or ModernBertModel), with
     its vocabulary; with pooling.json also the sentence-transformers modules."""
     from bertjax.convert import modernbert, sentence_transformers
-    from bertjax.tasks.base import tokenizer_file
 
     pooling = checkpoint_dir.load_pooling(directory)
     architecture = _modern_architecture(
@@ -326,7 +317,7 @@ def _modern_to_hf(args, directory: epath.Path, config) -> None:
                               f"directory is written as {modernbert.MASKED_LM} or "
                               f"{modernbert.ENCODER}")
     params = checkpoint_dir.load_params(directory, config)
-    vocab = tokenizer_file(str(directory))
+    vocab = checkpoint_dir.vocab_path(directory)
     do_lower_case = checkpoint_dir.load_do_lower_case(directory)
     max_seq_length = _sentence_max_seq_length(directory, config)
 

@@ -219,9 +219,9 @@ def _modern_export_params(path: epath.Path, config, task) -> dict[str, Any]:
 
 
 def _vocab(path: epath.Path) -> epath.Path:
-    from bertjax.tasks.base import tokenizer_file
+    from bertjax.checkpoint_dir import vocab_path
 
-    return tokenizer_file(str(path))
+    return vocab_path(path)
 
 
 def _no_task_file(path: epath.Path) -> str:

@@ -404,7 +404,7 @@ class FineTuningJob(Job):
     def write_export(self, workdir: epath.Path) -> None:
         """export.json, and the vocabulary beside it: the record names it relative to the
         workdir, so a moved or copied run still predicts and converts."""
-        vocab = tokenizer_file(self.config.init_checkpoint)
+        vocab = checkpoint_dir.vocab_path(self.config.init_checkpoint)
         multihost.write_from_main(lambda: (workdir / vocab.name).write_bytes(vocab.read_bytes()))
         write_json(workdir / EXPORT_FILE, self.export_record(vocab.name))
 
@@ -434,18 +434,6 @@ def modern_hf_head(head: dict[str, Any], model) -> dict[str, Any]:
              **head.get("extra_config", {})}
     return {**head, "architecture": FROM_BERT_ARCHITECTURE[head["architecture"]],
             "extra_config": extra}
-
-
-def tokenizer_file(directory: str) -> epath.Path:
-    """The checkpoint directory's vocabulary: its vocab.txt or SentencePiece *.model, else its
-    tokenizer.json (a ModernBERT's BPE, say)."""
-    try:
-        return checkpoint_dir.vocab_path(directory)
-    except CheckpointError:
-        path = epath.Path(directory) / "tokenizer.json"
-        if path.exists():
-            return path
-        raise
 
 
 def predict_rows(task: Task, predict_fn, params, features, batch_size: int, runner,
@@ -486,4 +474,3 @@ def _loss(params, batch, rng, denominators=None, *, task: Task, model):
 
 def _predict(params, batch, *, task: Task, model):
     return task.predict(task.outputs(model, params, batch), batch)
-

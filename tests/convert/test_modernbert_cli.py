@@ -161,17 +161,21 @@ def _bertjax_outputs(workdir, ids, mask):
 
 
 @pytest.fixture(scope="module")
-def classification_run(checkpoint, tmp_path_factory):
+def classification_run(tmp_path_factory):
+    """A classifier fine-tuned from transformers' ModernBertForMaskedLM converted by from_hf
+    (a tokenizer.json vocabulary, as transformers 5 saves one)."""
     root = tmp_path_factory.mktemp("cls")
+    write_hf_modern(root / "hf")
+    convert_main(["from_hf", "--input", root / "hf", "--output", root / "ckpt"])
     write_task(root)
-    config = _files_config("classification", checkpoint, train=str(root / "train.jsonl"),
+    config = _files_config("classification", str(root / "ckpt"),
+                           train=str(root / "train.jsonl"),
                            validation=str(root / "dev.jsonl"), labels="0,1")
     config.task.classifier_pooling = "mean"
     return _train(config, root / "run")
 
 
-def test_a_fine_tuned_classifier_is_transformers_with_its_logits(checkpoint, classification_run,
-                                                                tmp_path):
+def test_a_fine_tuned_classifier_is_transformers_with_its_logits(classification_run, tmp_path):
     convert_main(["to_hf", "--input", classification_run, "--output", tmp_path / "hf"])
     hf_config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert hf_config["architectures"] == ["ModernBertForSequenceClassification"]
@@ -181,7 +185,11 @@ def test_a_fine_tuned_classifier_is_transformers_with_its_logits(checkpoint, cla
         tmp_path / "hf").eval()
     assert type(model).__name__ == "ModernBertForSequenceClassification"
     tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
-    ours_tokenizer = checkpoint_dir.load_pretrained(checkpoint)[2]
+    from bertjax.serving.runs import load_workdir
+
+    assert json.loads((classification_run / "export.json").read_text())["vocab"] == (
+        "tokenizer.json")
+    ours_tokenizer = load_workdir(str(classification_run)).tokenizer
     assert [tokenizer(t)["input_ids"] for t in TEXTS] == [
         ours_tokenizer.encode(t).input_ids for t in TEXTS]
     batch = tokenizer(TEXTS, padding="max_length", max_length=32, return_tensors="pt")
