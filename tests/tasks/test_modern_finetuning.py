@@ -123,6 +123,18 @@ def test_the_job_starts_from_the_encoder_and_the_mlm_prediction_head(checkpoint,
     assert set(shapes) == (want if family == "embedding" else want | {"classifier"})
 
 
+def test_a_dry_run_counts_modernbert_flops(checkpoint, tmp_path):
+    from bertjax.tasks import dry_run_job
+    from bertjax.train import flops
+
+    write_task(tmp_path)
+    config = files_config("classification", checkpoint, train=str(tmp_path / "train.jsonl"),
+                          validation=str(tmp_path / "dev.jsonl"))
+    job = dry_run_job(config, log=lambda *_: None)
+    assert job.stages[0].flops_per_example == 3.0 * flops.modern_forward_flops_per_sequence(
+        job.model_config, 32, 0)
+
+
 # ------------------------------------------------------------------------- the families
 
 
@@ -251,3 +263,38 @@ def test_embedding_pairs_raise_ndcg_above_the_starting_checkpoint(checkpoint, tm
     assert summary["best"]["ndcg@10"] > before + 0.1, (before, summary["best"])
     record = export_record(tmp_path / "run")
     assert record["architecture"] == "ModernBertModel" and record["pooling"]["mode"] == "mean"
+    # to_hf: a ModernBertModel with the sentence-transformers modules, whose vectors are the
+    # run's.
+    from convert_cli import convert_main
+    from sentence_transformers import SentenceTransformer
+
+    from bertjax.serving.embedder import Embedder
+
+    convert_main(["to_hf", "--input", tmp_path / "run", "--output", tmp_path / "st"])
+    texts = ["topic3 word1 word7", "word2 topic11 word5 word9 word1", "topic0"]
+    ours = Embedder.from_workdir(str(tmp_path / "run"))(texts)
+    theirs = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)
+    np.testing.assert_allclose(Embedder.from_export(str(tmp_path / "st"))(texts), ours,
+                               atol=1e-5)
+
+
+@pytest.mark.slow
+def test_feature_based_tagging_reads_the_modernbert_layers(checkpoint, tmp_path):
+    """The BiLSTM tagger trains on a frozen ModernBERT's cached layers (`heads.hidden_states`,
+    which tests/serving/test_modern_serving.py checks against transformers)."""
+    from experiments.ner_feature_based import get_config
+
+    td.write_conll(tmp_path / "ner.conll", td.dataset(1, 64), docs_every=4)
+    config = get_config("weighted_sum_all,files")  # all three: embeddings, 2 layers
+    config.init_checkpoint = checkpoint
+    config.data.train = config.data.validation = str(tmp_path / "ner.conll")
+    config.data.scheme, config.data.token_column = "iob2", 0
+    config.feature_based.cache_dir = str(tmp_path / "cache")
+    config.feature_based.lstm_units = 16
+    config.max_seq_length = config.min_bucket_length = 32
+    config.train.batch_size, config.eval.batch_size, config.train.num_epochs = 16, 32, 3
+    config.log_every_steps = 1
+    summary = train_and_evaluate(config, str(tmp_path / "run"), log=lambda *_: None)
+    assert_learns(tmp_path / "run", steps=3)
+    assert summary["primary_metric"] == "f1"
