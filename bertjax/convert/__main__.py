@@ -204,14 +204,15 @@ def _from_hf_modern(args, directory: epath.Path) -> None:
     its vocabulary: --vocab, else the directory's vocab.txt / *.model / tokenizer.json."""
     from bertjax.convert import modernbert
 
+    # vocab.txt, *.model or tokenizer.json (transformers 5 saves that alone), found before
+    # any weights are read.
+    vocab = _vocab_file(args.vocab or str(directory), "--vocab" if args.vocab else "--input")
     config, params = modernbert.read_hf(directory)
     skipped = {}
     if "classifier" in params:
         del params["classifier"]
         skipped = {name: "a task head's classifier, not a ModernBertForMaskedLM parameter"
                    for name in ("classifier.weight", "classifier.bias")}
-    # vocab.txt, *.model or tokenizer.json (transformers 5 saves that alone).
-    vocab = _vocab_file(args.vocab or str(directory), "--vocab" if args.vocab else "--input")
     _import(args, config, params, vocab, f"Hugging Face {directory}", skipped,
             [f"vocabulary: {vocab}"])
 
