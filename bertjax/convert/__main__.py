@@ -298,11 +298,11 @@ def to_hf(args) -> None:
 
 def _modern_architecture(requested: str | None, default: str) -> str:
     """The ModernBERT class of --architecture (a BERT name: its ModernBERT counterpart)."""
-    from bertjax.convert.modernbert import FROM_BERT_ARCHITECTURE
+    from bertjax.models.heads import MODERN_ARCHITECTURES
 
     if requested is None:
         return default
-    return FROM_BERT_ARCHITECTURE.get(requested, requested)
+    return MODERN_ARCHITECTURES.get(requested, requested)
 
 
 def _modern_to_hf(args, directory: epath.Path, config) -> None:

@@ -55,16 +55,6 @@ ARCHITECTURES = {
     "ModernBertForQuestionAnswering": ("model", "head", "classifier"),
     "ModernBertForMultipleChoice": ("model", "head", "classifier"),
 }
-# bertjax's BERT task classes (a fine-tuning run's export record) → the ModernBERT class.
-FROM_BERT_ARCHITECTURE = {
-    "BertModel": ENCODER,
-    "BertForPreTraining": MASKED_LM,
-    "BertForMaskedLM": MASKED_LM,
-    "BertForSequenceClassification": "ModernBertForSequenceClassification",
-    "BertForTokenClassification": "ModernBertForTokenClassification",
-    "BertForQuestionAnswering": "ModernBertForQuestionAnswering",
-    "BertForMultipleChoice": "ModernBertForMultipleChoice",
-}
 
 
 @dataclasses.dataclass(frozen=True)

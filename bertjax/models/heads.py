@@ -33,6 +33,17 @@ from bertjax.models.bert import BertModel, Dropout, dense
 Array = jax.Array
 
 POOLINGS = ("cls", "mean")  # transformers' ModernBERT classifier_pooling
+# transformers' BERT classes (what the task families name their heads) → the ModernBERT class
+# these modules are given a ModernConfig.
+MODERN_ARCHITECTURES = {
+    "BertModel": "ModernBertModel",
+    "BertForPreTraining": "ModernBertForMaskedLM",
+    "BertForMaskedLM": "ModernBertForMaskedLM",
+    "BertForSequenceClassification": "ModernBertForSequenceClassification",
+    "BertForTokenClassification": "ModernBertForTokenClassification",
+    "BertForQuestionAnswering": "ModernBertForQuestionAnswering",
+    "BertForMultipleChoice": "ModernBertForMultipleChoice",
+}
 
 
 def encoder_name(config: ModelConfig) -> str:

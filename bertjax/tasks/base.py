@@ -424,15 +424,13 @@ def modern_hf_head(head: dict[str, Any], model) -> dict[str, Any]:
     """A task's export record (`hf_head`, written with BERT's class names) for its ModernBERT
     `model`: transformers' ModernBertFor* class, and the head's config.json fields
     (classifier_pooling, classifier_dropout: what ModernBertConfig calls them)."""
-    from bertjax.convert.modernbert import FROM_BERT_ARCHITECTURE
-
     if head.get("architecture") is None:
         return head
     extra = {"classifier_pooling": getattr(model, "classifier_pooling", "cls"),
              "classifier_dropout": heads.head_dropout(
                  model.config, getattr(model, "classifier_dropout", None)),
              **head.get("extra_config", {})}
-    return {**head, "architecture": FROM_BERT_ARCHITECTURE[head["architecture"]],
+    return {**head, "architecture": heads.MODERN_ARCHITECTURES[head["architecture"]],
             "extra_config": extra}
 
 
