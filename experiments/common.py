@@ -43,6 +43,14 @@ def optimizer(learning_rate: float, name: str, schedule: str) -> ml_collections.
         b2=0.999, eps=1e-6, clip_norm=1.0))
 
 
+def modern_head() -> dict:
+    """config.task fields of a ModernBERT's task head (a BERT's reads neither; setting them
+    for one is an error): classifier_pooling "cls" (first token) | "mean" (masked mean), as
+    transformers' ModernBertConfig; classifier_dropout None = the encoder's hidden dropout."""
+    return dict(classifier_pooling="cls",
+                classifier_dropout=ml_collections.config_dict.placeholder(float))
+
+
 def checkpoint(every_steps: int, max_to_keep: int = 3, every_minutes: float = 15.0
                ) -> ml_collections.ConfigDict:
     """Checkpoints under workdir/checkpoints: every `every_steps` steps and at the end; the

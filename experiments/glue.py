@@ -25,7 +25,8 @@ def base_config() -> ml_collections.ConfigDict:
     config.init_checkpoint = ""  # a bertjax checkpoint directory (bertjax.load_pretrained)
     config.max_seq_length = 128
 
-    config.task = ml_collections.ConfigDict(dict(family="glue", name="", kind=""))
+    config.task = ml_collections.ConfigDict(dict(family="glue", name="", kind="",
+                                                 **common.modern_head()))
     # Data: a local directory (official layout) or TFDS; files: see finetune_files.py.
     config.data = ml_collections.ConfigDict(dict(
         dir="", tfds=False, tfds_data_dir="", train="", validation="", test="", text_a="",

@@ -55,7 +55,8 @@ def get_config(arg: str = "conll2003") -> ml_collections.ConfigDict:
         raise ValueError(f"experiments/ner.py: unknown config {arg!r}; choose one of {NAMES}")
     config = base_config()
     config.task = ml_collections.ConfigDict(dict(family="token_classification", name=arg,
-                                                 kind="tagging", label_scheme="iob2"))
+                                                 kind="tagging", label_scheme="iob2",
+                                                 **common.modern_head()))
     config.data = data_config()
     config.optimizer.learning_rate = 5e-5
     config.eval.batch_size = 64

@@ -36,7 +36,8 @@ def get_config(arg: str = "v1") -> ml_collections.ConfigDict:
         family="squad", name=f"squad_{arg}", kind="extractive_qa", version_2=arg == "v2",
         doc_stride=128, max_query_length=64, n_best_size=20, max_answer_length=30,
         null_threshold=ml_collections.config_dict.placeholder(float),
-        num_workers=1))  # > 1: feature conversion in that many forked processes
+        num_workers=1,  # > 1: feature conversion in that many forked processes
+        **common.modern_head()))
     config.data = ml_collections.ConfigDict(dict(train="", validation="", test="",
                                                  tfds_data_dir="", encoding=common.DATA_ENCODING))
     config.optimizer.learning_rate = 5e-5
