@@ -30,7 +30,11 @@ def base_config() -> ml_collections.ConfigDict:
     # Data: a local directory (official layout) or TFDS; files: see finetune_files.py.
     config.data = ml_collections.ConfigDict(dict(
         dir="", tfds=False, tfds_data_dir="", train="", validation="", test="", text_a="",
-        text_b="", label="label", choices="", labels="", encoding=common.DATA_ENCODING))
+        text_b="", label="label", choices="", labels="", encoding=common.DATA_ENCODING,
+        # pack: training batches of several examples per max_seq_length row instead of one
+        # padded example per row (classification and regression only; batch_size still counts
+        # examples; evaluation stays unpacked): data_pipeline/packed_finetune.py.
+        pack=False))
 
     # Overrides of the checkpoint's config.json: compute dtype ("auto": bfloat16 on TPU/GPU,
     # float32 on CPU, as in pre-training; an explicit dtype is honoured everywhere) and dropout.

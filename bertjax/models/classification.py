@@ -12,6 +12,11 @@ ModernBertForMultipleChoice (bertjax/models/heads.py): the final hidden states p
 (`classifier_pooling`: "cls" the first token, "mean" the mean over real tokens), then `head`
 (dense, activation, LayerNorm), dropout (`classifier_dropout`) and `classifier` (with a bias);
 params {"model", "head", "classifier"}. Segment ids are not read.
+
+Packed fine-tuning (config.data.pack, classification and regression): several examples per row,
+`packing_ids` and `example_starts` given; each example is pooled inside its row (BERT: the
+pooler on its [CLS]; ModernBERT: its first token or the mean over its tokens) and the logits are
+[rows, slots, num_labels].
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 
+from bertjax.errors import ConfigError
 from bertjax.models import heads
 from bertjax.models.architectures import ModelConfig
 from bertjax.models.bert import sequence_rows
@@ -56,11 +62,28 @@ class BertForSequenceClassification(nn.Module):
         segment_ids: Array | None = None,
         input_mask: Array | None = None,
         *,
+        packing_ids: Array | None = None,
+        example_starts: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
-        """input_ids, segment_ids, input_mask: [batch, seq] int → logits [batch, num_labels]."""
+        """input_ids, segment_ids, input_mask: [batch, seq] int → logits [batch, num_labels].
+
+        Packed rows (data_pipeline/packed_finetune.py): packing_ids [rows, seq] int (slot s's
+        example has id s + 1) and example_starts [rows, slots] int → logits [rows, slots,
+        num_labels], each example's as it would be alone in a row (heads.encode_packed)."""
         cfg = self.config
         heads.check_head_options(cfg, self.classifier_pooling, self.bilstm_units)
+        if example_starts is not None:
+            if self.bilstm_units:
+                raise ConfigError("config.data.pack: the + BiLSTM head (config.task."
+                                  "bilstm_units) reads a whole row; packing is for pooled heads")
+            pooled = heads.encode_packed(cfg, input_ids, segment_ids, input_mask, packing_ids,
+                                         example_starts, deterministic=deterministic,
+                                         pooling=self.classifier_pooling)
+            logits = heads.output_layer(cfg, pooled, self.num_labels,
+                                        deterministic=deterministic,
+                                        classifier_dropout=self.classifier_dropout)
+            return nn.with_logical_constraint(logits, ("batch", None, "classes"))
         sequence, pooled = heads.encode(cfg, input_ids, segment_ids, input_mask,
                                         deterministic=deterministic,
                                         pooled_only=self.pooled_only,

@@ -98,6 +98,49 @@ def encode(config: ModelConfig, input_ids: Array, segment_ids: Array | None,
     return outputs["sequence_output"], outputs["pooled_output"]
 
 
+def pool_packed(hidden: Array, packing_ids: Array, example_starts: Array, mode: str) -> Array:
+    """The pooled vector of each example of packed rows: hidden [rows, seq, hidden],
+    packing_ids [rows, seq] (slot s's example has id s + 1, padding 0), example_starts
+    [rows, slots] (each example's first position) → [rows, slots, hidden]: "cls" each example's
+    first token, "mean" the mean over its tokens (an empty slot gives zeros), what `pool` gives
+    the example alone in a row."""
+    if mode == "cls":
+        return jnp.take_along_axis(hidden, example_starts[..., None], axis=1)
+    if mode != "mean":
+        raise ConfigError(f"config.task.classifier_pooling={mode!r} is not one of "
+                          f"{' | '.join(POOLINGS)}")
+    slots = jnp.arange(1, example_starts.shape[1] + 1)
+    member = (packing_ids[:, None, :] == slots[None, :, None]).astype(hidden.dtype)
+    total = jnp.einsum("rks,rsh->rkh", member, hidden)  # [rows, slots, hidden]
+    return total / jnp.maximum(jnp.sum(member, axis=-1), 1)[..., None]
+
+
+def encode_packed(config: ModelConfig, input_ids: Array, segment_ids: Array | None,
+                  input_mask: Array, packing_ids: Array, example_starts: Array, *,
+                  deterministic: bool, pooling: str = "cls") -> Array:
+    """`encode`'s pooled vectors for packed rows (data_pipeline/packed_finetune.py): input_ids,
+    segment_ids, input_mask, packing_ids [rows, seq] int, example_starts [rows, slots] int →
+    pooled [rows, slots, hidden], each example's as `encode` gives it alone in a row. The
+    encoder (created in the calling module, `encoder_name`) attends within each example and
+    restarts its positions there. BERT: the pooler on each example's [CLS] (its first token);
+    ModernBERT: `pool_packed`."""
+    if is_modern(config):
+        hidden = modern.ModernBertModel(config, name="model")(
+            input_ids, input_mask, packing_ids=packing_ids, deterministic=deterministic)
+        return pool_packed(hidden, packing_ids, example_starts, pooling)
+    if config.causal:  # its pooled token is the last one; packed rows have no such index
+        raise ConfigError("config.data.pack: a causal (left-to-right) BERT pools its last "
+                          "token; packed fine-tuning pools each example's first")
+    bert = BertModel(config, name="bert")
+    # The whole final layer: the examples' [CLS] tokens are spread over the rows.
+    sequence = bert(input_ids, segment_ids, input_mask, packing_ids=packing_ids,
+                    deterministic=deterministic)["sequence_output"]
+    first = pool_packed(sequence, packing_ids, example_starts, "cls")  # [rows, slots, hidden]
+    rows, slots, hidden = first.shape
+    # The encoder's own pooler (params bert/pooler), on one token per example.
+    return bert.pooler(first.reshape(rows * slots, 1, hidden)).reshape(rows, slots, hidden)
+
+
 def head_dropout(config: ModelConfig, classifier_dropout: float | None) -> float:
     """The dropout before the output layer: `classifier_dropout` where given, else the
     encoder's hidden dropout (BERT's hidden_dropout_prob, as transformers' BERT heads; a

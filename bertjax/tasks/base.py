@@ -8,6 +8,8 @@ its own. For training (`TrainingTask`):
   batches(features, batch_size, shuffle, seed) -> per-host NumPy batches of one epoch, each
                                    with `example_index` [batch] (-1 for filler rows)
   batch_spec(batch_size, max_seq_length) -> shapes of the largest global batch (dry runs)
+  train_rows / train_batch_spec(features, ...) -> a training batch's rows and shapes (other
+                                   than batch_size and batch_spec where the task packs examples)
   model(model_config)           -> the Flax module (BertModel "bert" + head; for a ModernBERT
                                    ModernBertModel "model" + transformers' head, models/heads.py)
   init_inputs()                 -> dummy inputs for model.init
@@ -138,6 +140,16 @@ class TrainingTask:
                    ) -> dict[str, jax.ShapeDtypeStruct]:
         """Shapes of the largest global batch (for dry runs)."""
         raise NotImplementedError
+
+    def train_rows(self, features, batch_size: int) -> int:
+        """Rows of a global training batch: batch_size examples one a row, unless the task
+        packs several examples into a row (config.data.pack)."""
+        return batch_size
+
+    def train_batch_spec(self, features, batch_size: int, max_seq_length: int
+                         ) -> dict[str, jax.ShapeDtypeStruct]:
+        """Shapes of the largest global training batch of `features` (for dry runs)."""
+        return self.batch_spec(batch_size, max_seq_length)
 
     def model(self, model_config):
         raise NotImplementedError
@@ -350,7 +362,10 @@ class FineTuningJob(Job):
         self._predict = jax.jit(functools.partial(_predict, task=task, model=self.model))
         self.stages = [Stage(
             name="finetune", start=0, end=self.total_steps, make_input=self._train_input,
-            batch_spec=task.batch_spec(self.batch_size, max_len),
+            batch_spec=task.train_batch_spec(self.train_features, self.batch_size, max_len),
+            # Rows a step computes: batch_size examples, packed into fewer rows where the
+            # task packs (config.data.pack); the rows must split over the devices.
+            batch_size=task.train_rows(self.train_features, self.batch_size),
             flops_per_example=0.0, tokens_per_example=max_len,  # 0: MFU not reported
             description=f"Fine-tuning for {self.total_steps} steps "
                         f"({config.train.num_epochs} epochs of {self.steps_per_epoch})",

@@ -2,7 +2,8 @@
 checks every job shares (bertjax/validate.py): its ranges, the data encoding, and the init
 checkpoint (its config.json read once): readable, its sizes not overridden, its vocabulary
 within its embeddings, its positions covering config.max_seq_length; the head options
-(config.task.classifier_pooling / classifier_dropout / bilstm_units) its architecture takes.
+(config.task.classifier_pooling / classifier_dropout / bilstm_units) its architecture takes;
+config.data.pack for the tasks that pack (classification and regression).
 Each family's data files are read, and named in any error, by its Task.read."""
 
 from __future__ import annotations
@@ -49,6 +50,32 @@ def check(config, workdir: str | None) -> None:
                           f"{model.max_position_embeddings} positions "
                           f"({config.init_checkpoint})")
     check_head(config, model)
+    check_packing(config, model)
+
+
+# config.task.family → the config.task.kind values whose training batches can be packed
+# (config.data.pack: data_pipeline/packed_finetune.py, pooled sequence heads only).
+PACKED_KINDS = {"glue": ("classification", "regression"),
+                "files": ("classification", "regression")}
+
+
+def check_packing(config, model) -> None:
+    """config.data.pack for a task and model whose head pools each example of a packed row."""
+    if not (config.get("data") or {}).get("pack", False):
+        return
+    task = config.get("task") or {}
+    family, kind = task.get("family"), task.get("kind") or ""
+    what = None
+    if kind not in PACKED_KINDS.get(family, ()):
+        what = f"config.task.family={family!r}" + (f", kind={kind!r}" if kind else "")
+    elif int(task.get("bilstm_units") or 0):
+        what = "the + BiLSTM head (config.task.bilstm_units)"
+    elif not is_modern(model) and model.causal:
+        what = "a causal (left-to-right) BERT"
+    if what:
+        raise ConfigError(f"config.data.pack=True packs the classification and regression tasks "
+                          f"only (glue, files); {what} is not packed yet: set "
+                          "config.data.pack=False")
 
 
 def check_head(config, model) -> None:

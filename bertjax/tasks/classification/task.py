@@ -5,9 +5,11 @@ The heads are bertjax/models/classification.py's (logits [batch, num_labels], or
 [batch, choices] for multiple choice; over a ModernBERT, transformers' ModernBertFor* heads with
 config.task.classifier_pooling "cls" | "mean" and config.task.classifier_dropout). Losses in
 float32: softmax cross-entropy for classification and across the choices of multiple choice,
-mean squared error for regression (num_labels = 1, e.g. STS-B). Examples come from readers.py,
-dev metrics are the official ones (metrics.py), GLUE test predictions become leaderboard files
-(submission.py).
+mean squared error for regression (num_labels = 1, e.g. STS-B). config.data.pack: training
+batches of packed rows (data_pipeline/packed_finetune.py; classification and regression), the
+logits [rows, slots, labels] and the same losses over the real examples. Examples come from
+readers.py, dev metrics are the official ones (metrics.py), GLUE test predictions become
+leaderboard files (submission.py).
 """
 
 from __future__ import annotations
@@ -100,6 +102,10 @@ class SequenceTask(Task):
         self.train_batch_size = config.train.batch_size
         self.group_by_length = bool(config.train.get("group_by_length", False))
         self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head
+        # config.data.pack: training batches of packed rows (data_pipeline/packed_finetune.py;
+        # classification and regression, checked by tasks/checks.py); evaluation is unpacked.
+        self.pack = bool((config.get("data") or {}).get("pack", False))
+        self.grad_accum_steps = int(config.train.get("grad_accum_steps", 1))
 
     def read(self, config) -> Splits:
         """Examples of every split, from config.task / config.data (TensorFlow only for TFDS)."""
@@ -165,16 +171,54 @@ class SequenceTask(Task):
         from data_pipeline import finetune_data
 
         self.buckets = self.bucket_lengths(max_seq_length)
+        self.max_seq_length = max_seq_length
         return finetune_data.encode(tokenizer, examples, max_seq_length=max_seq_length,
                                     regression=self.kind == "regression")
 
-    def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
-        from data_pipeline import finetune_data
+    def packing_shape(self, features, batch_size: int):
+        """The fixed shape of packed training batches of `features` (config.data.pack): their
+        rows split evenly over every device and micro-batch."""
+        from data_pipeline import packed_finetune
 
+        return packed_finetune.packing_shape(features.lengths, batch_size, self.max_seq_length,
+                                             granule=jax.device_count() * self.grad_accum_steps)
+
+    def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
+        from data_pipeline import finetune_data, packed_finetune
+
+        if shuffle and self.pack:
+            return packed_finetune.packed_batches(
+                features, self.packing_shape(features, batch_size), seed,
+                process_index=jax.process_index(), process_count=jax.process_count())
         return finetune_data.batches(features, batch_size, self.buckets, shuffle=shuffle,
                                      seed=seed, process_index=jax.process_index(),
                                      process_count=jax.process_count(),
                                      group_by_length=self.group_by_length)
+
+    def num_batches(self, features, batch_size: int) -> int:
+        if not self.pack:
+            return super().num_batches(features, batch_size)
+        from data_pipeline import packed_finetune
+
+        return len(packed_finetune.plan_packed(features.lengths,
+                                               self.packing_shape(features, batch_size), 0))
+
+    def train_rows(self, features, batch_size: int) -> int:
+        return self.packing_shape(features, batch_size).rows if self.pack else batch_size
+
+    def train_batch_spec(self, features, batch_size: int, max_seq_length: int):
+        if not self.pack:
+            return self.batch_spec(batch_size, max_seq_length)
+        shape = self.packing_shape(features, batch_size)
+        i32, f32 = jnp.int32, jnp.float32
+        tokens, slots = (shape.rows, shape.length), (shape.rows, shape.slots)
+        label = f32 if self.kind == "regression" else i32
+        return {**{k: jax.ShapeDtypeStruct(tokens, i32) for k in
+                   ("input_ids", "segment_ids", "input_mask", "packing_ids")},
+                "example_starts": jax.ShapeDtypeStruct(slots, i32),
+                "labels": jax.ShapeDtypeStruct(slots, label),
+                "weights": jax.ShapeDtypeStruct(slots, f32),
+                "example_index": jax.ShapeDtypeStruct(slots, i32)}
 
     def batch_spec(self, batch_size: int, max_seq_length: int):
         tokens = (batch_size, max_seq_length)
@@ -194,8 +238,21 @@ class SequenceTask(Task):
 
         padding, lengths = finetune_data.padding_fraction(
             features, self.train_batch_size, self.buckets, self.group_by_length)
+        if self.pack:
+            return "; " + self.describe_packing(features, padding)
         return (f"; padding is {100 * padding:.1f}% of the train tokens computed (batch "
                 f"lengths {', '.join(map(str, lengths))})")
+
+    def describe_packing(self, features, bucketed_padding: float) -> str:
+        """The packing of an epoch (seed 0) against the padding of unpacked batches."""
+        from data_pipeline import packed_finetune
+
+        shape = self.packing_shape(features, self.train_batch_size)
+        steps, padding, per_step = packed_finetune.packed_padding(features, shape)
+        return (f"packed {len(features)} examples into {steps * shape.rows} rows of "
+                f"{shape.length} ({steps} steps of {shape.rows} rows, {per_step:.1f} examples "
+                f"a step, at most {shape.slots} a row): padding {100 * bucketed_padding:.1f}% "
+                f"→ {100 * padding:.1f}% of the train tokens computed")
 
     def hf_head(self):
         if self.kind == "multiple_choice":
@@ -224,10 +281,19 @@ class SequenceTask(Task):
         ids = jnp.zeros((1, 2, 8) if self.kind == "multiple_choice" else (1, 8), jnp.int32)
         return ids, ids, ids
 
+    def outputs(self, model, params, batch, **kwargs):
+        if "packing_ids" in batch:  # packed rows: logits [rows, slots, labels]
+            kwargs.update(packing_ids=batch["packing_ids"],
+                          example_starts=batch["example_starts"])
+        return super().outputs(model, params, batch, **kwargs)
+
     def loss(self, logits, batch, denominators=None):
         # Multiple choice: a softmax cross-entropy across the choices' logits [batch, choices].
+        # Packed rows: logits [rows, slots, K], labels and weights [rows, slots], one example
+        # a slot; the empty slots weigh 0, so the means are over the real examples.
         loss_fn = regression_loss if self.kind == "regression" else classification_loss
-        return loss_fn(logits, batch["labels"], batch["weights"], denominators)
+        return loss_fn(logits.reshape(-1, logits.shape[-1]), batch["labels"].reshape(-1),
+                       batch["weights"].reshape(-1), denominators)
 
     def denominators(self, batch):
         return example_denominators(batch["weights"])
