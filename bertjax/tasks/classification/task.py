@@ -265,7 +265,10 @@ class SequenceTask(Task):
     @property
     def pooled_only(self) -> bool:
         """Whether model()'s head reads the pooled token alone (BertModel's `pooled_only`):
-        all but the "+ BiLSTM" head."""
+        all but the "+ BiLSTM" head, and not in packed training (config.data.pack), whose rows
+        pool several tokens each (the model FLOPs of a dry run)."""
+        if self.pack:
+            return False
         return self.kind == "multiple_choice" or not self.bilstm_units
 
     def model(self, model_config):

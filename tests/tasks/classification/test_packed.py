@@ -288,6 +288,33 @@ def test_the_shipped_configs_do_not_pack():
         assert config.data.pack is False
 
 
+def test_the_job_steps_on_packed_rows_that_split_over_micro_batches(tmp_path):
+    """The job's stage: rows (not batch_size examples) a step, its batch spec the shapes of
+    every training batch, the rows divisible by the micro-batches."""
+    from conftest import KEYWORD_VOCAB, write_tiny_checkpoint
+
+    from bertjax.tasks import dry_run_job
+    from experiments.finetune_files import get_config
+
+    write_task(tmp_path)
+    (tmp_path / "ckpt").mkdir()
+    config = get_config("classification")
+    config.init_checkpoint = write_tiny_checkpoint(tmp_path / "ckpt", KEYWORD_VOCAB)
+    config.data.update(train=str(tmp_path / "train.jsonl"),
+                       validation=str(tmp_path / "dev.jsonl"), pack=True)
+    config.max_seq_length, config.train.grad_accum_steps = 32, 2
+    job = dry_run_job(config, log=lambda *_: None)
+    stage = job.stages[0]
+    assert stage.batch_size % 2 == 0 and stage.batch_size < config.train.batch_size
+    batches = job._train_input()
+    for _ in range(job.steps_per_epoch + 1):
+        batch = next(batches)
+        assert {k: v.shape for k, v in batch.items()} == {
+            k: s.shape for k, s in stage.batch_spec.items()}
+        assert batch["input_ids"].shape[0] == stage.batch_size
+    assert job.total_steps == 3 * job.steps_per_epoch
+
+
 @pytest.mark.slow
 def test_a_packed_run_learns(tmp_path):
     """A packed run through the job: the log line, the learning, an unpacked evaluation."""
