@@ -33,7 +33,7 @@ LEGACY_CONFIG_FILE = "config.json"
 # compute dtype and the mesh may change: checkpoints restore onto any mesh.) fnmatch patterns:
 # "phases.*.batch_size" is each pre-training phase's own batch.
 RESUME_FIELDS = ("model.*", "optimizer.name", "train.batch_size", "phases.*.batch_size",
-                 "task.name", "rng_impl")
+                 "task.name", "rng_impl", "data.pack")
 RESUME_FIELDS_FREE = ("model.dtype",)
 
 
