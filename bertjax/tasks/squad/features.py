@@ -9,14 +9,18 @@ the window where min(tokens left of it, tokens right of it) + 0.01 · window len
 (the reference's rule); only there may an answer start.
 
 Answers are mapped through character offsets, never through re-tokenised answer text: the
-first context token whose span ends after `answer_start` and the last one that starts before
-`answer_start + len(text)`. Training windows that do not hold the whole answer (and v2.0's
-unanswerable questions) point at [CLS] (position 0).
+first context token whose span ends after the answer's first non-space character and the last
+one that starts before the end of its last. Offsets exclude the whitespace a piece carries
+(ByteLevel BPE's "Ġ"), so any tokenizer's pieces map the same way: WordPiece, SentencePiece,
+a tokenizer.json (ModernBERT's, whose context starts with a word without "Ġ"). Training
+windows that do not hold the whole answer (and v2.0's unanswerable questions) point at [CLS]
+(position 0).
 
 Conversion is vectorised: every distinct context is tokenized once (questions share them;
 SQuAD train has 88k questions over 19k paragraphs), in one batch call (the tokenizer's
 compiled tensorflow-text path for plain-ASCII batches), and windows, token ids and max-context
-flags are NumPy arrays. `num_workers > 1` splits the examples over spawned processes.
+flags are NumPy arrays. `num_workers > 1` splits the examples over spawned processes, each
+with its own copy of the tokenizer (any kind).
 """
 
 from __future__ import annotations
@@ -162,7 +166,11 @@ def convert(tokenizer, examples: Sequence[SquadExample], max_seq_length: int = 3
         answer = (-1, -1)
         if training and not example.is_impossible and example.answers:
             text, start_char = example.answers[0]
-            answer = answer_token_span(spans, start_char, start_char + len(text))
+            # Without the answer's own leading/trailing whitespace: an answer_start on the
+            # space before a word starts at the word, not at a piece that holds only the
+            # space (ByteLevel BPE's lone "Ġ", an empty span there).
+            answer = answer_token_span(spans, start_char + len(text) - len(text.lstrip()),
+                                       start_char + len(text.rstrip()))
         head = np.array([cls, *q_ids, sep], np.int32)
         for w, start in enumerate(starts):
             length = int(min(window, len(ids) - start))
@@ -214,12 +222,34 @@ def concatenate(parts: list[SquadFeatures]) -> SquadFeatures:
 _WORKER: tuple = ()  # (tokenizer, convert kwargs) of a worker process
 
 
-def _init_worker(vocab: list[str], do_lower_case: bool, kwargs: dict) -> None:
+def _worker_tokenizer(tokenizer):
+    """What a spawned worker rebuilds the tokenizer from: WordPiece from its vocabulary (the
+    pure-Python path: no TensorFlow start-up per worker), any other tokenizer pickled (a
+    tokenizer.json's `TokenizersTokenizer` carries its JSON); None if it cannot be sent."""
+    import pickle
+
+    from bertjax.tokenization import WordPieceTokenizer
+
+    if isinstance(tokenizer, WordPieceTokenizer):
+        return ("wordpiece", tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size)),
+                tokenizer.do_lower_case)
+    try:
+        return ("pickle", pickle.dumps(tokenizer))
+    except Exception:  # noqa: BLE001 - an unpicklable backend: convert in this process
+        return None
+
+
+def _init_worker(recipe: tuple, kwargs: dict) -> None:
+    import pickle
+
     from bertjax.tokenization import WordPieceTokenizer
 
     global _WORKER
-    tokenizer = WordPieceTokenizer(vocab, do_lower_case)
-    tokenizer.tf_text_min_batch = None  # pure Python: no TensorFlow start-up per worker
+    if recipe[0] == "wordpiece":
+        tokenizer = WordPieceTokenizer(recipe[1], recipe[2])
+        tokenizer.tf_text_min_batch = None  # pure Python: no TensorFlow start-up per worker
+    else:
+        tokenizer = pickle.loads(recipe[1])
     _WORKER = (tokenizer, kwargs)
 
 
@@ -233,14 +263,14 @@ def _convert_parallel(tokenizer, examples, max_seq_length, doc_stride, max_query
     """convert() over `num_workers` spawned processes, on chunks cut at context boundaries
     (SQuAD files list a paragraph's questions together, so contexts stay tokenized once).
     Spawned, not forked: the parent may hold JAX's or TensorFlow's threads, and a fork of
-    them can deadlock. WordPiece only (the worker rebuilds it from the vocabulary)."""
+    them can deadlock. Each worker rebuilds the tokenizer (`_worker_tokenizer`); one that
+    cannot be sent to a process is used here, in one process."""
     import multiprocessing
-
-    from bertjax.tokenization import WordPieceTokenizer
 
     kwargs = dict(max_seq_length=max_seq_length, doc_stride=doc_stride,
                   max_query_length=max_query_length, training=training)
-    if not isinstance(tokenizer, WordPieceTokenizer):
+    recipe = _worker_tokenizer(tokenizer)
+    if recipe is None:
         return convert(tokenizer, examples, num_workers=1, **kwargs)
     bounds = [0]
     for k in range(1, num_workers):
@@ -250,9 +280,7 @@ def _convert_parallel(tokenizer, examples, max_seq_length, doc_stride, max_query
         bounds.append(max(cut, bounds[-1]))
     bounds.append(len(examples))
     chunks = [examples[a:b] for a, b in zip(bounds, bounds[1:]) if b > a]
-    vocab = tokenizer.convert_ids_to_tokens(range(tokenizer.vocab_size))
     with multiprocessing.get_context("spawn").Pool(
-            len(chunks), _init_worker, (vocab, tokenizer.do_lower_case, kwargs)) as pool:
+            len(chunks), _init_worker, (recipe, kwargs)) as pool:
         parts = pool.map(_worker, chunks)
     return concatenate(parts)
-
