@@ -4,7 +4,9 @@
 exports a checkpoint directory bertjax.load_pretrained reads back, and the directory format
 itself for a ModernBERT."""
 
+import json
 import re
+import signal
 
 import flax
 import flax.linen as nn
@@ -12,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 from conftest import run_python
-from subprocess_runs import final_params
+from subprocess_runs import final_params, latest_checkpoint, start, wait_for
 
 from bertjax import checkpoint_dir
 from bertjax.errors import ConfigError
@@ -106,7 +108,7 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
             f"--workdir={workdir}", f"--config.vocab={tmp_path / 'vocab.txt'}",
             "--config.model.dtype=float32", "--config.model.local_attention=16",
             f"--config.train.num_train_steps={total}", "--config.log_every_steps=1",
-            f"--config.checkpoint.every_steps={total}", "--config.optimizer.warmup_steps=4",
+            "--config.checkpoint.every_steps=2", "--config.optimizer.warmup_steps=4",
             "--config.optimizer.learning_rate=3e-3", "--config.optimizer.decay_steps=8",
             f"--config.eval.every_steps={total}", "--config.eval.num_batches=2"]
     for name, n in steps.items():
@@ -122,8 +124,6 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
     proc = run_python(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "objective mlm" in proc.stdout and "packed" in proc.stdout
-
-    import json
 
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train = {r["step"]: r for r in records if r["split"] == "train"}
@@ -143,6 +143,24 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
     assert sorted(stored) == sorted(exported)
     for key in stored:
         np.testing.assert_array_equal(stored[key], exported[key])
+
+    # Killed inside the context extension (phase2: steps 24..32, its own RoPE theta) and
+    # resumed: every loss and the final params bitwise those of the uninterrupted run.
+    resumed = tmp_path / "resumed"
+    args = [a.replace(f"--workdir={workdir}", f"--workdir={resumed}") for a in args]
+    first = start(args)
+    assert wait_for(lambda: (latest_checkpoint(str(resumed)) or 0) >= 26, timeout=600)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert latest_checkpoint(str(resumed)) < total
+    proc = run_python(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Resumed from" in proc.stdout and "Phase phase1" not in proc.stdout
+    again = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
+    again = {r["step"]: r for r in again if r["split"] == "train"}
+    assert [again[s]["loss"] for s in range(1, total + 1)] == losses
+    for key, value in final_params(str(resumed), total).items():
+        np.testing.assert_array_equal(value, stored[key], err_msg=key)
 
 
 def test_checkpoint_directory_with_a_tokenizer_json(tmp_path):
