@@ -4,7 +4,7 @@ tagged files, fine-tuned or feature-based. Its pieces, in the order data flows t
   schemes.py        tag schemes (iob1 / iob2 / bioes / none) and conlleval's chunk rules, used
                     by the readers and the metrics alike
   readers.py        CoNLL column files, JSONL, TFDS conll2003 → `Sentence`s in the model's scheme
-  features.py       sentences → WordPiece rows (first-sub-token labels, windows, document
+  features.py       sentences → sub-token rows (first-sub-token labels, windows, document
                     context) → length-bucketed batches
   task.py           `TokenClassificationTask` (family token_classification): the loss,
                     predictions, metrics and the `predictions/<split>.conll` output files

@@ -1,4 +1,4 @@
-"""Tagged sentences → WordPiece rows → length-bucketed NumPy batches (token classification).
+"""Tagged sentences → sub-token rows → length-bucketed NumPy batches (token classification).
 
 Labels sit on each word's FIRST sub-token (paper Sec. 5.3); the other sub-tokens, [CLS] /
 [SEP] and context tokens carry label -1 and weight 0, so loss and metric never see them.
@@ -8,7 +8,8 @@ starting every `stride` pieces; each word is scored in exactly one window, the o
 first sub-token has the most context on its poorer side (as SQuAD's "max context" rule).
 With `document_context`, a sentence that fits is encoded with its neighbours from the same
 document around it (about as much on each side, up to max_seq_length), and only its own words
-are scored: the paper's NER setting.
+are scored: the paper's NER setting. Each sentence's pieces are those of its words joined by
+spaces as one text (`sentence_pieces`), also where it is a neighbour's context.
 
 Rows of a split (`TokenFeatures`, one or more per sentence):
   input_ids[r]: [len_r] int32 ([CLS] context sentence context [SEP])
@@ -50,12 +51,35 @@ class TokenFeatures:
         return len(self.input_ids)
 
 
-def word_pieces(tokenizer, sentences: Sequence[Sentence]) -> dict[str, list[int]]:
-    """WordPiece ids of every distinct word; a word with no pieces (only characters the
-    tokenizer drops) becomes [UNK], so every word keeps a position to be scored at."""
-    words = sorted({w for s in sentences for w in s.words})
-    ids = [tokenizer.convert_tokens_to_ids(tokenizer.tokenize(w)) for w in words]
-    return {w: (p or [tokenizer.unk_id]) for w, p in zip(words, ids)}
+def sentence_pieces(tokenizer, sentences: Sequence[Sentence]
+                    ) -> list[tuple[list[int], list[int]]]:
+    """Per sentence, (ids, firsts): the token ids of its words as one text (the words joined by
+    single spaces, tokenized together), and the position of each word's first token.
+
+    Tokens are given to words through the tokenizer's character offsets (a token belongs to
+    the word its span starts in), so a tokenizer whose pieces depend on the context is read
+    as it reads running text: ByteLevel BPE (ModernBERT's tokenizer.json) marks words after
+    the first with "Ġ" and the sentence's first word without, as it tokenizes any text; a
+    WordPiece or SentencePiece tokenizer gives the same pieces as word by word. A word with no
+    token of its own (only characters the tokenizer drops) gets [UNK] at its place, so every
+    word keeps a position to be scored at."""
+    texts = [" ".join(s.words) for s in sentences]
+    out = []
+    for sentence, pieces in zip(sentences, tokenizer._pieces_batch(texts)):  # noqa: SLF001
+        starts = np.cumsum([0] + [len(w) + 1 for w in sentence.words[:-1]])
+        owner = (np.searchsorted(starts, [b for b, _ in pieces.offsets], side="right") - 1
+                 if pieces.offsets else np.zeros(0, np.int64))
+        ids, firsts, t = [], [], 0
+        for w in range(len(sentence.words)):
+            firsts.append(len(ids))
+            before = t
+            while t < len(pieces.ids) and owner[t] <= w:
+                ids.append(pieces.ids[t])
+                t += 1
+            if t == before:
+                ids.append(tokenizer.unk_id)
+        out.append((ids, firsts))
+    return out
 
 
 def windows(num_pieces: int, budget: int, stride: int) -> list[tuple[int, int]]:
@@ -103,18 +127,15 @@ def encode(tokenizer, sentences: Sequence[Sentence], label_ids: dict[str, int] |
     """Rows of every sentence (see the module docstring). label_ids: tag → id (None: no
     labels)."""
     budget = max_seq_length - 2
-    vocab = word_pieces(tokenizer, sentences)
-    cache: dict[int, list[int]] = {}
+    encoded = sentence_pieces(tokenizer, sentences)
 
     def pieces_of(i: int) -> list[int]:
-        if i not in cache:
-            cache[i] = [p for w in sentences[i].words for p in vocab[w]]
-        return cache[i]
+        return encoded[i][0]
 
     rows_ids, rows_words, rows_labels, row_sentence, row_own = [], [], [], [], []
     for s, sentence in enumerate(sentences):
         own = pieces_of(s)
-        firsts = np.cumsum([0] + [len(vocab[w]) for w in sentence.words[:-1]])
+        firsts = encoded[s][1]
         gold = (np.array([label_ids[t] for t in sentence.tags], np.int32)
                 if label_ids is not None and sentence.tags is not None else None)
         left: list[int] = []

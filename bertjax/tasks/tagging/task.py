@@ -1,12 +1,13 @@
 """Token classification (CoNLL-2003 NER, POS tagging, chunking, users' tagged files) as a task
 family of the fine-tuning plug-in (tasks/base.py).
 
-The paper's setting (Sec. 5.3): each word's label sits on its first WordPiece; a dense layer
-over the final hidden vectors scores every position (bertjax/models/tagging.py), and only first
-sub-tokens enter the float32 cross-entropy and the metric (no CRF). Sentences are encoded with
-their document's neighbouring sentences as context (config.data.document_context), documents
-as the data marks them (readers.py: a file without marks holds independent sentences); long
-sentences are split into windows and each word is predicted once (features.py).
+The paper's setting (Sec. 5.3): each word's label sits on its first sub-token (a WordPiece,
+or a tokenizer.json's BPE piece); a dense layer over the final hidden vectors scores every
+position (bertjax/models/tagging.py), and only first sub-tokens enter the float32
+cross-entropy and the metric (no CRF). Sentences are encoded with their document's
+neighbouring sentences as context (config.data.document_context), documents as the data marks
+them (readers.py: a file without marks holds independent sentences); long sentences are split
+into windows and each word is predicted once (features.py).
 
 Metrics: conlleval's entity-level precision / recall / F1 (micro, and F1 per type as
 "<TYPE>_f1") and token accuracy; with plain tags (scheme "none", e.g. POS) token accuracy only.
