@@ -110,18 +110,34 @@ def parse_instruction(line: str) -> Instruction | None:
     return Instruction(match.group(1), shape, opcode, operands, rest[close + 1:])
 
 
+def logical_lines(text: str) -> list[str]:
+    """The module's lines with each instruction on one: an attribute may span lines (a Pallas
+    kernel's `frontend_attributes={kernel_metadata={...}}` does, and its continuation starts
+    with "}}"), so a line that starts no instruction, header or closing brace continues the
+    one before it."""
+    out: list[str] = []
+    for line in text.splitlines():
+        starts = (_INSTRUCTION.match(line) or _HEADER.match(line) or line.strip() == "}"
+                  or not out or line.startswith("HloModule"))
+        if starts:
+            out.append(line)
+        else:
+            out[-1] += "\n" + line
+    return out
+
+
 def parse_module(text: str) -> tuple[dict[str, list[Instruction]], str]:
     """HLO module text → ({computation name: its instructions}, name of the entry)."""
     computations: dict[str, list[Instruction]] = {}
     entry, current = "", None
-    for line in text.splitlines():
+    for line in logical_lines(text):
         header = _HEADER.match(line)
         if header and not _INSTRUCTION.match(line):
             current = header.group(2)
             computations[current] = []
             if header.group(1):
                 entry = current
-        elif line.startswith("}"):
+        elif line.strip() == "}":
             current = None
         elif current is not None and (instruction := parse_instruction(line)):
             computations[current].append(instruction)

@@ -669,3 +669,29 @@ def test_extrapolated_step_matches_the_full_unrolled_compile_on_v5p():
     for name, group in category.items():
         assert estimate.groups["category"][name].bytes == pytest.approx(
             group.bytes, rel=0.05, abs=1e6), name
+
+
+def test_an_attribute_over_several_lines_neither_ends_the_computation_nor_loses_its_op():
+    """A Pallas kernel's kernel_metadata (the splash kernels') spans lines, the continuation
+    starting with "}}": the ops after it are still the computation's, and the kernel keeps
+    its cost estimate (it is on the continuation line)."""
+    from bertjax.aot import hlo_costs
+
+    text = """HloModule step
+
+ENTRY %main (a: bf16[64,128,768]) -> f32[8,4] {
+  %a = bf16[64,128,768]{2,1,0} parameter(0)
+  %k = bf16[64,128,768]{2,1,0} custom-call(%a), custom_call_target="tpu_custom_call", \
+frontend_attributes={kernel_metadata={
+"xprof_metadata":"{\\"block_q\\": 512}"
+}}, backend_config={"custom_call_config":{"body":"x","cost_estimate":{"flops":"459000000000",\
+"transcendentals":"0","bytes_accessed":"1","remote_bytes_transferred":"0"}}}
+  %n = f32[8,4]{1,0} add(%x0, %x0)
+  ROOT %out = f32[8,4]{1,0} add(%n, %n)
+}
+"""
+    computations, entry = hlo_costs.parse_module(text)
+    assert [i.name for i in computations[entry]] == ["a", "k", "n", "out"]
+    costs = {c.name: c for c in hlo_costs.op_costs(text, 1.75e9, 459e12, 2765e9)}
+    assert set(costs) >= {"k", "n", "out"}
+    assert costs["k"].cycles == pytest.approx(1e-3 * 1.75e9)
