@@ -144,7 +144,8 @@ class FeatureBasedTask(TokenClassificationTask):
     def initial_params(self, model_config, pretrained):
         # The trained model has no encoder: keep it here to compute the cache, load nothing.
         self.model_config = model_config
-        self._encoder = pretrained[heads.encoder_name(model_config)]
+        self._encoder = (None if pretrained is None  # no checkpoint (a dry run, a test)
+                         else pretrained[heads.encoder_name(model_config)])
         self.layers, self.mode = variant_layers(self.fb.variant, model_config.num_layers)
         return {}
 
