@@ -283,12 +283,15 @@ def category(opcode: str, name: str, shape: str = "") -> str:
         return "dropout + RNG"
     if not name and shape.lstrip("(").startswith("u32["):
         return "dropout + RNG"  # unnamed: random bits are the step's only u32 arrays
-    if "layer_norm" in lowered or "layernorm" in lowered:
+    # A ModernBERT's norms are "norm", "attn_norm", "mlp_norm", "final_norm".
+    if ("layer_norm" in lowered or "layernorm" in lowered
+            or re.search(r"/(attn_|mlp_|final_)?norm/", lowered)):
         return "layer norm"
-    if "/attention/" in lowered:
+    if "/attention/" in lowered or "/attn/" in lowered:  # BERT's, a ModernBERT's
         return "attention"
-    # intermediate (and its GELU) and output dense; remat puts the layer under "checkpoint/"
-    if re.search(r"/encoder/(checkpoint/)?layer_n/", lowered):
+    # intermediate (and its GELU) and output dense, a ModernBERT's GeGLU; remat puts the layer
+    # under "checkpoint/"
+    if re.search(r"/encoder/(checkpoint/)?layer_n/", lowered) or "/mlp/" in lowered:
         return "FFN"
     if "/embeddings/" in lowered:
         return "embeddings"

@@ -585,6 +585,15 @@ s32[]{:S(2)}) slice-start(%p), slice={[0:4194304]}
     ("jvp(jit(log_softmax))/reduce_max", "heads + loss"),
     ("sqrt", "optimizer update"),
     ("", "other"),
+    # A ModernBERT's module names.
+    ("jvp(ModernBertForMaskedLM)/model/layers_N/attn/cond/branch_0_fun/transpose", "attention"),
+    ("transpose(jvp(ModernBertForMaskedLM))/model/layers_N/mlp/wi/dot_general", "FFN"),
+    ("jvp(ModernBertForMaskedLM)/model/layers_N/mlp_norm/reduce_sum", "layer norm"),
+    ("jvp(ModernBertForMaskedLM)/model/final_norm/rsqrt", "layer norm"),
+    ("jvp(ModernBertForMaskedLM)/model/embeddings/norm/sub", "layer norm"),
+    ("jvp(ModernBertForMaskedLM)/model/embeddings/tok_embeddings/jit(_take)/gather",
+     "embeddings"),
+    ("jvp(ModernBertForMaskedLM)/head/dense/dot_general", "heads + loss"),
 ])
 def test_ops_are_categorised_by_their_module_path(name, expected):
     from bertjax.aot import hlo_costs
