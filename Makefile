@@ -22,7 +22,7 @@ $(STAMP): setup.cfg pyproject.toml
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# The unit part (< 3 min on 2 cores): every test not marked slow (end-to-end runs).
+# The unit part (< 4 min on 2 cores): every test not marked slow (end-to-end runs).
 test-fast: install
 	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
 
