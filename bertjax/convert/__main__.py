@@ -5,6 +5,7 @@ r"""Convert BERT checkpoints to and from bertjax checkpoint directories.
       --vocab uncased_L-12_H-768_A-12/vocab.txt --output checkpoints/bert_base_uncased
   python -m bertjax.convert from_hf --input hf/bert-base-uncased --output checkpoints/base
   python -m bertjax.convert from_hf --input st/all-MiniLM-L6-v2 --output checkpoints/minilm
+  python -m bertjax.convert from_hf --input st/modernbert-embed --output checkpoints/membed
   python -m bertjax.convert to_hf --input checkpoints/base --output hf/base \
       [--architecture BertForPreTraining|BertForMaskedLM|BertModel]
   python -m bertjax.convert to_hf --input checkpoints/minilm --output st/minilm
@@ -26,11 +27,13 @@ workdir as its ModernBertForSequenceClassification / TokenClassification / Quest
 MultipleChoice (num_labels, id2label, classifier_pooling, classifier_dropout) or, for an
 embedding run, a ModernBertModel with the sentence-transformers modules.
 
-A sentence-transformers directory (modules.json: a BERT Transformer, a mean | cls | max
-Pooling, an optional Normalize) is read by from_hf as its Transformer's weights plus the
-pooling, kept as pooling.json beside them (`BertForEmbedding(config, pooling)` computes its
-vectors; its max_seq_length is reported and kept in conversion.json). to_hf writes a checkpoint
-directory that has pooling.json as a BertModel with the sentence-transformers modules, so that
+A sentence-transformers directory (modules.json: a BERT or ModernBERT Transformer, a mean |
+cls | max Pooling, an optional Normalize) is read by from_hf as its Transformer's weights (a
+ModernBERT's with its vocab.txt or tokenizer.json) plus the pooling, kept as pooling.json
+beside them (`BertForEmbedding(config, pooling)`, `Embedder.from_checkpoint` and `predict embed
+--checkpoint` compute its vectors; its max_seq_length is reported and kept in
+conversion.json). to_hf writes a checkpoint directory that has pooling.json as a BertModel (a
+ModernBERT's: ModernBertModel) with the sentence-transformers modules, so that
 `SentenceTransformer(DIR)` loads it. Other modules (Dense, ...) stop with one line.
 
 from_tf and from_hf also take --do_lower_case/--nodo_lower_case, --seed and --overwrite;
@@ -50,6 +53,7 @@ from absl import flags
 from etils import epath
 
 from bertjax import checkpoint_dir, cli
+from bertjax.convert import sentence_transformers
 from bertjax.convert.mapping import ConversionError
 from bertjax.models import is_modern
 from bertjax.models.config import BertConfig
@@ -174,7 +178,7 @@ def from_tf(args) -> None:
 
 
 def from_hf(args) -> None:
-    from bertjax.convert import huggingface, sentence_transformers
+    from bertjax.convert import huggingface
 
     directory = epath.Path(args.input)
     if not directory.is_dir():
@@ -202,83 +206,135 @@ def _from_hf_modern(args, directory: epath.Path) -> None:
     """A transformers ModernBERT directory: its encoder, its MLM (or task) head's `head`, its
     decoder bias where it has one (save_pretrained initialises and lists what it lacks), and
     its vocabulary: --vocab, else the directory's vocab.txt / *.model / tokenizer.json."""
+    vocab = _vocab_file(args.vocab or str(directory), "--vocab" if args.vocab else "--input")
+    config, params, skipped = _read_modern(directory)
+    _import(args, config, params, vocab, f"Hugging Face {directory}", skipped,
+            [f"vocabulary: {vocab}"])
+
+
+def _read_modern(directory: epath.Path) -> tuple:
+    """(config, params, skipped) of a transformers ModernBERT directory: a task head's
+    classifier is dropped and listed (no ModernBertForMaskedLM parameter holds it)."""
     from bertjax.convert import modernbert
 
-    # vocab.txt, *.model or tokenizer.json (transformers 5 saves that alone), found before
-    # any weights are read.
-    vocab = _vocab_file(args.vocab or str(directory), "--vocab" if args.vocab else "--input")
     config, params = modernbert.read_hf(directory)
     skipped = {}
     if "classifier" in params:
         del params["classifier"]
         skipped = {name: "a task head's classifier, not a ModernBertForMaskedLM parameter"
                    for name in ("classifier.weight", "classifier.bias")}
-    _import(args, config, params, vocab, f"Hugging Face {directory}", skipped,
-            [f"vocabulary: {vocab}"])
+    return config, params, skipped
 
 
 def _from_sentence_transformers(args, directory: epath.Path) -> None:
-    """The Transformer module's BERT, as from_hf converts it, and the pooling (pooling.json)."""
+    """The Transformer module's BERT or ModernBERT, as from_hf converts it, and the pooling
+    (pooling.json)."""
     import tempfile
 
-    from bertjax.convert import huggingface, sentence_transformers
-
     found = sentence_transformers.read_directory(directory)
-    weights = found.transformer_directory
-    config = huggingface.read_config(weights)
     notes = list(found.notes)
-    do_lower_case = args.do_lower_case
-    if do_lower_case is None and found.do_lower_case:
-        do_lower_case = True
-        notes.append(f"do_lower_case=True: {weights / sentence_transformers.SBERT_CONFIG_FILE} "
-                     "lower-cases the texts (bertjax also strips accents, as uncased BERT "
-                     "tokenizers do)")
+    read = _st_modern if found.model_type == "modernbert" else _st_bert
     with tempfile.TemporaryDirectory() as scratch:
-        tokenizer_json = weights / "tokenizer.json"
-        if args.vocab:
-            vocab = _vocab_file(args.vocab, "--vocab")
-        elif (not (weights / checkpoint_dir.VOCAB_FILE).exists()
-              and not any(weights.glob("*.model")) and tokenizer_json.exists()):
-            # transformers 5 saves tokenizer.json alone: its WordPiece vocabulary, lower-cased
-            # as its tokenizer_config.json (or its normalizer) says.
-            tokens = sentence_transformers.wordpiece_vocab(tokenizer_json)
-            vocab = epath.Path(scratch) / checkpoint_dir.VOCAB_FILE
-            vocab.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
-            how = f"vocabulary: the WordPiece tokens of {tokenizer_json}"
-            if do_lower_case is None:
-                do_lower_case, source = sentence_transformers.tokenizer_lower_case(weights)
-                if do_lower_case is not None:
-                    how += f"; do_lower_case={do_lower_case} from {source}"
-            notes.append(how)
-        else:
-            vocab = _vocab_file(str(weights), "--input")
-        params, skipped = huggingface.read_hf_checkpoint(weights, config)
+        config, params, vocab, skipped, do_lower_case = read(args, found, notes,
+                                                             epath.Path(scratch))
         _import(args, config, params, vocab, f"sentence-transformers {directory}", skipped,
                 notes, do_lower_case=do_lower_case, sentence_model=found)
 
 
-def to_hf(args) -> None:
-    from bertjax.convert import huggingface, sentence_transformers
+def _st_lower_case(args, found, notes: list[str]) -> bool | None:
+    """--do_lower_case, else True where sentence_bert_config.json lower-cases the texts (a
+    note says so), else None (the vocabulary's own say)."""
+    from bertjax.convert import sentence_transformers
 
+    if args.do_lower_case is not None or not found.do_lower_case:
+        return args.do_lower_case
+    notes.append(f"do_lower_case=True: "
+                 f"{found.transformer_directory / sentence_transformers.SBERT_CONFIG_FILE} "
+                 "lower-cases the texts (bertjax also strips accents, as uncased BERT "
+                 "tokenizers do)")
+    return True
+
+
+def _st_bert(args, found, notes: list[str], scratch: epath.Path) -> tuple:
+    """(config, params, vocab, skipped, do_lower_case) of a sentence-transformers BERT: its
+    vocab.txt, or (transformers 5 saves tokenizer.json alone) the WordPiece vocabulary of its
+    tokenizer.json written to `scratch`, lower-cased as its tokenizer_config.json (or its
+    normalizer) says."""
+    from bertjax.convert import huggingface
+
+    weights = found.transformer_directory
+    config = huggingface.read_config(weights)
+    do_lower_case = _st_lower_case(args, found, notes)
+    tokenizer_json = weights / "tokenizer.json"
+    if args.vocab:
+        vocab = _vocab_file(args.vocab, "--vocab")
+    elif (not (weights / checkpoint_dir.VOCAB_FILE).exists()
+          and not any(weights.glob("*.model")) and tokenizer_json.exists()):
+        tokens = sentence_transformers.wordpiece_vocab(tokenizer_json)
+        vocab = scratch / checkpoint_dir.VOCAB_FILE
+        vocab.write_text("".join(token + "\n" for token in tokens), encoding="utf-8")
+        how = f"vocabulary: the WordPiece tokens of {tokenizer_json}"
+        if do_lower_case is None:
+            do_lower_case, source = sentence_transformers.tokenizer_lower_case(weights)
+            if do_lower_case is not None:
+                how += f"; do_lower_case={do_lower_case} from {source}"
+        notes.append(how)
+    else:
+        vocab = _vocab_file(str(weights), "--input")
+    params, skipped = huggingface.read_hf_checkpoint(weights, config)
+    return config, params, vocab, skipped, do_lower_case
+
+
+def _st_modern(args, found, notes: list[str], scratch: epath.Path) -> tuple:
+    """(config, params, vocab, skipped, do_lower_case) of a sentence-transformers ModernBERT:
+    its encoder (as _from_hf_modern reads it) and its tokenizer (--vocab, else vocab.txt /
+    *.model / tokenizer.json). A tokenizer.json lower-cases by its own normalizer, which must
+    then agree with sentence_bert_config.json's do_lower_case: bertjax cannot lower-case the
+    texts before it as sentence-transformers does."""
+    from bertjax.tokenization import load_tokenizer
+
+    del scratch  # the tokenizer.json is kept as it is
+    weights = found.transformer_directory
+    vocab = _vocab_file(args.vocab or str(weights), "--vocab" if args.vocab else "--input")
+    config, params, skipped = _read_modern(weights)
+    notes.append(f"vocabulary: {vocab}")
+    if not checkpoint_dir.is_tokenizer_json(vocab):
+        return config, params, vocab, skipped, _st_lower_case(args, found, notes)
+    if found.do_lower_case and not load_tokenizer(str(vocab)).do_lower_case:
+        raise ConversionError(
+            f"{weights / sentence_transformers.SBERT_CONFIG_FILE}: do_lower_case=true but "
+            f"{vocab}'s normalizer does not lower-case; bertjax tokenizes with the "
+            "tokenizer.json alone")
+    return config, params, vocab, skipped, None  # the tokenizer's normalizer decides
+
+
+def to_hf(args) -> None:
+    """A checkpoint directory as BertForPreTraining / a ModernBERT's ModernBertForMaskedLM
+    (--architecture: another class; with pooling.json the encoder class and the
+    sentence-transformers modules), or a fine-tuning workdir as its task's class."""
     directory = epath.Path(args.input)
     if (directory / "checkpoints").is_dir():
         return _finetuned_to_hf(args, directory)
     config = checkpoint_dir.load_config(directory)
-    if is_modern(config):
-        return _modern_to_hf(args, directory, config)
+    modern = is_modern(config)
     pooling = checkpoint_dir.load_pooling(directory)  # a sentence embedding model
-    architecture = args.architecture or ("BertForPreTraining" if pooling is None
-                                         else "BertModel")
-    config = BertConfig.from_dict({**config.to_dict(), "scan_layers": False})
+    encoder = _encoder_class(modern)
+    default = encoder if pooling is not None else _pretrained_class(modern)
+    architecture = _export_class(modern, args.architecture, default)
+    if modern and architecture not in (_pretrained_class(modern), encoder):
+        raise ConversionError(f"--architecture={args.architecture}: a ModernBERT checkpoint "
+                              f"directory is written as {_pretrained_class(modern)} or "
+                              f"{encoder}")
+    if not modern:  # transformers' layout is per layer
+        config = BertConfig.from_dict({**config.to_dict(), "scan_layers": False})
     params = checkpoint_dir.load_params(directory, config)
     vocab = checkpoint_dir.vocab_path(directory)
     do_lower_case = checkpoint_dir.load_do_lower_case(directory)
     max_seq_length = _sentence_max_seq_length(directory, config)
 
     def write():
-        notes = huggingface.write_hf_checkpoint(
-            args.output, config, params, vocab, do_lower_case, architecture, args.dtype,
-            args.overwrite)
+        notes = _write_model(args, config, params, vocab, do_lower_case, architecture,
+                             config.max_position_embeddings)
         if pooling is not None:
             sentence_transformers.write_modules(args.output, pooling, max_seq_length,
                                                 do_lower_case, config.hidden_size)
@@ -286,54 +342,60 @@ def to_hf(args) -> None:
 
     notes = multihost.write_from_main(write)
     _wrote(args, architecture, directory, notes)
-    if pooling is not None and notes is not None:
-        if checkpoint_dir.is_sentencepiece(vocab):
-            print(f"note: wrote the sentence-transformers modules ({_describe(pooling)} "
-                  "pooling), but SentenceTransformer needs a tokenizer transformers reads")
-        else:
-            print(f"sentence-transformers: {_describe(pooling)} pooling, "
-                  f"max_seq_length={max_seq_length}; SentenceTransformer({args.output}) "
-                  "loads it")
+    _report_sentence_transformers(args, pooling, notes, vocab, max_seq_length)
 
 
-def _modern_architecture(requested: str | None, default: str) -> str:
-    """The ModernBERT class of --architecture (a BERT name: its ModernBERT counterpart)."""
+def _pretrained_class(modern: bool) -> str:
+    """The class a checkpoint directory is written as by default (its MLM head kept)."""
+    from bertjax.convert import modernbert
+
+    return modernbert.MASKED_LM if modern else "BertForPreTraining"
+
+
+def _encoder_class(modern: bool) -> str:
+    from bertjax.convert import modernbert
+
+    return modernbert.ENCODER if modern else "BertModel"
+
+
+def _export_class(modern: bool, requested: str | None, default: str) -> str:
+    """--architecture, else `default`; for a ModernBERT a BERT name means its ModernBERT
+    counterpart (BertModel: ModernBertModel)."""
     from bertjax.models.heads import MODERN_ARCHITECTURES
 
     if requested is None:
         return default
-    return MODERN_ARCHITECTURES.get(requested, requested)
+    return MODERN_ARCHITECTURES.get(requested, requested) if modern else requested
 
 
-def _modern_to_hf(args, directory: epath.Path, config) -> None:
-    """A ModernBERT checkpoint directory as ModernBertForMaskedLM (or ModernBertModel), with
-    its vocabulary; with pooling.json also the sentence-transformers modules."""
-    from bertjax.convert import modernbert, sentence_transformers
+def _write_model(args, config, params, vocab: epath.Path, do_lower_case: bool,
+                 architecture: str, max_length: int, **task_fields) -> list[str]:
+    """config.json, the weights (--dtype) and the tokenizer of `architecture` at --output;
+    task_fields: labels, problem_type, extra_config of a task head. Returns notes for the
+    user. max_length: a ModernBERT tokenizer's model_max_length."""
+    from bertjax.convert import huggingface, modernbert
 
-    pooling = checkpoint_dir.load_pooling(directory)
-    architecture = _modern_architecture(
-        args.architecture, modernbert.MASKED_LM if pooling is None else modernbert.ENCODER)
-    if architecture not in (modernbert.MASKED_LM, modernbert.ENCODER):
-        raise ConversionError(f"--architecture={args.architecture}: a ModernBERT checkpoint "
-                              f"directory is written as {modernbert.MASKED_LM} or "
-                              f"{modernbert.ENCODER}")
-    params = checkpoint_dir.load_params(directory, config)
-    vocab = checkpoint_dir.vocab_path(directory)
-    do_lower_case = checkpoint_dir.load_do_lower_case(directory)
-    max_seq_length = _sentence_max_seq_length(directory, config)
-
-    def write():
+    if is_modern(config):
         modernbert.write_hf(args.output, config, params, args.overwrite, architecture,
-                            dtype=args.dtype)
-        notes = modernbert.write_tokenizer(args.output, vocab, do_lower_case,
-                                           config.max_position_embeddings)
-        if pooling is not None:
-            sentence_transformers.write_modules(args.output, pooling, max_seq_length,
-                                                do_lower_case, config.hidden_size)
-        return notes
+                            dtype=args.dtype, **task_fields)
+        return modernbert.write_tokenizer(args.output, vocab, do_lower_case, max_length)
+    return huggingface.write_hf_checkpoint(args.output, config, params, vocab, do_lower_case,
+                                           architecture, args.dtype, args.overwrite,
+                                           **task_fields)
 
-    notes = multihost.write_from_main(write)
-    _wrote(args, architecture, directory, notes)
+
+def _report_sentence_transformers(args, pooling: Pooling | None, notes: list[str] | None,
+                                  vocab: epath.Path, max_seq_length: int) -> None:
+    """The line that says --output is also a sentence-transformers model (on the process that
+    wrote it: notes is not None)."""
+    if pooling is None or notes is None:
+        return
+    if checkpoint_dir.is_sentencepiece(vocab):
+        print(f"note: wrote the sentence-transformers modules ({_describe(pooling)} "
+              "pooling), but SentenceTransformer needs a tokenizer transformers reads")
+    else:
+        print(f"sentence-transformers: {_describe(pooling)} pooling, "
+              f"max_seq_length={max_seq_length}; SentenceTransformer({args.output}) loads it")
 
 
 def _sentence_max_seq_length(directory: epath.Path, config: BertConfig) -> int:
@@ -357,77 +419,43 @@ def _wrote(args, architecture: str, source, notes: list[str] | None) -> None:
 
 
 def _finetuned_to_hf(args, workdir: epath.Path) -> None:
-    """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes."""
-    from bertjax.convert import huggingface, sentence_transformers
+    """A fine-tuning workdir: its best checkpoint (results.json), as export.json describes,
+    as its task's class (BertFor* / ModernBertFor*) with the task record, or with
+    --architecture=BertModel (ModernBertModel) as the fine-tuned encoder alone; an embedding
+    run as the encoder class with the sentence-transformers modules."""
     from bertjax.models import layout
+    from bertjax.models.modern import ModernConfig
     from bertjax.serving.runs import TASK_FILE, read_finished_run, run_vocab, task_record
     from bertjax.train.checkpoints import read_params
 
     record, step = read_finished_run(workdir, ConversionError, "--input")
     if record.get("architecture") is None:
         raise ConversionError(f"--input {workdir}: {record.get('why', 'not exportable')}")
-    if is_modern(record.get("model") or {}):
-        return _modern_finetuned_to_hf(args, workdir, record, step)
-    architecture = args.architecture or record["architecture"]
-    if architecture not in (record["architecture"], "BertModel"):
-        raise ConversionError(f"--architecture={architecture}: a {record['architecture']} "
-                              "fine-tuning run is written as that class or as BertModel")
-    config = BertConfig.from_dict({**record["model"], "scan_layers": False})
-    params = layout.to_layout(read_params(str(workdir), step), scan_layers=False)
-    task = task_record(workdir, ConversionError, "--input")
-    pooling = Pooling.from_dict(record["pooling"]) if record.get("pooling") else None
-
-    def write():
-        notes = huggingface.write_hf_checkpoint(
-            args.output, config, params, run_vocab(workdir, record), record["do_lower_case"],
-            architecture, args.dtype, args.overwrite, labels=record.get("labels", ()),
-            problem_type=record.get("problem_type"), extra_config=record.get("extra_config"))
-        # The task record (bertjax.Predictor / Embedder.from_export): a task head's class, or
-        # a sentence embedding model (BertModel and its pooling).
-        if architecture != "BertModel" or pooling is not None:
-            (epath.Path(args.output) / TASK_FILE).write_text(json.dumps(task, indent=2) + "\n")
-        if pooling is not None:
-            sentence_transformers.write_modules(args.output, pooling,
-                                                int(task["config"]["max_seq_length"]),
-                                                record["do_lower_case"], config.hidden_size)
-        return notes
-
-    notes = multihost.write_from_main(write)
-    _wrote(args, architecture, f"{workdir} (best step {step})", notes)
-    if pooling is not None and notes is not None:
-        print(f"sentence-transformers: {_describe(pooling)} pooling; "
-              f"SentenceTransformer({args.output}) loads it")
-
-
-def _modern_finetuned_to_hf(args, workdir: epath.Path, record: dict, step: int) -> None:
-    """A ModernBERT fine-tuning workdir: its best checkpoint as its task's ModernBertFor*
-    class (or --architecture=ModernBertModel / BertModel: the fine-tuned encoder alone), with
-    the task record; an embedding run as a ModernBertModel with the sentence-transformers
-    modules."""
-    from bertjax.convert import modernbert, sentence_transformers
-    from bertjax.models.modern import ModernConfig
-    from bertjax.serving.runs import TASK_FILE, run_vocab, task_record
-    from bertjax.train.checkpoints import read_params
-
-    architecture = _modern_architecture(args.architecture, record["architecture"])
-    if architecture not in (record["architecture"], modernbert.ENCODER):
+    modern = is_modern(record.get("model") or {})
+    encoder = _encoder_class(modern)
+    architecture = _export_class(modern, args.architecture, record["architecture"])
+    if architecture not in (record["architecture"], encoder):
         raise ConversionError(f"--architecture={args.architecture}: a {record['architecture']} "
-                              f"fine-tuning run is written as that class or as "
-                              f"{modernbert.ENCODER}")
-    config = ModernConfig.from_dict(record["model"])
-    params = read_params(str(workdir), step)
+                              f"fine-tuning run is written as that class or as {encoder}")
+    if modern:
+        config = ModernConfig.from_dict(record["model"])
+        params = read_params(str(workdir), step)
+    else:  # transformers' layout is per layer
+        config = BertConfig.from_dict({**record["model"], "scan_layers": False})
+        params = layout.to_layout(read_params(str(workdir), step), scan_layers=False)
     task = task_record(workdir, ConversionError, "--input")
     pooling = Pooling.from_dict(record["pooling"]) if record.get("pooling") else None
     max_seq_length = int(task["config"]["max_seq_length"])
+    vocab = run_vocab(workdir, record)
 
     def write():
-        modernbert.write_hf(args.output, config, params, args.overwrite, architecture,
-                            labels=record.get("labels", ()),
-                            problem_type=record.get("problem_type"),
-                            extra_config=record.get("extra_config"), dtype=args.dtype)
-        notes = modernbert.write_tokenizer(args.output, run_vocab(workdir, record),
-                                           record["do_lower_case"], max_seq_length)
-        if architecture != modernbert.ENCODER or pooling is not None:
+        notes = _write_model(args, config, params, vocab, record["do_lower_case"], architecture,
+                             max_seq_length, labels=record.get("labels", ()),
+                             problem_type=record.get("problem_type"),
+                             extra_config=record.get("extra_config"))
+        # The task record (bertjax.Predictor / Embedder.from_export): a task head's class, or
+        # a sentence embedding model (the encoder and its pooling).
+        if architecture != encoder or pooling is not None:
             (epath.Path(args.output) / TASK_FILE).write_text(json.dumps(task, indent=2) + "\n")
         if pooling is not None:
             sentence_transformers.write_modules(args.output, pooling, max_seq_length,
@@ -436,9 +464,7 @@ def _modern_finetuned_to_hf(args, workdir: epath.Path, record: dict, step: int) 
 
     notes = multihost.write_from_main(write)
     _wrote(args, architecture, f"{workdir} (best step {step})", notes)
-    if pooling is not None and notes is not None:
-        print(f"sentence-transformers: {_describe(pooling)} pooling; "
-              f"SentenceTransformer({args.output}) loads it")
+    _report_sentence_transformers(args, pooling, notes, epath.Path(vocab), max_seq_length)
 
 
 # command → (function, required flags, optional flags)

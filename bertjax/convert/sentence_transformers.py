@@ -3,7 +3,7 @@
 A sentence-transformers model is a pipeline of modules (DIR/modules.json). bertjax reads and
 writes the one pipeline its `BertForEmbedding` computes:
 
-    0  Transformer   a BERT (config.json + weights; path "" is DIR itself)
+    0  Transformer   a BERT or a ModernBERT (config.json + weights; path "" is DIR itself)
     1  Pooling       one mode of mean | cls | max (1_Pooling/config.json)
     2  Normalize     optional: unit-length vectors
 
@@ -39,7 +39,9 @@ SBERT_CONFIG_FILE = "sentence_bert_config.json"  # the Transformer module's sett
 ST_CONFIG_FILE = "config_sentence_transformers.json"  # prompts, similarity, versions
 POOLING_DIR = "1_Pooling"
 NORMALIZE_DIR = "2_Normalize"
-SUPPORTED = ("supported: Transformer (BERT), then Pooling with one mode of "
+# The Transformer module's config.json model_type values bertjax converts.
+TRANSFORMER_TYPES = ("bert", "modernbert")
+SUPPORTED = ("supported: Transformer (BERT or ModernBERT), then Pooling with one mode of "
              f"{' | '.join(MODES)}, then an optional Normalize")
 # The older config's flags → the mode each selects (sentence-transformers' own order).
 LEGACY_MODES = {
@@ -60,13 +62,14 @@ MODULE_TYPES = {
 
 @dataclasses.dataclass(frozen=True)
 class SentenceTransformerDir:
-    """What a sentence-transformers directory says beyond its BERT's weights."""
+    """What a sentence-transformers directory says beyond its encoder's weights."""
 
     transformer_directory: epath.Path  # the Transformer module's config.json + weights
     pooling: Pooling
     max_seq_length: int  # texts are cut to this many tokens ([CLS] and [SEP] included)
     do_lower_case: bool  # sentence_bert_config.json: lower-case before the tokenizer
     notes: tuple[str, ...] = ()
+    model_type: str = "bert"  # the Transformer's config.json model_type (TRANSFORMER_TYPES)
 
 
 def is_sentence_transformers(directory: str | epath.Path) -> bool:
@@ -209,9 +212,10 @@ def read_directory(directory: str | epath.Path) -> SentenceTransformerDir:
         raise ConversionError(f"{modules_path}: the Transformer module's {config_path} does "
                               "not exist")
     bert = _json(config_path)
-    if bert.get("model_type", "bert") != "bert":
-        raise ConversionError(f"{config_path}: model_type={bert['model_type']!r} is not "
-                              f"supported (bertjax converts BERT); {SUPPORTED}")
+    model_type = bert.get("model_type", "bert")
+    if model_type not in TRANSFORMER_TYPES:
+        raise ConversionError(f"{config_path}: model_type={model_type!r} is not supported "
+                              f"(bertjax converts BERT and ModernBERT); {SUPPORTED}")
     max_seq_length, do_lower_case = _transformer_settings(transformer, bert)
 
     if len(modules) < 2:
@@ -231,7 +235,7 @@ def read_directory(directory: str | epath.Path) -> SentenceTransformerDir:
         raise unsupported(i, "is not supported after the Pooling")
     notes = _prompt_notes(directory, bool(pooling_fields.get("include_prompt", True)))
     return SentenceTransformerDir(transformer, Pooling(mode, normalize), max_seq_length,
-                                  do_lower_case, tuple(notes))
+                                  do_lower_case, tuple(notes), model_type)
 
 
 def read_modules(directory: str | epath.Path) -> tuple[epath.Path, Pooling]:
