@@ -18,10 +18,10 @@ Attention (`attention_impl`): "einsum" is the reference, `einsum_attention` unde
 implementation="xla")` given the structure instead of a mask: the window as
 `local_window_size=(r, r)`, key padding as `key_value_seq_lengths` (right-padded rows; any other
 padding as a [batch, 1, 1, k] key mask), and a [batch, 1, q, k] mask only for packed rows.
-"splash" is JAX's Pallas TPU splash-attention kernel (`splash_attention`, interpreted off a
-TPU), for long sequences: the window is its static mask, so a local layer computes only the
-blocks of the band and skips the rest; padding and documents are segment ids, masked within
-the computed blocks (they skip none). Neither "xla" nor "splash" forms a dense mask, and
+"splash" is our block-sparse Pallas TPU kernels (`splash_attention`, interpreted off a TPU),
+for long sequences: per-row block tables built from the segment ids skip every pair of blocks
+outside the window's band (the grid is the band) or between different documents (or padding);
+inside a computed block, window and segments are masked. Neither "xla" nor "splash" forms a dense mask, and
 neither applies attention dropout (a ConfigError). "auto" (the default) runs einsum where
 attention dropout is active (training with attention_dropout > 0) and on a CPU, "splash" on a
 TPU (also when compiled ahead of time for one) and the "xla" path elsewhere (GPUs).
@@ -119,8 +119,8 @@ class ModernConfig:
     dtype: str = "float32"  # compute dtype of activations
     param_dtype: str = "float32"
     # "auto" | "einsum" (the reference, dense masks) | "xla" (jax.nn.dot_product_attention with
-    # the window and padding as structure) | "splash" (the Pallas TPU kernel, skipping the
-    # blocks outside the window); see the module docstring. Not in config.json.
+    # the window and padding as structure) | "splash" (our Pallas TPU kernels, skipping the
+    # blocks outside the window or across documents); see the module docstring. Not in config.json.
     attention_impl: str = "auto"
     remat_policy: str = "none"  # rematerialise each layer: none | full | dots (as BertConfig)
 

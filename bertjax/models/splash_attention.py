@@ -1,62 +1,74 @@
-"""Splash attention: ModernBERT's attention on JAX's Pallas TPU splash kernel
-(`model.attention_impl="splash"`, jax.experimental.pallas.ops.tpu.splash_attention, jax 0.10.2).
+"""Splash (sparse flash) attention: ModernBERT's attention on our Pallas TPU kernels, which skip
+every [query block, key block] pair that no query-key pair of theirs needs
+(`model.attention_impl="splash"`).
 
-Why: at 8,192 tokens a local layer needs |q - k| <= r (r = 64: 129 keys), yet a dense or flash
-kernel computes every [query block, key block] pair. Splash is driven by a static mask,
-turned once in NumPy into per-block MaskInfo (`block_mask`: 0 empty / 1 partial / 2 full;
-`data_next`: the key block to fetch next). Empty blocks are skipped, not computed and masked:
-the grid is shrunk to the band's widest row (`data_next.shape[-1]` key steps per query block
-instead of seq / block; dk/dv's the other way round), and a step left empty (the shorter rows
-at the ends) computes nothing. So the window is the static `LocalMask(window_size=(r, r))`
-(inclusive, as `modern.local_window`); a global layer is a `FullMask`.
+Why: a local layer needs only |q - k| <= r (r = 64: 129 keys of 8,192), and a packed row's
+documents see only themselves, yet a dense or flash kernel computes every pair of blocks. Both
+vary with the layer and the row, so each call builds a per-row block table on device from the
+segment ids (`block_table`, a few integer ops over [batch, blocks]) and the kernels read it as
+scalar-prefetched memory:
 
-Documents and padding vary per row, so they are segment ids, as in `flash_attention`
-(`segment_ids`: the document, `PAD_SEGMENT` on padding). The kernel applies segment ids only as
-an elementwise mask inside the blocks it computes: it skips no block for them (a block wholly
-across two documents, or wholly padding, is computed and masked). Block sparsity comes from the
-window alone: local layers cost the band, global layers the whole square, packed or not.
-A padding query attends to the padding keys (at least itself: no empty row, no NaN) where the
-einsum path lets it attend to the real keys; no real token reads it (keys are masked alike on
-both paths), so real tokens' outputs and all gradients through them are equal.
+  * For query block i the kernels walk `steps` key blocks: a global layer every block of the
+    row; a local layer the band's width, 2·ceil(r / block) + 1 blocks around i (clipped to the
+    row), so the grid itself is the band (3 steps at 8,192 tokens in blocks of 512, not 16).
+  * Step t's key block is `index[b, i, t]`; it is `live[b, i, t]` when the two blocks' segment
+    ranges [min, max] overlap (implied by any query and key sharing a document; equivalent to
+    it for packed rows, whose documents are contiguous) and, in a local layer, their nearest
+    tokens are within r. A dead step computes nothing and repeats the previous live step's
+    block index, so nothing is fetched for it either (a block is copied in only when its index
+    changes between steps).
+  * The relation is symmetric, so the same table walks the query blocks of each key block in
+    the dk/dv kernel.
+
+Inside a computed block, scores are masked by segment and window, elementwise. Segment ids are
+`flash.segment_ids` (the document; padding is given PAD, above every document: its own segment,
+so a padding query attends to the padding keys, itself at least, and no row is empty). A
+padding query's output is never read by a real token, whose values and gradients equal the
+einsum path's.
 
 Shapes: query / key / value [batch, seq, heads, head_dim] → the same. Per batch shard
-(`flash_attention.sharded_like`: XLA cannot partition a Mosaic kernel) the kernels take
-[heads, padded, head_dim] per row, vmapped over the shard's rows (a "parallel" grid axis,
-which megacore splits); the sequence is padded to a multiple of 128 with padding tokens
-(`flash_attention.run_padded`). The kernel does not scale the scores: the queries are scaled
-by 1/sqrt(head_dim) first (exactly, in bfloat16 too, for head_dim 64).
+(`flash.sharded_like`: XLA cannot partition a Mosaic kernel) the kernels take
+[batch, heads, padded, head_dim] with the sequence padded to a multiple of 128
+(`flash.run_padded`). Grids are (batch, heads, blocks, steps): the first three "parallel"
+(megacore splits them), the steps "arbitrary" (an online softmax, or a sum). The forward keeps
+the scores [queries, keys] with its row statistics broadcast to 128 lanes, as JAX's kernels do;
+the backward kernels keep them transposed, [keys, queries], so that the per-query log-sum-exp
+and di enter as [1, queries] rows, stored [batch, heads, 8, seq] (sublane-broadcast), not
+[seq, 128]. The queries are scaled by 1/sqrt(head_dim) before the kernels (exactly, in
+bfloat16 too, for head_dim 64).
 
 Blocks (`block_size`): 512 x 512 where the padded sequence allows (1,024 and 8,192 tokens),
-else 256, else 128, in all three kernels. A grid step has a fixed cost (~0.35 µs) that a
-128 x 128 x 64 step's matmuls (4 MFLOP) leave uncovered and a 512 x 512 step's (67 MFLOP)
-roughly cover; its float32 [512, 512] scores (1 MiB) and double-buffered q / k / v blocks fit
-VMEM. The price is a coarser band: with r = 64 a query block of 512 meets 3 key blocks, 46 of
-256 at 8,192 tokens (18% of the dense work; blocks of 128 would compute 190 of 4,096, 4.6%).
+else 256, else 128. A grid step has a fixed cost (~0.35 µs) that a 128 x 128 x 64 step's
+matmuls (4 MFLOP) leave uncovered and a 512 x 512 step's (67 MFLOP) roughly cover; its float32
+[512, 512] scores (1 MiB) and double-buffered blocks fit VMEM.
 
 Interpret or kernel is decided when lowering (`lax.platform_dependent`, as flash_attention): a
 TPU, also an ahead-of-time compile for a TPU topology on a CPU host, gets the Mosaic kernels,
-anything else the Pallas interpreter (plain HLO). The shipped kernels carry no
-`pl.CostEstimate` (XLA would count them as free): all three get the estimates below, which
-count the computed blocks only.
+anything else the Pallas interpreter (plain HLO). Costs (`pl.CostEstimate`) must be known when
+compiling, documents are not: each kernel's estimate counts the blocks of the window's band
+(all of them in a global layer), the work of rows with no document boundary, an upper bound.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas.ops.tpu import splash_attention as splash
-from jax.experimental.pallas.ops.tpu.splash_attention import (
-    splash_attention_kernel as splash_kernel,
-)
+from jax.experimental.pallas import tpu as pltpu
 
 from bertjax.errors import ConfigError
 from bertjax.models import flash_attention as flash
 
 BLOCKS = (512, 256, 128)  # preferred first; all multiples of the kernels' 128 lanes
+PAD = int(np.iinfo(np.int32).max)  # padding's segment in the kernels: above every document
+LANES = flash.LANES
+SUBLANES = flash.SUBLANES
+NT = (((1,), (1,)), ((), ()))  # a @ b.T
 
 
 def block_size(seq: int) -> int:
@@ -64,133 +76,360 @@ def block_size(seq: int) -> int:
     return next(block for block in BLOCKS if seq % block == 0)
 
 
-def block_sizes(block: int) -> splash.BlockSizes:
-    return splash.BlockSizes(
-        block_q=block, block_kv=block, block_kv_compute=block,
-        block_q_dkv=block, block_kv_dkv=block, block_kv_dkv_compute=block,
-        block_q_dq=block, block_kv_dq=block)
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """A call's compile-time settings. radius: the local window's (|q - k| <= radius), None
+    for a global layer."""
+
+    seq: int  # padded
+    block: int
+    radius: int | None
+
+    @property
+    def blocks(self) -> int:
+        return self.seq // self.block
+
+    @property
+    def steps(self) -> int:
+        """Key (dk/dv: query) blocks walked per query (key) block."""
+        if self.radius is None:
+            return self.blocks
+        return min(2 * -(-self.radius // self.block) + 1, self.blocks)
+
+    def walked(self) -> np.ndarray:
+        """[blocks, steps] int32: the block each step walks (the band's first block + t)."""
+        first = np.arange(self.blocks)
+        if self.radius is None:
+            first = np.zeros_like(first)
+        else:
+            first = np.clip(first - (self.steps - 1) // 2, 0, self.blocks - self.steps)
+        return (first[:, None] + np.arange(self.steps)[None]).astype(np.int32)
+
+    def band(self) -> np.ndarray:
+        """[blocks, steps] bool: the walked block's nearest token is within the window of the
+        block's (always true in a global layer)."""
+        distance = np.abs(self.walked() - np.arange(self.blocks)[:, None])
+        gap = np.maximum(distance - 1, 0) * self.block + (distance > 0)
+        return np.ones(gap.shape, bool) if self.radius is None else gap <= self.radius
 
 
-@functools.lru_cache(maxsize=32)
-def kernel(heads: int, seq: int, radius: int | None,
-           block: int) -> splash_kernel.SplashAttentionKernel:
-    """The splash kernel for `heads` heads over a padded sequence of `seq`: its forward, dq and
-    dk/dv MaskInfos (static, built in NumPy once per shape) and its mask function. radius: the
-    local window's (inclusive, each side), None for a global layer."""
-    shape = (seq, seq)
-    mask = (splash.FullMask(shape) if radius is None
-            else splash.LocalMask(shape, window_size=(radius, radius), offset=0))
-    # Concrete arrays even when first asked for inside a trace: they are cached, and become
-    # constants of every program that uses them (a cached tracer would leak).
-    with jax.ensure_compile_time_eval():
-        return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads),
-                                      block_sizes=block_sizes(block), head_shards=1,
-                                      q_seq_shards=1)
+def block_table(segments: jax.Array, static: Static) -> tuple[jax.Array, jax.Array]:
+    """The kernels' walk over one shard: (index, live), each [batch, blocks, steps] int32.
+
+    segments: [batch, padded seq] int32 (PAD on padding)."""
+    batch = segments.shape[0]
+    by_block = segments.reshape(batch, static.blocks, static.block)
+    low, high = by_block.min(axis=-1), by_block.max(axis=-1)  # [batch, blocks]
+    walked = static.walked()
+    live = ((low[:, :, None] <= high[:, walked]) & (low[:, walked] <= high[:, :, None])
+            & static.band()[None])
+    # A dead step repeats the last live block before it (the first live one at the start):
+    # the block index does not change, so nothing is fetched. The diagonal is always live.
+    index = lax.cummax(jnp.where(live, walked[None], -1), axis=2)
+    first = jnp.min(jnp.where(live, walked[None], static.blocks), axis=2, keepdims=True)
+    index = jnp.where(index < 0, first, index)
+    return index.astype(jnp.int32), live.astype(jnp.int32)
 
 
-def computed_blocks(info) -> int:
-    """Blocks of one head that a kernel computes (the rest are skipped): the nonzero entries
-    of its MaskInfo's block mask (one row for all heads: they share the mask)."""
-    return int(np.count_nonzero(np.asarray(info.block_mask)[0]))
+def computed_blocks(static: Static) -> int:
+    """Blocks of one head and row the cost estimates count: the band's (see the docstring)."""
+    return int(static.band().sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels. Scalar-prefetched: index_ref, live_ref [batch, blocks, steps] int32.
+
+
+def _mask(static, scores, q_block, k_block, same_segment, keys_first: bool):
+    """scores [q, k] (or [k, q] when keys_first) with the pairs in other segments or outside
+    the window set to MASK_VALUE."""
+    if static.radius is not None:
+        q_axis, k_axis = (1, 0) if keys_first else (0, 1)
+        queries = q_block * static.block + lax.broadcasted_iota(jnp.int32, scores.shape, q_axis)
+        keys = k_block * static.block + lax.broadcasted_iota(jnp.int32, scores.shape, k_axis)
+        same_segment &= jnp.abs(queries - keys) <= static.radius
+    return jnp.where(same_segment, scores, flash.MASK_VALUE)
+
+
+def _forward_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref,
+                    o_ref, lse_ref, peak_ref, total_ref, acc_ref, *, static):
+    """One (row, head, query block) over its key steps: the online softmax, q·kᵀ as [q, k]."""
+    b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+
+    @pl.when(t == 0)
+    def _init():
+        peak_ref[...] = jnp.full(peak_ref.shape, flash.MASK_VALUE, jnp.float32)
+        total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
+        acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+
+    @pl.when(live_ref[b, i, t] != 0)
+    def _compute():
+        s = lax.dot_general(q_ref[...], k_ref[...], NT, preferred_element_type=jnp.float32)
+        same = jnp.tile(q_ids_ref[...], (1, static.block // LANES)) == k_ids_ref[:1, :]
+        s = _mask(static, s, i, index_ref[b, i, t], same, keys_first=False)
+        peak = peak_ref[...]  # [q, 128], every lane alike
+        new_peak = jnp.maximum(peak, jnp.max(s, axis=1, keepdims=True))
+        p = jnp.exp(s - jnp.tile(new_peak, (1, static.block // LANES)))
+        alpha = jnp.exp(peak - new_peak)
+        total_ref[...] = alpha * total_ref[...] + jnp.sum(p, axis=1, keepdims=True)
+        peak_ref[...] = new_peak
+        v = v_ref[...]
+        head_dim = v.shape[-1]
+        alpha = jnp.tile(alpha, (1, -(-head_dim // LANES)))[:, :head_dim]
+        acc_ref[...] = alpha * acc_ref[...] + lax.dot(p.astype(v.dtype), v,
+                                                      preferred_element_type=jnp.float32)
+
+    @pl.when(t == static.steps - 1)
+    def _finish():
+        total = total_ref[...]
+        head_dim = acc_ref.shape[-1]
+        inverse = jnp.tile(1.0 / total, (1, -(-head_dim // LANES)))[:, :head_dim]
+        o_ref[...] = (acc_ref[...] * inverse).astype(o_ref.dtype)
+        lse_ref[...] = peak_ref[...] + jnp.log(total)
+
+
+def _probabilities(static, q, k, lse_ref, q_ids_ref, k_ids_ref, q_block, k_block):
+    """The softmax's probabilities of a (key block, query block) pair, transposed: [k, q]."""
+    s = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32)
+    same = jnp.tile(k_ids_ref[...], (1, static.block // LANES)) == q_ids_ref[:1, :]
+    s = _mask(static, s, q_block, k_block, same, keys_first=True)
+    return jnp.exp(s - lse_ref[:1, :])
+
+
+def _dkv_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref,
+                k_ids_ref, dk_ref, dv_ref, dk_acc, dv_acc, *, static):
+    """One (row, head, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q."""
+    b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+
+    @pl.when(t == 0)
+    def _init():
+        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
+        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+
+    @pl.when(live_ref[b, j, t] != 0)
+    def _compute():
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        p = _probabilities(static, q, k, lse_ref, q_ids_ref, k_ids_ref, index_ref[b, j, t], j)
+        dv_acc[...] += lax.dot(p.astype(do.dtype), do, preferred_element_type=jnp.float32)
+        dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)  # [k, q]
+        ds = p * (dp - di_ref[:1, :])
+        dk_acc[...] += lax.dot(ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
+
+    @pl.when(t == static.steps - 1)
+    def _finish():
+        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+
+
+def _dq_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref,
+               k_ids_ref, dq_ref, dq_acc, *, static):
+    """One (row, head, query block) over its key steps: dq = Σ ds·k."""
+    b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+
+    @pl.when(t == 0)
+    def _init():
+        dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
+
+    @pl.when(live_ref[b, i, t] != 0)
+    def _compute():
+        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        p = _probabilities(static, q, k, lse_ref, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
+        dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)
+        ds = p * (dp - di_ref[:1, :])  # [k, q]
+        dq_acc[...] += lax.dot(ds.T.astype(k.dtype), k, preferred_element_type=jnp.float32)
+
+    @pl.when(t == static.steps - 1)
+    def _finish():
+        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block specs: index maps take (b, h, block, step, index_ref, live_ref). "own" is the grid's
+# block (the query block in the forward and dq, the key block in dk/dv), "walked" the step's.
+
+
+def _own(static, head_dim):
+    return pl.BlockSpec((None, None, static.block, head_dim),
+                        lambda b, h, i, t, index, live: (b, h, i, 0))
+
+
+def _walked(static, head_dim):
+    return pl.BlockSpec((None, None, static.block, head_dim),
+                        lambda b, h, i, t, index, live: (b, h, index[b, i, t], 0))
+
+
+def _column(static, walked: bool):
+    """Segment ids of a block as a [block, 128] column of the [batch, seq, 128] array."""
+    if walked:
+        return pl.BlockSpec((None, static.block, LANES),
+                            lambda b, h, i, t, index, live: (b, index[b, i, t], 0))
+    return pl.BlockSpec((None, static.block, LANES), lambda b, h, i, t, index, live: (b, i, 0))
+
+
+def _row(static, walked: bool, heads: bool = False):
+    """A block's [8, block] row of a [batch, 8, seq] array (segment ids) or of a
+    [batch, heads, 8, seq] one (log-sum-exp, di)."""
+    lead = (None, None) if heads else (None,)
+
+    def index_map(b, h, i, t, index, live):
+        block = index[b, i, t] if walked else i
+        return (b, h, 0, block) if heads else (b, 0, block)
+
+    return pl.BlockSpec((*lead, SUBLANES, static.block), index_map)
+
+
+def _segment_arrays(segments):
+    """segments [batch, seq] → as a column [batch, seq, 128] and a row [batch, 8, seq]."""
+    batch, seq = segments.shape
+    return (lax.broadcast_in_dim(segments, (batch, seq, LANES), (0, 1)),
+            lax.broadcast_in_dim(segments, (batch, SUBLANES, seq), (0, 2)))
+
+
+def _rows(x):
+    """[batch, heads, seq] float32 → [batch, heads, 8, seq] (sublane-broadcast)."""
+    return lax.broadcast_in_dim(x, (*x.shape[:2], SUBLANES, x.shape[2]), (0, 1, 3))
+
+
+def _grid(q, static):
+    return (q.shape[0], q.shape[1], static.blocks, static.steps)
+
+
+def _params():
+    return pltpu.CompilerParams(
+        dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
+
+
+def _costs(static, q) -> dict[str, pl.CostEstimate]:
+    shape = flash.Shape(*q.shape, q.dtype.itemsize)
+    computed = q.shape[0] * q.shape[1] * computed_blocks(static) * static.block ** 2
+    dkv, dq = backward_costs(shape, computed, static.block)
+    return {"fwd": forward_cost(shape, computed, static.block), "dkv": dkv, "dq": dq}
+
+
+def _forward_call(static, interpret, q, k, v, segments, index, live):
+    head_dim = q.shape[-1]
+    column, row = _segment_arrays(segments)
+    out, lse = pl.pallas_call(
+        functools.partial(_forward_kernel, static=static),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=_grid(q, static),
+            in_specs=[_own(static, head_dim), _walked(static, head_dim),
+                      _walked(static, head_dim), _column(static, False), _row(static, True)],
+            out_specs=[_own(static, head_dim), _own(static, LANES)],
+            scratch_shapes=[pltpu.VMEM((static.block, LANES), jnp.float32),
+                            pltpu.VMEM((static.block, LANES), jnp.float32),
+                            pltpu.VMEM((static.block, head_dim), jnp.float32)]),
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((*q.shape[:3], LANES), jnp.float32)],
+        compiler_params=_params(), cost_estimate=_costs(static, q)["fwd"],
+        interpret=interpret, name="splash_fwd",
+    )(index, live, q, k, v, column, row)
+    return out, lse[..., 0]
+
+
+def _backward_call(static, interpret, q, k, v, segments, index, live, out, lse, d_out):
+    head_dim = q.shape[-1]
+    column, row = _segment_arrays(segments)
+    di = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1)
+    costs = _costs(static, q)
+    # dk/dv: the grid's block is a key block, the walk over query blocks.
+    dk, dv = pl.pallas_call(
+        functools.partial(_dkv_kernel, static=static),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=_grid(q, static),
+            in_specs=[_walked(static, head_dim), _own(static, head_dim),
+                      _own(static, head_dim), _walked(static, head_dim),
+                      _row(static, True, heads=True), _row(static, True, heads=True),
+                      _row(static, True), _column(static, False)],
+            out_specs=[_own(static, head_dim)] * 2,
+            scratch_shapes=[pltpu.VMEM((static.block, head_dim), jnp.float32)] * 2),
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2,
+        compiler_params=_params(), cost_estimate=costs["dkv"],
+        interpret=interpret, name="splash_dkv",
+    )(index, live, q, k, v, d_out, _rows(lse), _rows(di), row, column)
+    (dq,) = pl.pallas_call(
+        functools.partial(_dq_kernel, static=static),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=2, grid=_grid(q, static),
+            in_specs=[_own(static, head_dim), _walked(static, head_dim),
+                      _walked(static, head_dim), _own(static, head_dim),
+                      _row(static, False, heads=True), _row(static, False, heads=True),
+                      _row(static, False), _column(static, True)],
+            out_specs=[_own(static, head_dim)],
+            scratch_shapes=[pltpu.VMEM((static.block, head_dim), jnp.float32)]),
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)],
+        compiler_params=_params(), cost_estimate=costs["dq"],
+        interpret=interpret, name="splash_dq",
+    )(index, live, q, k, v, d_out, _rows(lse), _rows(di), row, column)
+    return dq, dk, dv
+
+
+def _on_platform(call, static, *args):
+    """The Mosaic kernels when lowered for a TPU, their interpreter elsewhere."""
+    return lax.platform_dependent(*args, tpu=functools.partial(call, static, False),
+                                  default=functools.partial(call, static, True))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _splash(q, k, v, segments, index, live, static):
+    return _on_platform(_forward_call, static, q, k, v, segments, index, live)[0]
+
+
+def _splash_fwd(q, k, v, segments, index, live, static):
+    out, lse = _on_platform(_forward_call, static, q, k, v, segments, index, live)
+    return out, (q, k, v, segments, index, live, out, lse)
+
+
+def _splash_bwd(static, residuals, d_out):
+    q, k, v, segments, index, live, out, lse = residuals
+    dq, dk, dv = _on_platform(_backward_call, static, q, k, v, segments, index, live, out,
+                              lse, d_out)
+    return dq, dk, dv, None, None, None
+
+
+_splash.defvjp(_splash_fwd, _splash_bwd)
+
+
+# ---------------------------------------------------------------------------------------------
+# Costs
 
 
 def forward_cost(shape: flash.Shape, computed: int, block: int) -> pl.CostEstimate:
-    """The forward kernel (with its logsumexp residual). computed: scores computed over the
-    batch and heads (computed blocks · block²). q·kᵀ and p·v are 4·D FLOPs per score, one exp
-    each; it reads q and the query segment ids ([seq, 128] int32) once per head, a key and a
-    value block and its key segment ids ([8, block]) per computed block, and writes o and the
-    logsumexp ([seq, 128] float32)."""
+    """The forward kernel. computed: scores computed over the batch and heads (computed blocks
+    · block²). q·kᵀ and p·v are 4·D FLOPs per score, one exp each; it reads q and the query
+    segment ids ([seq, 128] int32) once per head, a key and a value block and its key segment
+    ids ([8, block]) per computed block, and writes o and the log-sum-exp ([seq, 128]
+    float32)."""
     s = shape
     fetched = computed // block  # key rows fetched: `block` of them per computed block
     return pl.CostEstimate(
         flops=4 * computed * s.head_dim + flash.FORWARD_ELEMENTWISE * computed,
         transcendentals=computed,
         bytes_accessed=(2 * s.qkv_bytes + 2 * fetched * s.head_dim * s.itemsize
-                        + 2 * s.lane_bytes + fetched * flash.SUBLANES * 4))
+                        + 2 * s.lane_bytes + fetched * SUBLANES * 4))
 
 
 def backward_costs(shape: flash.Shape, computed: int,
                    block: int) -> tuple[pl.CostEstimate, pl.CostEstimate]:
     """(dk/dv kernel, dq kernel), over the computed blocks as `forward_cost`. dk/dv recomputes
-    q·kᵀ, then pᵀ·do, do·vᵀ, dsᵀ·q (8·D FLOPs per score), reading k and v once and a q, do,
-    logsumexp, di and query-id block per computed block, writing dk, dv; dq recomputes q·kᵀ and
-    do·vᵀ, then ds·k (6·D), reading q, do, logsumexp and di once and a k, v and key-id block per
-    computed block, writing dq. One exp per score each."""
+    kᵀ·q, then p·do, v·doᵀ, ds·q (8·D FLOPs per score), reading k and v once and a q, do,
+    log-sum-exp, di and query-id block per computed block, writing dk, dv; dq recomputes kᵀ·q
+    and v·doᵀ, then dsᵀ·k (6·D), reading q, do, the key-id column and its rows once and a k, v
+    and key-id block per computed block, writing dq. One exp per score each."""
     s = shape
     fetched = computed // block
     rows = 2 * fetched * s.head_dim * s.itemsize  # two [block, head_dim] operands per block
-    ids = fetched * flash.SUBLANES * 4
+    ids = fetched * SUBLANES * 4
+    vectors = 2 * SUBLANES * s.vector_bytes  # log-sum-exp and di as [8, seq] rows
 
     def cost(matmuls, bytes_accessed):
         return pl.CostEstimate(
             flops=2 * matmuls * computed * s.head_dim + flash.BACKWARD_ELEMENTWISE * computed,
             transcendentals=computed, bytes_accessed=bytes_accessed)
 
-    # dk/dv reads logsumexp and di as [8, block] float32 blocks (broadcast to the sublanes).
-    dkv = cost(4, 4 * s.qkv_bytes + rows + 2 * fetched * flash.SUBLANES * 4 + ids
-               + s.lane_bytes)
-    dq = cost(3, 2 * s.qkv_bytes + rows + 2 * s.vector_bytes + ids + s.lane_bytes)
+    dkv = cost(4, 4 * s.qkv_bytes + rows + 2 * fetched * SUBLANES * 4 + ids + s.lane_bytes)
+    dq = cost(3, 2 * s.qkv_bytes + rows + vectors + ids + s.lane_bytes)
     return dkv, dq
-
-
-def _forward(q, k, v, segments, radius, block):
-    """Per-shard forward on [b, h, s, d] (q scaled): (out [b, h, s, d], logsumexp [b, h, s]
-    float32)."""
-    attn = kernel(q.shape[1], q.shape[2], radius, block)
-
-    def one_row(q, k, v, ids):
-        out, (logsumexp,) = splash_kernel._splash_attention_forward(
-            attn.fwd_mask_info, q, k, v, splash.SegmentIds(ids, ids), None,
-            mask_value=flash.MASK_VALUE, is_mqa=False, block_sizes=attn.kwargs["block_sizes"],
-            residual_checkpoint_name=None, save_residuals=True,
-            mask_function=attn.kwargs["mask_function"])
-        return out, logsumexp
-
-    shape = flash.Shape(*q.shape, q.dtype.itemsize)
-    computed = q.shape[0] * q.shape[1] * computed_blocks(attn.fwd_mask_info) * block * block
-    costed = flash._with_costs(jax.vmap(one_row),
-                               {"_fwd": forward_cost(shape, computed, block)})
-    return tuple(flash._on_platform(costed, q, k, v, segments))
-
-
-def _backward(q, k, v, segments, out, logsumexp, d_out, radius, block):
-    """Per-shard backward: (dq, dk, dv), each [b, h, s, d] (dq for the scaled q)."""
-    attn = kernel(q.shape[1], q.shape[2], radius, block)
-
-    def one_row(q, k, v, ids, out, logsumexp, d_out):
-        residuals = (q, k, v, splash.SegmentIds(ids, ids), None, out, logsumexp,
-                     attn.dq_mask_info, attn.dkv_mask_info)
-        grads = splash_kernel._splash_attention_bwd(
-            False, flash.MASK_VALUE, False, attn.kwargs["block_sizes"], None,
-            attn.kwargs["mask_function"], None, False, residuals, d_out)
-        return grads[3:6]  # (mask infos, dq, dk, dv, segment ids, sinks)
-
-    shape = flash.Shape(*q.shape, q.dtype.itemsize)
-    heads_batch = q.shape[0] * q.shape[1]
-    dkv_cost, _ = backward_costs(
-        shape, heads_batch * computed_blocks(attn.dkv_mask_info) * block * block, block)
-    _, dq_cost = backward_costs(
-        shape, heads_batch * computed_blocks(attn.dq_mask_info) * block * block, block)
-    costed = flash._with_costs(jax.vmap(one_row), {"_dkv": dkv_cost, "_dq": dq_cost})
-    return tuple(flash._on_platform(costed, q, k, v, segments, out, logsumexp, d_out))
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _splash(q, k, v, segments, radius, block):
-    return _forward(q, k, v, segments, radius, block)[0]
-
-
-def _splash_fwd(q, k, v, segments, radius, block):
-    out, logsumexp = _forward(q, k, v, segments, radius, block)
-    return out, (q, k, v, segments, out, logsumexp)
-
-
-def _splash_bwd(radius, block, residuals, d_out):
-    dq, dk, dv = _backward(*residuals, d_out, radius, block)
-    return dq, dk, dv, None
-
-
-_splash.defvjp(_splash_fwd, _splash_bwd)
 
 
 def splash_attention(
@@ -216,6 +455,9 @@ def splash_attention(
 
     def attend(q, k, v, segments, shard):
         del shard
-        return _splash(q, k, v, segments, radius, block_size(q.shape[2]))
+        static = Static(q.shape[2], block_size(q.shape[2]), radius)
+        segments = jnp.where(segments == flash.PAD_SEGMENT, PAD, segments)
+        index, live = block_table(segments, static)
+        return _splash(q, k, v, segments, index, live, static)
 
     return flash.run_padded(attend, query, key, value, segments)

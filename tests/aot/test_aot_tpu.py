@@ -681,9 +681,9 @@ def test_extrapolated_step_matches_the_full_unrolled_compile_on_v5p():
 
 
 def test_an_attribute_over_several_lines_neither_ends_the_computation_nor_loses_its_op():
-    """A Pallas kernel's kernel_metadata (the splash kernels') spans lines, the continuation
-    starting with "}}": the ops after it are still the computation's, and the kernel keeps
-    its cost estimate (it is on the continuation line)."""
+    """A Pallas kernel's kernel_metadata (as JAX's splash kernels write it) spans lines, the
+    continuation starting with "}}": the ops after it are still the computation's, and the
+    kernel keeps its cost estimate (it is on the continuation line)."""
     from bertjax.aot import hlo_costs
 
     text = """HloModule step

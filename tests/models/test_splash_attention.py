@@ -1,9 +1,10 @@
-"""attention_impl "splash" (JAX's Pallas TPU splash-attention kernel, bertjax/models/
+"""attention_impl "splash" (our block-sparse Pallas TPU kernels, bertjax/models/
 splash_attention.py), interpreted on CPU, against the einsum path under ModernBERT's masks:
 values and gradients of global and local layers with padded and packed rows, at lengths below,
-at and above the window and off the block multiple; a whole ModernBertModel; and the block
-sparsity itself: the kernels' MaskInfos compute the blocks of the window's band only (a count
-made here from the window), and their cost estimates count just those."""
+at and above the window and off the block multiple, and with blocks skipped by documents; a
+whole ModernBertModel; and the block sparsity itself: the grid walks the window's band (a count
+made here from the window), the per-row tables keep exactly the block pairs the dense mask
+needs, and the cost estimates count the band's blocks."""
 
 import dataclasses
 
@@ -148,26 +149,103 @@ def band(seq, block, radius):
 
 @pytest.mark.parametrize("seq,block,radius", [(8192, 512, 64), (8192, 128, 64),
                                               (1024, 512, 64), (2048, 128, 300)])
-def test_local_kernels_compute_the_band_only(seq, block, radius):
-    """Every kernel's MaskInfo marks exactly the band's blocks as computed and the grid walks
-    only as many key (dk/dv: query) steps as the band's widest row: at 8,192 tokens, 46 of 256
-    blocks of 512 (3 per query block, 2 at the ends), 190 of 4,096 blocks of 128."""
+def test_local_kernels_walk_the_band_only(seq, block, radius):
+    """The grid walks as many key (dk/dv: query) blocks per block as the band's widest row,
+    and on a row with one document the live steps are exactly the band's blocks: at 8,192
+    tokens, 46 of 256 blocks of 512 (3 per query block, 2 at the ends), 190 of 4,096 of 128."""
     want = band(seq, block, radius)
-    attn = splash.kernel(12, seq, radius, block)
+    static = splash.Static(seq, block, radius)
     per_row = int(want.sum(axis=1).max())
     # an interior query block's keys run from radius before it to radius after it
     assert per_row == min((block - 1 + radius) // block + -(-radius // block) + 1,
                           seq // block)
-    for name, info, width_axis in (("fwd", attn.fwd_mask_info, -1),
-                                   ("dq", attn.dq_mask_info, -1),
-                                   ("dkv", attn.dkv_mask_info, -2)):
-        assert splash.computed_blocks(info) == int(want.sum()), name
-        assert info.data_next.shape[width_axis] == per_row, name  # the shrunk grid
+    assert static.steps == per_row  # the grid is the band's width, not seq / block
+    index, live = splash.block_table(jnp.zeros((1, seq), jnp.int32), static)
+    walked = np.zeros_like(want)
+    rows = np.arange(seq // block)[:, None]
+    np.add.at(walked, (np.broadcast_to(rows, index.shape[1:]), np.asarray(index[0])),
+              np.asarray(live[0]))
+    np.testing.assert_array_equal(walked, want)  # each band block once, nothing else
+    assert splash.computed_blocks(static) == int(want.sum())
     if seq == 8192:
         assert int(want.sum()) == {512: 46, 128: 190}[block]
         assert int(want.sum()) * 5 < want.size  # far fewer than all blocks
-    full = splash.kernel(12, seq, None, block)
-    assert splash.computed_blocks(full.fwd_mask_info) == want.size  # a global layer: all
+    full = splash.Static(seq, block, None)
+    assert full.steps == seq // block and splash.computed_blocks(full) == want.size
+
+
+def _packed_segments(rng, batch, seq, documents, lengths):
+    """[batch, seq] segments as the kernels see them: documents 1..n cut at random, PAD on
+    each row's padding (after lengths[row] tokens)."""
+    rows = []
+    for length in lengths:
+        cuts = np.sort(rng.choice(np.arange(1, length), documents - 1, replace=False))
+        doc = 1 + np.searchsorted(cuts, np.arange(seq), side="right")
+        rows.append(np.where(np.arange(seq) < length, doc, splash.PAD))
+    return np.stack(rows).astype(np.int32)
+
+
+@pytest.mark.parametrize("radius", [None, 40, 300])
+def test_block_table_skips_the_blocks_no_pair_needs(radius):
+    """A walked block is live iff some query of the grid's block and some key of it share a
+    document (padding: its own) within the window, from the dense mask; a dead step repeats a
+    live step's block (nothing new is fetched), and each block is walked at most once."""
+    seq, block = 1024, 128
+    static = splash.Static(seq, block, radius)
+    segments = _packed_segments(np.random.default_rng(radius or 0), 3, seq, 9, (1024, 700, 130))
+    aligned = 1 + np.arange(seq) // (2 * block)  # documents of two blocks each
+    segments = np.concatenate([segments, aligned[None].astype(np.int32)])
+    index, live = (np.asarray(x) for x in splash.block_table(jnp.asarray(segments), static))
+    blocks = seq // block
+    position = np.arange(seq)
+    within = (np.ones((seq, seq), bool) if radius is None
+              else np.abs(position[:, None] - position[None]) <= radius)
+    for row in range(4):
+        needed = (segments[row][:, None] == segments[row][None]) & within
+        needed = needed.reshape(blocks, block, blocks, block).any(axis=(1, 3))
+        got = np.zeros_like(needed)
+        for i in range(blocks):
+            walked = static.walked()[i]
+            assert len(set(walked)) == len(walked)
+            got[i, walked] = live[row, i] > 0
+            live_blocks = walked[live[row, i] > 0]
+            assert set(index[row, i]) <= set(live_blocks)  # dead steps repeat a live block
+            assert np.all(np.diff(index[row, i]) >= 0)
+        np.testing.assert_array_equal(got, needed, err_msg=f"row {row}")
+    # Blocks the band alone would compute and the documents skip: on the aligned row, every
+    # pair of blocks in different documents.
+    skipped = int((static.band() & (live[3] == 0)).sum())
+    assert skipped == int((static.band() & (aligned[static.walked() * block]
+                                            != aligned[np.arange(blocks) * block][:, None])).sum())
+    assert skipped > 0
+
+
+def test_packed_rows_skip_blocks_and_keep_the_einsum_values():
+    """Rows of several documents whose blocks are partly skipped (global and local layers):
+    values and gradients equal einsum's, and the tables mark dead blocks."""
+    seq, heads, head_dim = 640, 2, 32
+    rng = np.random.default_rng(7)
+    segments = _packed_segments(rng, 2, seq, 5, (640, 400))
+    input_mask = jnp.asarray(segments != splash.PAD, jnp.int32)
+    packing_ids = jnp.where(input_mask > 0, jnp.asarray(segments), 0)
+    q, k, v, weights = _inputs(3, 2, seq, heads, head_dim)
+    cotangent = weights * input_mask.astype(jnp.float32)[:, :, None, None]
+    for radius in (None, 40):
+        _, live = splash.block_table(jnp.asarray(segments), splash.Static(seq, 128, radius))
+        assert int((np.asarray(live) == 0).sum()) > 0
+
+        def value_and_grads(q, k, v, attend, radius=radius):
+            out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, input_mask, packing_ids, radius),
+                               q, k, v)
+            return out, vjp(cotangent)
+
+        (got_out, got), (want_out, want) = (value_and_grads(q, k, v, attend)
+                                            for attend in (splash.splash_attention, _reference))
+        rows = np.asarray(input_mask, bool)
+        np.testing.assert_allclose(np.asarray(got_out)[rows], np.asarray(want_out)[rows],
+                                   atol=TOL, rtol=0)
+        for name, a, b in zip(("dq", "dk", "dv"), got, want):
+            np.testing.assert_allclose(a, b, atol=TOL, rtol=TOL, err_msg=f"{name} {radius}")
 
 
 def _pallas_calls(jaxpr):
