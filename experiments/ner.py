@@ -45,6 +45,9 @@ def data_config(**overrides) -> ml_collections.ConfigDict:
         document_context=True,  # each sentence with its marked document's neighbours
         stride=64,  # long sentences: windows of max_seq_length - 2 pieces every `stride`
         encoding=common.DATA_ENCODING,  # the files' text encoding
+        # pack: training batches of several sentence rows per max_seq_length row (the
+        # token_classification family; evaluation stays unpacked): bertjax/tasks/packing.py.
+        pack=False,
     )
     data.update(overrides)
     return ml_collections.ConfigDict(data)

@@ -3,7 +3,7 @@ checks every job shares (bertjax/validate.py): its ranges, the data encoding, an
 checkpoint (its config.json read once): readable, its sizes not overridden, its vocabulary
 within its embeddings, its positions covering config.max_seq_length; the head options
 (config.task.classifier_pooling / classifier_dropout / bilstm_units) its architecture takes;
-config.data.pack for the tasks that pack (classification and regression).
+config.data.pack for the tasks that pack (classification, regression, token tagging).
 Each family's data files are read, and named in any error, by its Task.read."""
 
 from __future__ import annotations
@@ -54,13 +54,18 @@ def check(config, workdir: str | None) -> None:
 
 
 # config.task.family → the config.task.kind values whose training batches can be packed
-# (config.data.pack: data_pipeline/packed_finetune.py, pooled sequence heads only).
+# (config.data.pack: data_pipeline/packed_finetune.py, bertjax/tasks/packing.py): the pooled
+# sequence heads, and token tagging's per-token head.
 PACKED_KINDS = {"glue": ("classification", "regression"),
-                "files": ("classification", "regression")}
+                "files": ("classification", "regression"),
+                "token_classification": ("tagging",)}
+# The families whose head pools one token of each example (a causal BERT's is its last).
+POOLED_FAMILIES = ("glue", "files")
 
 
 def check_packing(config, model) -> None:
-    """config.data.pack for a task and model whose head pools each example of a packed row."""
+    """config.data.pack for a task and model whose head reads each example of a packed row
+    apart: a pooled vector per example, or a score per token."""
     if not (config.get("data") or {}).get("pack", False):
         return
     task = config.get("task") or {}
@@ -69,13 +74,14 @@ def check_packing(config, model) -> None:
     if kind not in PACKED_KINDS.get(family, ()):
         what = f"config.task.family={family!r}" + (f", kind={kind!r}" if kind else "")
     elif int(task.get("bilstm_units") or 0):
+        # Its recurrence would run from one packed example into the next.
         what = "the + BiLSTM head (config.task.bilstm_units)"
-    elif not is_modern(model) and model.causal:
+    elif family in POOLED_FAMILIES and not is_modern(model) and model.causal:
         what = "a causal (left-to-right) BERT"
     if what:
-        raise ConfigError(f"config.data.pack=True packs the classification and regression tasks "
-                          f"only (glue, files); {what} is not packed yet: set "
-                          "config.data.pack=False")
+        raise ConfigError(f"config.data.pack=True packs classification and regression (glue, "
+                          f"files) and token tagging (token_classification) only; {what} is "
+                          "not packed yet: set config.data.pack=False")
 
 
 def check_head(config, model) -> None:

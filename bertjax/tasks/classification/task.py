@@ -29,6 +29,8 @@ from bertjax.tasks import chunks
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.classification import metrics as metrics_lib
 from bertjax.tasks.classification.submission import write_submission
+from bertjax.tasks.packing import PackedTraining
+from data_pipeline import packed_finetune
 from data_pipeline.finetune_data import ChoiceExample, Example
 
 Array = jax.Array
@@ -92,7 +94,7 @@ def readers_module():
 # The task family
 
 
-class SequenceTask(Task):
+class SequenceTask(PackedTraining, Task):
     """config.task.family: glue (config.task.name: cola ... wnli) | swag | files
     (config.task.kind: classification | regression | multiple_choice)."""
 
@@ -175,50 +177,29 @@ class SequenceTask(Task):
         return finetune_data.encode(tokenizer, examples, max_seq_length=max_seq_length,
                                     regression=self.kind == "regression")
 
-    def packing_shape(self, features, batch_size: int):
-        """The fixed shape of packed training batches of `features` (config.data.pack): their
-        rows split evenly over every device and micro-batch."""
-        from data_pipeline import packed_finetune
-
-        return packed_finetune.packing_shape(features.lengths, batch_size, self.max_seq_length,
-                                             granule=jax.device_count() * self.grad_accum_steps)
-
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
-        from data_pipeline import finetune_data, packed_finetune
+        from data_pipeline import finetune_data
 
         if shuffle and self.pack:
-            return packed_finetune.packed_batches(
-                features, self.packing_shape(features, batch_size), seed,
-                process_index=jax.process_index(), process_count=jax.process_count())
+            return self.packed_batches(features, batch_size, seed)
         return finetune_data.batches(features, batch_size, self.buckets, shuffle=shuffle,
                                      seed=seed, process_index=jax.process_index(),
                                      process_count=jax.process_count(),
                                      group_by_length=self.group_by_length)
 
     def num_batches(self, features, batch_size: int) -> int:
-        if not self.pack:
-            return super().num_batches(features, batch_size)
-        from data_pipeline import packed_finetune
+        if self.pack:
+            return self.num_packed_batches(features, batch_size)
+        return super().num_batches(features, batch_size)
 
-        return len(packed_finetune.plan_packed(features.lengths,
-                                               self.packing_shape(features, batch_size), 0))
+    # config.data.pack (bertjax/tasks/packing.py): one label and weight a slot.
+    packed_batch = staticmethod(packed_finetune.make_packed_batch)
 
-    def train_rows(self, features, batch_size: int) -> int:
-        return self.packing_shape(features, batch_size).rows if self.pack else batch_size
-
-    def train_batch_spec(self, features, batch_size: int, max_seq_length: int):
-        if not self.pack:
-            return self.batch_spec(batch_size, max_seq_length)
-        shape = self.packing_shape(features, batch_size)
-        i32, f32 = jnp.int32, jnp.float32
-        tokens, slots = (shape.rows, shape.length), (shape.rows, shape.slots)
-        label = f32 if self.kind == "regression" else i32
-        return {**{k: jax.ShapeDtypeStruct(tokens, i32) for k in
-                   ("input_ids", "segment_ids", "input_mask", "packing_ids")},
-                "example_starts": jax.ShapeDtypeStruct(slots, i32),
-                "labels": jax.ShapeDtypeStruct(slots, label),
-                "weights": jax.ShapeDtypeStruct(slots, f32),
-                "example_index": jax.ShapeDtypeStruct(slots, i32)}
+    def packed_label_spec(self, shape):
+        slots = (shape.rows, shape.slots)
+        label = jnp.float32 if self.kind == "regression" else jnp.int32
+        return {"labels": jax.ShapeDtypeStruct(slots, label),
+                "weights": jax.ShapeDtypeStruct(slots, jnp.float32)}
 
     def batch_spec(self, batch_size: int, max_seq_length: int):
         tokens = (batch_size, max_seq_length)
@@ -242,17 +223,6 @@ class SequenceTask(Task):
             return "; " + self.describe_packing(features, padding)
         return (f"; padding is {100 * padding:.1f}% of the train tokens computed (batch "
                 f"lengths {', '.join(map(str, lengths))})")
-
-    def describe_packing(self, features, bucketed_padding: float) -> str:
-        """The packing of an epoch (seed 0) against the padding of unpacked batches."""
-        from data_pipeline import packed_finetune
-
-        shape = self.packing_shape(features, self.train_batch_size)
-        steps, padding, per_step = packed_finetune.packed_padding(features, shape)
-        return (f"packed {len(features)} examples into {steps * shape.rows} rows of "
-                f"{shape.length} ({steps} steps of {shape.rows} rows, {per_step:.1f} examples "
-                f"a step, at most {shape.slots} a row): padding {100 * bucketed_padding:.1f}% "
-                f"→ {100 * padding:.1f}% of the train tokens computed")
 
     def hf_head(self):
         if self.kind == "multiple_choice":

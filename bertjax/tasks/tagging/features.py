@@ -19,6 +19,10 @@ Batches (`[batch]` = this host's share; seq = the bucket length):
   input_ids, segment_ids, input_mask: [batch, seq] int32
   label_ids: [batch, seq] int32 (0 where not scored); label_weights: [batch, seq] float32
   example_index: [batch] int32 — the row (-1 for filler rows)
+Packed training batches (config.data.pack, `make_packed_batch`): several rows back to back in
+each of [rows, seq], with packing_ids [rows, seq] and example_starts / example_index
+[rows, slots] (data_pipeline/packed_finetune.py); label_ids / label_weights each row's own at
+its tokens, so the summed token losses are the unpacked rows'.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 
 from bertjax.errors import ConfigError
 from bertjax.tasks.tagging.readers import Sentence
-from data_pipeline import finetune_data
+from data_pipeline import finetune_data, packed_finetune
 from data_pipeline.hosts import host_rows
 
 
@@ -200,6 +204,23 @@ def make_batch(features: TokenFeatures, length: int, indices: np.ndarray, batch_
              "label_ids": labels, "label_weights": weights, "example_index": example_index}
     rows = host_rows(batch_size, process_index, process_count)
     return {k: v[rows] for k, v in batch.items()}
+
+
+def make_packed_batch(features: TokenFeatures, rows: list[list[int]],
+                      shape: packed_finetune.PackingShape, process_index: int = 0,
+                      process_count: int = 1) -> dict[str, np.ndarray]:
+    """The packed global batch of feature rows `rows` (packed row → feature rows,
+    packed_finetune.plan_packed): input_ids, segment_ids (0), input_mask, packing_ids,
+    label_ids, label_weights [rows, seq]; example_starts, example_index [rows, slots]. Each
+    feature row's tokens and labels as `make_batch` lays them out alone; this host's rows."""
+    placed = packed_finetune.place(rows, features.lengths, shape)
+    ids = packed_finetune.scatter(features.input_ids, placed, np.int32)
+    batch = {**placed, "input_ids": ids, "segment_ids": np.zeros_like(ids),
+             "label_ids": packed_finetune.scatter(features.label_ids, placed, np.int32,
+                                                  lambda gold: np.maximum(gold, 0)),
+             "label_weights": packed_finetune.scatter(features.label_ids, placed, np.float32,
+                                                      lambda gold: gold >= 0)}
+    return packed_finetune.host_share(batch, process_index, process_count)
 
 
 def batches(features: TokenFeatures, batch_size: int, buckets: Sequence[int], *, shuffle: bool,

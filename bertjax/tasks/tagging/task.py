@@ -14,6 +14,11 @@ Metrics: conlleval's entity-level precision / recall / F1 (micro, and F1 per typ
 Outputs from the best checkpoint, for the dev and test splits: `workdir/predictions/<split>.conll`
 (word, gold, predicted; IOB2, readable by conlleval) and a per-type table in the log.
 
+config.data.pack: training batches of packed rows (several sentence rows back to back in each
+max_seq_length row, attention kept inside each, bertjax/tasks/packing.py and packed.py); the
+per-token losses are the unpacked rows', evaluation and predictions stay unpacked, so every
+word is read back from its own row as above.
+
 The feature-based variant (frozen encoder, cached features, BiLSTM) is its own family,
 `feature_based` (feature_based.py), reusing this task's data and features.
 """
@@ -29,6 +34,7 @@ from bertjax.errors import ConfigError, DataError
 from bertjax.models.tagging import BertForTokenClassification
 from bertjax.paths import DEFAULT_ENCODING, read_text
 from bertjax.tasks.base import Splits, Task, hf_head
+from bertjax.tasks.packing import PackedTraining
 from bertjax.tasks.tagging import features as token_features
 from bertjax.tasks.tagging import readers
 from bertjax.tasks.tagging.metrics import entity_scores, table, token_accuracy
@@ -72,7 +78,7 @@ def token_loss(logits: Array, labels: Array, weights: Array,
 # The task family
 
 
-class TokenClassificationTask(Task):
+class TokenClassificationTask(PackedTraining, Task):
     """config.task.family = token_classification; config.task.name: conll2003 | files."""
 
     def __init__(self, config):
@@ -83,6 +89,9 @@ class TokenClassificationTask(Task):
         self.scheme = config.task.label_scheme
         self.bilstm_units = int(config.task.get("bilstm_units", 0))  # 0: the paper's head
         self._features: dict[int, object] = {}  # id(examples) → features (write_outputs)
+        # config.data.pack: packed training rows (tasks/packing.py, checked by tasks/checks.py).
+        self.pack = bool((config.get("data") or {}).get("pack", False))
+        self.grad_accum_steps = int(config.train.get("grad_accum_steps", 1))
 
     # ---- data
 
@@ -167,6 +176,7 @@ class TokenClassificationTask(Task):
 
     def encode(self, tokenizer, examples, max_seq_length: int):
         self.buckets = self.bucket_lengths(max_seq_length)
+        self.max_seq_length = max_seq_length
         features = token_features.encode(
             tokenizer, examples, self.label_ids, max_seq_length, self.config.data.stride,
             self.config.data.document_context)
@@ -175,13 +185,25 @@ class TokenClassificationTask(Task):
         return features
 
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
+        if shuffle and self.pack:
+            return self.packed_batches(features, batch_size, seed)
         return token_features.batches(features, batch_size, self.buckets, shuffle=shuffle,
                                       seed=seed, process_index=jax.process_index(),
                                       process_count=jax.process_count(),
                                       group_by_length=self.group_by_length)
 
     def num_batches(self, features, batch_size: int) -> int:
+        if self.pack:
+            return self.num_packed_batches(features, batch_size)
         return len(finetune_data.plan_batches(features, batch_size, self.buckets, shuffle=False))
+
+    # config.data.pack (tasks/packing.py): a label and a weight per token, as unpacked.
+    packed_batch = staticmethod(token_features.make_packed_batch)
+
+    def packed_label_spec(self, shape):
+        tokens = (shape.rows, shape.length)
+        return {"label_ids": jax.ShapeDtypeStruct(tokens, jnp.int32),
+                "label_weights": jax.ShapeDtypeStruct(tokens, jnp.float32)}
 
     def batch_spec(self, batch_size: int, max_seq_length: int):
         shape, i32 = (batch_size, max_seq_length), jnp.int32
@@ -196,6 +218,8 @@ class TokenClassificationTask(Task):
                                           shuffle=True, group_by_length=self.group_by_length)
         computed = sum(length * self.train_batch_size for length, _ in plan)
         padding = 1.0 - float(features.lengths.sum()) / max(computed, 1)
+        if self.pack:
+            return f"; {len(self.labels)} labels; " + self.describe_packing(features, padding)
         return (f"; {len(self.labels)} labels; {len(features)} train rows, padding "
                 f"{100 * padding:.1f}% of the tokens computed")
 
@@ -206,6 +230,11 @@ class TokenClassificationTask(Task):
                        "single_label_classification", self.bilstm_units)
 
     def model(self, model_config):
+        if self.pack:  # the same parameters, and packing_ids for the packed training rows
+            from bertjax.tasks.tagging.packed import PackedTokenClassification
+
+            return PackedTokenClassification(model_config, len(self.labels),
+                                             self.classifier_dropout)
         return BertForTokenClassification(model_config, len(self.labels), self.bilstm_units,
                                           self.classifier_dropout)
 
@@ -213,7 +242,14 @@ class TokenClassificationTask(Task):
         ids = jnp.zeros((1, 8), jnp.int32)
         return ids, ids, ids
 
+    def outputs(self, model, params, batch, **kwargs):
+        if "packing_ids" in batch:  # packed rows: logits [rows, seq, labels]
+            kwargs["packing_ids"] = batch["packing_ids"]
+        return super().outputs(model, params, batch, **kwargs)
+
     def loss(self, logits, batch, denominators=None):
+        # Packed rows too: each token's label and weight are its example's own, and the
+        # denominators count the scored tokens, so the loss is the unpacked rows'.
         return token_loss(logits, batch["label_ids"], batch["label_weights"], denominators)
 
     def denominators(self, batch):

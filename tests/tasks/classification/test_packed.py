@@ -10,18 +10,17 @@ import jax
 import numpy as np
 import pytest
 from finetune_task import write_task
+from packed_models import VOCAB, assert_trees_close, bert_config, loss_fn, modern_config
 
 from bertjax.errors import ConfigError
-from bertjax.models import BertConfig
 from bertjax.models.classification import BertForSequenceClassification
-from bertjax.models.modern import ModernConfig
 from bertjax.tasks import base, checks
 from bertjax.tasks.classification.task import SequenceTask
 from bertjax.train import step as step_lib
 from data_pipeline import finetune_data, packed_finetune
 from data_pipeline.finetune_data import Features
 
-SEQ, VOCAB, BATCH = 32, 64, 8
+SEQ, BATCH = 32, 8
 
 
 def random_features(n=37, kind="classification", seed=0, short=3):
@@ -55,19 +54,6 @@ def make_task(kind="classification", pack=True, accum=1, batch=BATCH):
     return task
 
 
-def bert_config():
-    return BertConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4,
-                      intermediate_size=64, max_position_embeddings=64,
-                      hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
-
-
-def modern_config():
-    # A local window shorter than the rows: the local layers' masks meet the packing too.
-    return ModernConfig(vocab_size=VOCAB, hidden_size=32, num_layers=3, num_heads=2,
-                        intermediate_size=48, local_attention=8, pad_token_id=0,
-                        max_position_embeddings=64)
-
-
 MODELS = {"bert": (bert_config, "cls"), "modern_cls": (modern_config, "cls"),
           "modern_mean": (modern_config, "mean")}
 
@@ -90,17 +76,6 @@ def model_and_params(task, name, kind):
     ids = np.zeros((1, 8), np.int32)
     params = jax.jit(model.init)(jax.random.key(1), ids, ids, ids)["params"]
     return model, jax.tree.map(np.asarray, params)
-
-
-def loss_fn(task, model):
-    return lambda params, batch, rng, denominators=None: base._loss(
-        params, batch, rng, denominators, task=task, model=model)
-
-
-def assert_trees_close(a, b, rtol, atol):
-    for (path, x), y in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
-        np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol,
-                                   err_msg=jax.tree_util.keystr(path))
 
 
 @pytest.mark.parametrize("name,kind", [("bert", "classification"), ("bert", "regression"),
@@ -258,8 +233,9 @@ def pack_config(experiment, arg):
 @pytest.mark.parametrize("experiment,arg,named", [
     ("finetune_files", "multiple_choice", "kind='multiple_choice'"),
     ("glue", "swag", "family='swag'"),
-    ("ner", "conll2003", "family='token_classification'"),
     ("squad", "v1", "family='squad'"),
+    ("embedding", "pairs", "family='embedding'"),
+    ("ner_feature_based", "concat_last_four", "family='feature_based'"),
 ])
 def test_tasks_that_do_not_pack_refuse_it_in_one_line(experiment, arg, named):
     with pytest.raises(ConfigError) as error:
