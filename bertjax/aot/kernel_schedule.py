@@ -9,6 +9,11 @@ plus the loop body's bundles times the loop's trip count: its static schedule. T
 stalls (DMA waits, which the kernels' double buffering hides while a grid step is
 compute-bound), so it is a lower bound, like the roofline; the dry run takes the larger.
 
+Two families are read this way: `dropout_attention`'s flash kernels (BERT, `flash_kernels`)
+and `splash_attention`'s block-sparse ones (ModernBERT, `splash_kernels`). A splash kernel's
+steps are data-dependent (a dead block pair computes nothing), its schedule counts every step
+the grid walks as computed, as its cost estimate counts every block of the window's band.
+
 libtpu reads its flags once per process, so the kernels are compiled in a child process
 (`compile_kernels`) for one chip of the slice.
 """
@@ -31,6 +36,10 @@ _OUTPUTS = re.compile(r"shape: (\w+)\[[\d,]*\], index: \d+, kind: output")
 _FORWARD_RESULT = re.compile(
     r"\(bf16\[(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,(\d+),1,\d+\][^ ]*\) custom-call\(.*"
     r'custom_call_target="tpu_custom_call"')
+# splash_attention's forward: o [batch, heads, seq, head_dim] and the log-sum-exp [.., 128].
+_SPLASH_FORWARD_RESULT = re.compile(
+    r"\(bf16\[(\d+),(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,\d+,\d+,128\][^ ]*\) custom-call\(.*"
+    r'custom_call_target="tpu_custom_call"')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +52,18 @@ class FlashKernels:
     head_dim: int
     rate: float
     causal: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SplashKernels:
+    """What `splash_attention`'s three kernels compile to for one chip's shard, in a global
+    layer (radius None) or a local one."""
+
+    batch: int
+    seq: int  # padded
+    heads: int
+    head_dim: int
+    radius: int | None
 
 
 def scheduled_cycles(bundles: str) -> int:
@@ -68,34 +89,98 @@ def flash_kernels(hlo_text: str, rate: float, causal: bool) -> set[FlashKernels]
     return found
 
 
-@functools.cache
-def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], int]:
-    """{(FLOPs, HBM bytes) of a kernel's cost_estimate: its scheduled cycles} for the forward
-    and backward kernels of `kernels` on one chip of `topology` (compiled in a child process)."""
+def splash_kernels(hlo_text: str, radii: tuple[int | None, ...]) -> set[SplashKernels]:
+    """The splash kernels of a compiled step, one per distinct shape and each of `radii` (the
+    model's global and local layers share shapes; their estimates, the keys, differ)."""
+    return {SplashKernels(int(batch), int(seq), int(heads), int(head_dim), radius)
+            for batch, heads, seq, head_dim in _SPLASH_FORWARD_RESULT.findall(hlo_text)
+            for radius in radii}
+
+
+def _compiled_bundles(topology: str, kernels) -> tuple[dict, dict[str, str]]:
+    """Compiles `kernels` (FlashKernels or SplashKernels) for one chip of `topology` in a child
+    process: ({kernel: (FLOPs, bytes) of its cost estimate}, {bundle file name: its text})."""
     with tempfile.TemporaryDirectory() as dump:
         flags = (f"--xla_jf_dump_to={dump} --xla_jf_dump_llo_text=true "
                  "--xla_jf_dump_llo_pass_label_regex=final_bundles")
         env = dict(os.environ, LIBTPU_INIT_ARGS=f"{os.environ.get('LIBTPU_INIT_ARGS', '')} "
                    f"{flags}".strip(), JAX_PLATFORMS="")
-        spec = json.dumps({"topology": topology, **dataclasses.asdict(kernels)})
+        spec = json.dumps({"topology": topology, "family": type(kernels).__name__,
+                           **dataclasses.asdict(kernels)})
         done = subprocess.run([sys.executable, "-c", _CHILD, spec], env=env,
                               capture_output=True, text=True)
         if done.returncode:
-            raise RuntimeError(f"compiling the flash kernels for {topology} failed: "
+            raise RuntimeError(f"compiling the attention kernels for {topology} failed: "
                                f"{done.stderr.strip().splitlines()[-1:]}")
         keys = {k: tuple(v) for k, v in json.loads(done.stdout.splitlines()[-1]).items()}
-        cycles = {}
+        bundles = {}
         for path in glob.glob(os.path.join(dump, "*-final_bundles.txt")):
             text = open(path).read()
-            outputs = _OUTPUTS.findall(text)
-            if "schedule-analysis" not in path and "custom-call(" in text and outputs:
-                # The forward kernel's outputs include the float32 log-sum-exp.
-                name = "forward" if "f32" in outputs else "backward"
-                cycles[keys[name]] = scheduled_cycles(text)
+            if "schedule-analysis" not in path and "custom-call(" in text:
+                bundles[os.path.basename(path)] = text
+    return keys, bundles
+
+
+@functools.cache
+def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], int]:
+    """{(FLOPs, HBM bytes) of a kernel's cost_estimate: its scheduled cycles} for the forward
+    and backward kernels of `kernels` on one chip of `topology` (compiled in a child process)."""
+    keys, bundles = _compiled_bundles(topology, kernels)
+    cycles = {}
+    for text in bundles.values():
+        outputs = _OUTPUTS.findall(text)
+        if outputs:
+            # The forward kernel's outputs include the float32 log-sum-exp.
+            name = "forward" if "f32" in outputs else "backward"
+            cycles[keys[name]] = scheduled_cycles(text)
     if len(cycles) != 2:
         raise RuntimeError(f"expected the forward and backward kernels' bundles, found "
                            f"{len(cycles)}")
     return cycles
+
+
+@functools.cache
+def splash_cycles(topology: str, kernels: SplashKernels) -> dict[tuple[int, int], int]:
+    """As `flash_cycles`, for the splash kernels (forward, dk/dv, dq: named in their bundle
+    files)."""
+    keys, bundles = _compiled_bundles(topology, kernels)
+    cycles = {keys[kind]: scheduled_cycles(text) for name, text in bundles.items()
+              for kind in keys if f"splash_{kind}" in name}
+    if len(cycles) != len(keys):
+        raise RuntimeError(f"expected the {sorted(keys)} splash kernels' bundles, found "
+                           f"{len(cycles)}")
+    return cycles
+
+
+def _compile_splash(spec: dict) -> dict[str, tuple[int, int]]:
+    """`compile_kernels` for SplashKernels: a global or local layer's forward and backward."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from bertjax.aot import topology
+    from bertjax.models import splash_attention
+
+    k = SplashKernels(**{f.name: spec[f.name] for f in dataclasses.fields(SplashKernels)})
+    device = topology.devices(topology.parse(spec["topology"]))[0]
+    mesh = Mesh(np.array([device]), ("data",))  # Pallas reads the chip from the mesh
+    sharding = NamedSharding(mesh, PartitionSpec())
+    qkv = jax.ShapeDtypeStruct((k.batch, k.seq, k.heads, k.head_dim), jnp.bfloat16,
+                               sharding=sharding)
+    mask = jax.ShapeDtypeStruct((k.batch, k.seq), jnp.int32, sharding=sharding)
+
+    def forward_and_backward(q, key, value, mask):
+        out, vjp = jax.vjp(lambda *qkv: splash_attention.splash_attention(
+            *qkv, mask, None, k.radius), q, key, value)
+        return vjp(out)
+
+    with jax.set_mesh(mesh):
+        jax.jit(forward_and_backward).lower(qkv, qkv, qkv, mask).compile()
+    static = splash_attention.Static(k.seq, splash_attention.block_size(k.seq), k.radius)
+    shaped = jax.ShapeDtypeStruct((k.batch, k.heads, k.seq, k.head_dim), jnp.bfloat16)
+    return {name: (int(c.flops), int(c.bytes_accessed))
+            for name, c in splash_attention.kernel_costs(static, shaped).items()}
 
 
 _CHILD = ("import json, sys\nfrom bertjax.aot import kernel_schedule\n"
@@ -105,6 +190,8 @@ _CHILD = ("import json, sys\nfrom bertjax.aot import kernel_schedule\n"
 def compile_kernels(spec: dict) -> dict[str, tuple[int, int]]:
     """Compiles the kernels' forward and backward for one chip of spec["topology"]; returns
     each one's cost_estimate (FLOPs, bytes), the key under which the step's HLO carries it."""
+    if spec.pop("family") == "SplashKernels":
+        return _compile_splash(spec)
     import jax
     import jax.numpy as jnp
     import numpy as np

@@ -68,11 +68,12 @@ def op_seconds(groups: dict | None) -> float | None:
     return groups and sum(g.model_seconds for g in groups["category"].values()) or None
 
 
-def measure(compiled, slice_: topology_lib.Slice | None, flash: tuple[float, bool] | None = None
-            ) -> Measure:
+def measure(compiled, slice_: topology_lib.Slice | None, flash: tuple[float, bool] | None = None,
+            splash: tuple[int | None, ...] | None = None) -> Measure:
     """A compiled step's memory, FLOPs, bytes, cost-model time and (on a slice) its ops'
-    costs. flash: (attention dropout rate, causal) where the model runs the flash kernels,
-    whose time is then at least their compiled schedule's (bertjax/aot/kernel_schedule.py)."""
+    costs. flash: (attention dropout rate, causal) where the model runs the flash kernels;
+    splash: the window radii of its layers (None: global) where it runs the splash kernels.
+    Their time is then at least their compiled schedule's (bertjax/aot/kernel_schedule.py)."""
     memory = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = (cost[0] if isinstance(cost, list | tuple) else cost) or {}
@@ -84,6 +85,8 @@ def measure(compiled, slice_: topology_lib.Slice | None, flash: tuple[float, boo
         scheduled = {}
         for kernels in kernel_schedule.flash_kernels(text, *flash) if flash else ():
             scheduled.update(kernel_schedule.flash_cycles(slice_.topology_name, kernels))
+        for kernels in kernel_schedule.splash_kernels(text, splash) if splash else ():
+            scheduled.update(kernel_schedule.splash_cycles(slice_.topology_name, kernels))
         ops = hlo_costs.op_costs(text, slice_.chip.clock_hz, *rates, scheduled)
         groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates,
                                               slice_.chip.clock_hz),
@@ -254,7 +257,7 @@ class Step:
 def compile_and_measure(step, args: tuple, slice_: topology_lib.Slice | None,
                         model_config=None) -> Measure | str:
     """A jitted `step` compiled for abstract `args` → its Measure, or the compiler's
-    out-of-memory message (any other compile error is raised). model_config: the BertConfig
+    out-of-memory message (any other compile error is raised). model_config: the model config
     compiled, which says whether the flash kernels run (and their dropout rate)."""
     # A TPU executable compiled without a TPU client cannot be read back from JAX's
     # persistent compilation cache (a warning per entry): keep it out of the cache. (JAX
@@ -271,9 +274,13 @@ def compile_and_measure(step, args: tuple, slice_: topology_lib.Slice | None,
         return message
     finally:
         jax.config.update("jax_enable_compilation_cache", caching)
-    flash = (model_config.attention_dropout_prob, model_config.causal) if (
-        model_config is not None and model_config.attention_impl == "flash") else None
-    return measure(compiled, slice_, flash)
+    flash = splash = None
+    if model_config is not None and is_modern(model_config):
+        if model_config.attention_impl in ("auto", "splash"):  # "auto" is splash on a TPU
+            splash = (None, model_config.window_radius)
+    elif model_config is not None and model_config.attention_impl == "flash":
+        flash = (model_config.attention_dropout_prob, model_config.causal)
+    return measure(compiled, slice_, flash, splash)
 
 
 def calibrated(compile_layers: Callable[[int], Measure | str], layers: int

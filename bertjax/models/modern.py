@@ -21,10 +21,11 @@ padding as a [batch, 1, 1, k] key mask), and a [batch, 1, q, k] mask only for pa
 "splash" is our block-sparse Pallas TPU kernels (`splash_attention`, interpreted off a TPU),
 for long sequences: per-row block tables built from the segment ids skip every pair of blocks
 outside the window's band (the grid is the band) or between different documents (or padding);
-inside a computed block, window and segments are masked. Neither "xla" nor "splash" forms a dense mask, and
-neither applies attention dropout (a ConfigError). "auto" (the default) runs einsum where
-attention dropout is active (training with attention_dropout > 0) and on a CPU, "splash" on a
-TPU (also when compiled ahead of time for one) and the "xla" path elsewhere (GPUs).
+inside a computed block, window and segments are masked. Neither "xla" nor "splash" forms a
+dense mask, and neither applies attention dropout (a ConfigError). "auto" (the default) runs
+einsum where attention dropout is active (training with attention_dropout > 0) and on a CPU,
+"splash" on a TPU (also when compiled ahead of time for one) and the "xla" path elsewhere
+(GPUs).
 
 Parameters (every one with logical axis names):
     model/embeddings/tok_embeddings/embedding [vocab, hidden]   ("vocab", "embed")

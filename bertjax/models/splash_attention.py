@@ -299,11 +299,14 @@ def _params():
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
 
 
-def _costs(static, q) -> dict[str, pl.CostEstimate]:
+def kernel_costs(static: Static, q) -> dict[str, pl.CostEstimate]:
+    """The three kernels' estimates ("fwd", "dkv", "dq") for q [batch, heads, seq, head_dim]
+    (a shard's, padded)."""
     shape = flash.Shape(*q.shape, q.dtype.itemsize)
     computed = q.shape[0] * q.shape[1] * computed_blocks(static) * static.block ** 2
-    dkv, dq = backward_costs(shape, computed, static.block)
-    return {"fwd": forward_cost(shape, computed, static.block), "dkv": dkv, "dq": dq}
+    windowed = static.radius is not None
+    dkv, dq = backward_costs(shape, computed, static.block, windowed)
+    return {"fwd": forward_cost(shape, computed, static.block, windowed), "dkv": dkv, "dq": dq}
 
 
 def _forward_call(static, interpret, q, k, v, segments, index, live):
@@ -321,7 +324,7 @@ def _forward_call(static, interpret, q, k, v, segments, index, live):
                             pltpu.VMEM((static.block, head_dim), jnp.float32)]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((*q.shape[:3], LANES), jnp.float32)],
-        compiler_params=_params(), cost_estimate=_costs(static, q)["fwd"],
+        compiler_params=_params(), cost_estimate=kernel_costs(static, q)["fwd"],
         interpret=interpret, name="splash_fwd",
     )(index, live, q, k, v, column, row)
     return out, lse[..., 0]
@@ -331,7 +334,7 @@ def _backward_call(static, interpret, q, k, v, segments, index, live, out, lse, 
     head_dim = q.shape[-1]
     column, row = _segment_arrays(segments)
     di = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1)
-    costs = _costs(static, q)
+    costs = kernel_costs(static, q)
     # dk/dv: the grid's block is a key block, the walk over query blocks.
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, static=static),
@@ -394,23 +397,31 @@ _splash.defvjp(_splash_fwd, _splash_bwd)
 # Costs
 
 
-def forward_cost(shape: flash.Shape, computed: int, block: int) -> pl.CostEstimate:
+# Elementwise FLOPs per score of the window's mask in a local layer (positions from iotas,
+# their distance, its absolute value, the comparison, the conjunction).
+WINDOW_ELEMENTWISE = 5
+
+
+def forward_cost(shape: flash.Shape, computed: int, block: int,
+                 windowed: bool = False) -> pl.CostEstimate:
     """The forward kernel. computed: scores computed over the batch and heads (computed blocks
-    · block²). q·kᵀ and p·v are 4·D FLOPs per score, one exp each; it reads q and the query
+    · block²). q·kᵀ and p·v are 4·D FLOPs per score, one exp each, and the elementwise work
+    (WINDOW_ELEMENTWISE more in a local layer, `windowed`); it reads q and the query
     segment ids ([seq, 128] int32) once per head, a key and a value block and its key segment
     ids ([8, block]) per computed block, and writes o and the log-sum-exp ([seq, 128]
     float32)."""
     s = shape
     fetched = computed // block  # key rows fetched: `block` of them per computed block
     return pl.CostEstimate(
-        flops=4 * computed * s.head_dim + flash.FORWARD_ELEMENTWISE * computed,
+        flops=(4 * computed * s.head_dim
+               + (flash.FORWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
         transcendentals=computed,
         bytes_accessed=(2 * s.qkv_bytes + 2 * fetched * s.head_dim * s.itemsize
                         + 2 * s.lane_bytes + fetched * SUBLANES * 4))
 
 
-def backward_costs(shape: flash.Shape, computed: int,
-                   block: int) -> tuple[pl.CostEstimate, pl.CostEstimate]:
+def backward_costs(shape: flash.Shape, computed: int, block: int,
+                   windowed: bool = False) -> tuple[pl.CostEstimate, pl.CostEstimate]:
     """(dk/dv kernel, dq kernel), over the computed blocks as `forward_cost`. dk/dv recomputes
     kᵀ·q, then p·do, v·doᵀ, ds·q (8·D FLOPs per score), reading k and v once and a q, do,
     log-sum-exp, di and query-id block per computed block, writing dk, dv; dq recomputes kᵀ·q
@@ -424,7 +435,8 @@ def backward_costs(shape: flash.Shape, computed: int,
 
     def cost(matmuls, bytes_accessed):
         return pl.CostEstimate(
-            flops=2 * matmuls * computed * s.head_dim + flash.BACKWARD_ELEMENTWISE * computed,
+            flops=(2 * matmuls * computed * s.head_dim
+                   + (flash.BACKWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
             transcendentals=computed, bytes_accessed=bytes_accessed)
 
     dkv = cost(4, 4 * s.qkv_bytes + rows + 2 * fetched * SUBLANES * 4 + ids + s.lane_bytes)

@@ -516,6 +516,59 @@ def test_flash_kernels_are_found_by_the_forward_kernels_results():
     assert not kernel_schedule.flash_kernels(backward, 0.1, False)
 
 
+def test_splash_kernels_are_found_by_the_forward_kernels_results():
+    """A splash forward's results are o [batch, heads, seq, head_dim] and the log-sum-exp
+    [.., 128]; each shape is taken for every radius asked (global and local layers share it)."""
+    from bertjax.aot import kernel_schedule
+
+    forward = ('  %f = (bf16[64,12,1024,64]{3,2,1,0:T(8,128)(2,1)}, f32[64,12,1024,128]{3,2,1,0})'
+               ' custom-call(%i, %l, %q, %k, %v), custom_call_target="tpu_custom_call", x\n')
+    dq = ('  %g = (bf16[64,12,1024,64]{3,2,1,0}) custom-call(%i), '
+          'custom_call_target="tpu_custom_call"\n')
+    assert kernel_schedule.splash_kernels(forward + dq + forward, (None, 64)) == {
+        kernel_schedule.SplashKernels(64, 1024, 12, 64, None),
+        kernel_schedule.SplashKernels(64, 1024, 12, 64, 64)}
+    assert not kernel_schedule.splash_kernels(dq, (None,))
+    assert not kernel_schedule.flash_kernels(forward, 0.0, False)
+
+
+@needs_libtpu
+def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofline():
+    """Compiled for one v5p chip: the three splash kernels' cycles, keyed by the estimates
+    the step's HLO carries (a local layer's differ from a global one's of the same shape),
+    double with the batch (the grid's parallel steps, split over the 2 TensorCores), and the
+    vector work (masks, softmax) makes each slower than its roofline."""
+    import jax
+    import jax.numpy as jnp
+
+    from bertjax.aot import kernel_schedule
+    from bertjax.models import splash_attention
+
+    slice_ = topology.parse("v5p-8")
+    cycles = {}
+    for batch in (2, 4):
+        for radius in (None, 64):
+            kernels = kernel_schedule.SplashKernels(batch, 1024, 2, 64, radius)
+            cycles[batch, radius] = kernel_schedule.splash_cycles(slice_.topology_name, kernels)
+            static = splash_attention.Static(1024, 512, radius)
+            shaped = jax.ShapeDtypeStruct((batch, 2, 1024, 64), jnp.bfloat16)
+            costs = splash_attention.kernel_costs(static, shaped)
+            assert set(cycles[batch, radius]) == {
+                (int(c.flops), int(c.bytes_accessed)) for c in costs.values()}
+            for cost in costs.values():
+                scheduled = cycles[batch, radius][(int(cost.flops), int(cost.bytes_accessed))]
+                roofline = slice_.chip.clock_hz * max(
+                    cost.flops / slice_.peak_flops,
+                    cost.bytes_accessed / (slice_.chip.hbm_gbps * 1e9))
+                assert scheduled > roofline
+        assert not set(cycles[batch, None]) & set(cycles[batch, 64])
+    # 2·2·2·2 grid steps at batch 2, twice that at 4, halved over the cores, +2 to fill
+    for radius in (None, 64):
+        small, large = (sorted(cycles[b, radius].values()) for b in (2, 4))
+        for s, l_ in zip(small, large):
+            assert l_ / s == pytest.approx((32 // 2 + 2) / (16 // 2 + 2), rel=0.05)
+
+
 @needs_libtpu
 def test_the_flash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofline():
     """Compiled for one v5p chip: each kernel's cycles are its grid loop's: twice the batch,
