@@ -82,17 +82,20 @@ def pool(hidden: Array, input_mask: Array | None, mode: str) -> Array:
 
 def encode(config: ModelConfig, input_ids: Array, segment_ids: Array | None,
            input_mask: Array | None, *, deterministic: bool, pooled_only: bool = False,
-           pooling: str = "cls") -> tuple[Array, Array]:
+           pooling: str = "cls", packing_ids: Array | None = None) -> tuple[Array, Array]:
     """The encoder of a head, created in the calling module (`encoder_name`): input_ids,
-    segment_ids (BERT only), input_mask [batch, seq] int → (sequence_output [batch, seq,
-    hidden], pooled [batch, hidden]). BERT: pooled is the pooler's output, and with
-    `pooled_only` the final layer is computed for [CLS] alone (sequence_output [batch, 1,
-    hidden]). ModernBERT: pooled is `pool(sequence_output, input_mask, pooling)`."""
+    segment_ids (BERT only), input_mask, packing_ids (packed rows: example slot + 1, 0 on
+    padding; attention and positions stay within each example) [batch, seq] int →
+    (sequence_output [batch, seq, hidden], pooled [batch, hidden]). BERT: pooled is the
+    pooler's output, and with `pooled_only` the final layer is computed for [CLS] alone
+    (sequence_output [batch, 1, hidden]). ModernBERT: pooled is `pool(sequence_output,
+    input_mask, pooling)`. Over packed rows only sequence_output is per example."""
     if is_modern(config):
         hidden = modern.ModernBertModel(config, name="model")(
-            input_ids, input_mask, deterministic=deterministic)
+            input_ids, input_mask, packing_ids=packing_ids, deterministic=deterministic)
         return hidden, pool(hidden, input_mask, pooling)
     outputs = BertModel(config, name="bert")(input_ids, segment_ids, input_mask,
+                                             packing_ids=packing_ids,
                                              deterministic=deterministic,
                                              pooled_only=pooled_only)
     return outputs["sequence_output"], outputs["pooled_output"]

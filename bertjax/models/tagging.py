@@ -40,12 +40,16 @@ class BertForTokenClassification(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids: Array, segment_ids: Array | None = None,
-                 input_mask: Array | None = None, *, deterministic: bool = True) -> Array:
-        """input_ids, segment_ids, input_mask: [batch, seq] → logits [batch, seq, num_labels]."""
+                 input_mask: Array | None = None, *, packing_ids: Array | None = None,
+                 deterministic: bool = True) -> Array:
+        """input_ids, segment_ids, input_mask: [batch, seq] → logits [batch, seq, num_labels].
+        packing_ids [batch, seq] (rows of packed examples, `heads.encode`): every position is
+        scored as in its example's own row; not with the BiLSTM, whose recurrence would run
+        across examples (the task refuses it)."""
         cfg = self.config
         heads.check_head_options(cfg, bilstm_units=self.bilstm_units)
         hidden, _ = heads.encode(cfg, input_ids, segment_ids, input_mask,
-                                 deterministic=deterministic)
+                                 deterministic=deterministic, packing_ids=packing_ids)
         if self.bilstm_units:
             hidden = BiLSTMHead(self.bilstm_units, cfg.initializer_range, cfg.dtype,
                                 name="bilstm")(hidden, input_mask)

@@ -15,9 +15,9 @@ Outputs from the best checkpoint, for the dev and test splits: `workdir/predicti
 (word, gold, predicted; IOB2, readable by conlleval) and a per-type table in the log.
 
 config.data.pack: training batches of packed rows (several sentence rows back to back in each
-max_seq_length row, attention kept inside each, bertjax/tasks/packing.py and packed.py); the
-per-token losses are the unpacked rows', evaluation and predictions stay unpacked, so every
-word is read back from its own row as above.
+max_seq_length row, bertjax/tasks/packing.py; the model's packing_ids keep attention inside
+each); the per-token losses are the unpacked rows', evaluation and predictions stay unpacked,
+so every word is read back from its own row as above.
 
 The feature-based variant (frozen encoder, cached features, BiLSTM) is its own family,
 `feature_based` (feature_based.py), reusing this task's data and features.
@@ -230,11 +230,6 @@ class TokenClassificationTask(PackedTraining, Task):
                        "single_label_classification", self.bilstm_units)
 
     def model(self, model_config):
-        if self.pack:  # the same parameters, and packing_ids for the packed training rows
-            from bertjax.tasks.tagging.packed import PackedTokenClassification
-
-            return PackedTokenClassification(model_config, len(self.labels),
-                                             self.classifier_dropout)
         return BertForTokenClassification(model_config, len(self.labels), self.bilstm_units,
                                           self.classifier_dropout)
 

@@ -19,7 +19,6 @@ from bertjax.models.tagging import BertForTokenClassification
 from bertjax.tasks import checks
 from bertjax.tasks.tagging import features as token_features
 from bertjax.tasks.tagging.features import TokenFeatures
-from bertjax.tasks.tagging.packed import PackedTokenClassification
 from bertjax.tasks.tagging.task import TokenClassificationTask
 from bertjax.train import step as step_lib
 from data_pipeline import packed_finetune
@@ -68,16 +67,12 @@ def packed_and_unpacked(task, features, batch=BATCH, seed=3):
 
 
 def models_and_params(name):
-    """(the packed head, the unpacked head, their parameters: one tree for both)."""
+    """(the head, given packed or unpacked rows, and its parameters)."""
     config = {"bert": bert_config, "modern": modern_config}[name]()
-    packed = PackedTokenClassification(config, len(LABELS))
-    alone = BertForTokenClassification(config, len(LABELS))
+    model = BertForTokenClassification(config, len(LABELS))
     ids = np.zeros((1, 8), np.int32)
-    params = jax.jit(packed.init)(jax.random.key(1), ids, ids, ids)["params"]
-    reference = jax.jit(alone.init)(jax.random.key(1), ids, ids, ids)["params"]
-    assert jax.tree.structure(params) == jax.tree.structure(reference)
-    assert jax.tree.map(np.shape, params) == jax.tree.map(np.shape, reference)
-    return packed, alone, jax.tree.map(np.asarray, params)
+    params = jax.jit(model.init)(jax.random.key(1), ids, ids, ids)["params"]
+    return model, model, jax.tree.map(np.asarray, params)
 
 
 def placed_slices(batch):
@@ -96,7 +91,6 @@ def test_a_packed_batch_scores_every_token_as_its_row_alone(name):
     packed, unpacked = packed_and_unpacked(task, features)
     assert (packed["packing_ids"].max(axis=1) > 1).any(), "no row holds several examples"
     model, alone, params = models_and_params(name)
-    assert isinstance(task.model(bert_config()), PackedTokenClassification)
     logits_packed = np.asarray(task.outputs(model, params, packed))  # [rows, SEQ, labels]
     logits_alone = np.asarray(unpacked_task.outputs(alone, params, unpacked))
     position = {int(i): r for r, i in enumerate(unpacked["example_index"])}
