@@ -418,24 +418,31 @@ def rope_frequencies(head_dim: int, theta: float) -> np.ndarray:
     return (1.0 / theta ** exponents).astype(np.float32)
 
 
-def rope_tables(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
-    """positions [batch, seq] int → (cos, sin) [batch, seq, 1, head_dim] float32.
+def rope_tables(positions: Array, heads: int, head_dim: int, theta: float
+                ) -> tuple[Array, Array]:
+    """positions [batch, seq] int → (cos, sin) [batch, seq, heads·head_dim] float32, laid out
+    as the queries and keys (each token's heads side by side).
 
-    transformers' layout: the frequencies repeated as two halves, [f, f] (rotate_half), not
-    interleaved pairs.
+    transformers' layout within a head: the frequencies repeated as two halves, [f, f]
+    (rotate_half), not interleaved pairs.
     """
-    angles = positions.astype(jnp.float32)[..., None] * rope_frequencies(head_dim, theta)
-    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
+    frequencies = rope_frequencies(head_dim, theta)
+    frequencies = np.tile(np.concatenate([frequencies, frequencies]), heads)  # [heads·head_dim]
+    angles = positions.astype(jnp.float32)[..., None] * frequencies
     return jnp.cos(angles), jnp.sin(angles)
 
 
-def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
-    """x [batch, seq, heads, head_dim] rotated by (cos, sin) [batch, seq, 1, head_dim], in
-    float32, cast back to x's dtype."""
-    half = x.shape[-1] // 2
-    x32 = x.astype(jnp.float32)
-    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
-    return (x32 * cos + rotated * sin).astype(x.dtype)
+def apply_rope(x: Array, cos: Array, sin: Array, head_dim: int) -> Array:
+    """x [batch, seq, heads·head_dim] (each token's heads side by side) rotated by (cos, sin)
+    of that shape (`rope_tables`), in x's dtype as transformers does (cos and sin cast to it).
+
+    rotate_half (each head's second half negated, then its first) is two lane rolls of half a
+    head and a choice per lane, on the projection's own layout: a [.., heads, head_dim] view
+    (64-lane rows on a TPU) would be copied to and fro."""
+    half = head_dim // 2
+    first = (jnp.arange(x.shape[-1]) % head_dim) < half
+    rotated = jnp.where(first, -jnp.roll(x, -half, axis=-1), jnp.roll(x, half, axis=-1))
+    return x * cos.astype(x.dtype) + rotated * sin.astype(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -479,24 +486,30 @@ def norm(config: ModernConfig, name: str) -> nn.LayerNorm:
 
 class Linear(nn.Module):
     """x [*free, *in] · kernel [*in, *features], no bias, through `dense.dense` (bf16 / f16
-    matmuls accumulate in float32)."""
+    matmuls accumulate in float32). in_shape: the kernel's input dimensions where x has them
+    flattened into its last one; flat: the features come out flattened into one dimension
+    ([*free, prod(features)]). The parameter keeps its shape and axes either way."""
 
     config: ModernConfig
     features: tuple[int, ...]
     kernel_axes: tuple[str | None, ...]
     stddev: float
     num_contract: int = 1
+    in_shape: tuple[int, ...] | None = None
+    flat: bool = False
 
     @nn.compact
     def __call__(self, x: Array) -> Array:
         cfg = self.config
-        in_shape = x.shape[x.ndim - self.num_contract:]
+        contracted = x.shape[x.ndim - self.num_contract:]
         kernel = self.param("kernel", _init(cfg, self.stddev, self.kernel_axes),
-                            in_shape + tuple(self.features), jnp.dtype(cfg.param_dtype))
+                            tuple(self.in_shape or contracted) + tuple(self.features),
+                            jnp.dtype(cfg.param_dtype))
         dtype = jnp.dtype(cfg.dtype)
-        zero_bias = jnp.zeros(self.features, dtype)  # folded away by XLA
-        return dense_lib.dense(x.astype(dtype), kernel.astype(dtype), zero_bias,
-                               self.num_contract)
+        features = (math.prod(self.features),) if self.flat else tuple(self.features)
+        kernel = kernel.astype(dtype).reshape(contracted + features)
+        zero_bias = jnp.zeros(features, dtype)  # folded away by XLA
+        return dense_lib.dense(x.astype(dtype), kernel, zero_bias, self.num_contract)
 
 
 class ModernEmbeddings(nn.Module):
@@ -531,41 +544,53 @@ class ModernAttention(nn.Module):
                  packing_ids: Array | None = None) -> Array:
         """x [batch, seq, hidden]; mask [batch or 1, 1, q or 1, k] bool or None (the einsum
         path's, from `attention_masks`; None under attention_impl "xla" / "splash"); cos, sin
-        [batch, seq, 1, head_dim]; input_mask, packing_ids [batch, seq] int or None (the "xla"
-        and "splash" paths') → [batch, seq, hidden]."""
+        [batch, seq, heads·head_dim] (`rope_tables`); input_mask, packing_ids [batch, seq] int
+        or None (the "xla" and "splash" paths') → [batch, seq, hidden]."""
         cfg = self.config
+        # q, k, v and the context stay [batch, seq, heads·head_dim], the projections' layout
+        # and the splash kernels': the other paths see [.., heads, head_dim] views (`split`).
+        width = cfg.num_heads * cfg.head_dim
         qkv = Linear(cfg, (3, cfg.num_heads, cfg.head_dim), ("embed", None, "heads", "kv"),
-                     cfg.initializer_range, name="wqkv")(x)  # [batch, seq, 3, heads, head_dim]
-        query, key, value = (qkv[:, :, i] for i in range(3))
-        query, key = apply_rope(query, cos, sin), apply_rope(key, cos, sin)
-        axes = ("batch", "length", "heads", "kv")
+                     cfg.initializer_range, flat=True, name="wqkv")(x)  # [b, s, 3·width]
+        query, key, value = (qkv[..., i * width:(i + 1) * width] for i in range(3))
+        query, key = (apply_rope(t, cos, sin, cfg.head_dim) for t in (query, key))
+        axes = ("batch", "length", "heads")
         query, key, value = (nn.with_logical_constraint(t, axes) for t in (query, key, value))
         dropout_active = not deterministic and cfg.attention_dropout > 0
         impl = cfg.attention_impl
+
+        def split(attend):  # attend on [.., heads, head_dim] views, the result flat again
+            def run(q, k, v, *rest):
+                q, k, v = (t.reshape(*t.shape[:2], cfg.num_heads, cfg.head_dim)
+                           for t in (q, k, v))
+                out = attend(q, k, v, *rest)
+                return out.reshape(*out.shape[:2], width)
+            return run
+
         if impl == "einsum" or (impl == "auto" and dropout_active):
             keep_mask = Dropout(cfg.attention_dropout).keep_mask if dropout_active else None
-            context = attn_lib.einsum_attention(query, key, value, mask, keep_mask)
+            context = split(attn_lib.einsum_attention)(query, key, value, mask, keep_mask)
         else:
             if dropout_active:
                 raise ConfigError(
                     f"model.attention_impl={impl!r} cannot apply attention dropout; set "
                     "model.attention_dropout=0.0 or model.attention_impl='auto'")
             radius = cfg.window_radius if self.local else None
-            fused = functools.partial(fused_attention, radius=radius)
+            fused = split(functools.partial(fused_attention, radius=radius))
+            splash = functools.partial(splash_lib.splash_attention, radius=radius,
+                                       num_heads=cfg.num_heads)
             if impl == "xla":
                 context = fused(query, key, value, input_mask, packing_ids)
             elif impl == "splash":
-                context = splash_lib.splash_attention(query, key, value, input_mask,
-                                                      packing_ids, radius)
+                context = splash(query, key, value, input_mask, packing_ids)
             else:  # "auto": chosen when lowering, as attention.fused_attention
                 context = jax.lax.platform_dependent(
                     query, key, value, mask, input_mask, packing_ids,
-                    cpu=lambda q, k, v, m, _i, _p: attn_lib.einsum_attention(q, k, v, m),
-                    tpu=lambda q, k, v, _m, i, p: splash_lib.splash_attention(
-                        q, k, v, i, p, radius),
+                    cpu=lambda q, k, v, m, _i, _p: split(attn_lib.einsum_attention)(q, k, v, m),
+                    tpu=lambda q, k, v, _m, i, p: splash(q, k, v, i, p),
                     default=lambda q, k, v, _m, i, p: fused(q, k, v, i, p))
         out = Linear(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), _out_stddev(cfg),
-                     num_contract=2, name="wo")(context)
+                     in_shape=(cfg.num_heads, cfg.head_dim), name="wo")(context)
         out = Dropout(cfg.attention_dropout)(out, deterministic=deterministic)
         return nn.with_logical_constraint(out, ("batch", "length", "embed"))
 
@@ -648,8 +673,9 @@ class ModernBertModel(nn.Module):
         # dense mask.
         masks = ({GLOBAL: None, LOCAL: None} if cfg.attention_impl in ("xla", "splash") else
                  attention_masks(input_mask, packing_ids, seq_len, cfg.window_radius))
-        rope = {GLOBAL: rope_tables(position_ids, cfg.head_dim, cfg.global_rope_theta),
-                LOCAL: rope_tables(position_ids, cfg.head_dim, cfg.local_rope_theta)}
+        rope = {kind: rope_tables(position_ids, cfg.num_heads, cfg.head_dim, theta)
+                for kind, theta in ((GLOBAL, cfg.global_rope_theta),
+                                    (LOCAL, cfg.local_rope_theta))}
         x = self.embeddings(input_ids, deterministic)
         for layer, kind in zip(self.layers, cfg.layer_types):
             x = layer(x, masks[kind], *rope[kind], deterministic, input_mask, packing_ids)

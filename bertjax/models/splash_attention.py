@@ -26,16 +26,19 @@ so a padding query attends to the padding keys, itself at least, and no row is e
 padding query's output is never read by a real token, whose values and gradients equal the
 einsum path's.
 
-Shapes: query / key / value [batch, seq, heads, head_dim] → the same. Per batch shard
-(`flash.sharded_like`: XLA cannot partition a Mosaic kernel) the kernels take
-[batch, heads, padded, head_dim] with the sequence padded to a multiple of 128
-(`flash.run_padded`). Grids are (batch, heads, blocks, steps): the first three "parallel"
-(megacore splits them), the steps "arbitrary" (an online softmax, or a sum). The forward keeps
-the scores [queries, keys] with its row statistics broadcast to 128 lanes, as JAX's kernels do;
-the backward kernels keep them transposed, [keys, queries], so that the per-query log-sum-exp
-and di enter as [1, queries] rows, stored [batch, heads, 8, seq] (sublane-broadcast), not
-[seq, 128]. The queries are scaled by 1/sqrt(head_dim) before the kernels (exactly, in
-bfloat16 too, for head_dim 64).
+Shapes: query / key / value [batch, seq, heads·head_dim] (each token's heads side by side, as
+the projections write them; [batch, seq, heads, head_dim] is taken too) → the same. Per batch
+shard (`flash.sharded_like`: XLA cannot partition a Mosaic kernel), with the sequence padded to
+a multiple of 128 (`flash.run_padded`). A grid step takes [block, 128] tiles holding a group of
+heads (2 for head_dim 64, as dropout_attention): no [.., heads, head_dim] layout, whose 64-lane
+rows fill half of each vector register and of each HBM tile, is made, and nothing is
+transposed to or from the kernels. Grids are (batch, head groups, blocks, steps): the first
+three "parallel" (megacore splits them), the steps "arbitrary" (an online softmax, or a sum).
+The forward keeps the scores [queries, keys] with its row statistics broadcast to 128 lanes,
+as JAX's kernels do; the backward kernels keep them transposed, [keys, queries], so that the
+per-query log-sum-exp and di enter as [1, queries] rows, stored [batch, heads, 8, seq]
+(sublane-broadcast), not [seq, 128]. The queries are scaled by 1/sqrt(head_dim) before the
+kernels (exactly, in bfloat16 too, for head_dim 64).
 
 Blocks (`block_size`): 512 x 512 where the padded sequence allows (1,024 and 8,192 tokens),
 else 256, else 128. A grid step has a fixed cost (~0.35 µs) that a 128 x 128 x 64 step's
@@ -63,6 +66,7 @@ from jax.experimental.pallas import tpu as pltpu
 
 from bertjax.errors import ConfigError
 from bertjax.models import flash_attention as flash
+from bertjax.models.config import heads_per_tile
 
 BLOCKS = (512, 256, 128)  # preferred first; all multiples of the kernels' 128 lanes
 PAD = int(np.iinfo(np.int32).max)  # padding's segment in the kernels: above every document
@@ -79,11 +83,14 @@ def block_size(seq: int) -> int:
 @dataclasses.dataclass(frozen=True)
 class Static:
     """A call's compile-time settings. radius: the local window's (|q - k| <= radius), None
-    for a global layer."""
+    for a global layer; heads, head_dim: the layout of the [batch, seq, heads·head_dim]
+    operands (`group` heads side by side in each 128-lane tile)."""
 
     seq: int  # padded
     block: int
     radius: int | None
+    heads: int = 1
+    head_dim: int = LANES
 
     @property
     def blocks(self) -> int:
@@ -95,6 +102,15 @@ class Static:
         if self.radius is None:
             return self.blocks
         return min(2 * -(-self.radius // self.block) + 1, self.blocks)
+
+    @property
+    def group(self) -> int:
+        """Heads per grid step: side by side in a tile's lanes (2 for head_dim 64)."""
+        return heads_per_tile(self.heads, self.head_dim)
+
+    @property
+    def width(self) -> int:
+        return self.group * self.head_dim
 
     def walked(self) -> np.ndarray:
         """[blocks, steps] int32: the block each step walks (the band's first block + t)."""
@@ -137,24 +153,46 @@ def computed_blocks(static: Static) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels. Scalar-prefetched: index_ref, live_ref [batch, blocks, steps] int32.
+# Kernels. Scalar-prefetched: index_ref, live_ref [batch, blocks, steps] int32. A grid step
+# holds a group of heads side by side in [block, width] tiles; head j is computed on the whole
+# tile with the other heads' lanes of one operand zeroed (`_only`), which costs the MXU
+# nothing (it is 128 lanes deep and wide either way) and slices no head out of a tile.
 
 
-def _mask(static, scores, q_block, k_block, same_segment, keys_first: bool):
-    """scores [q, k] (or [k, q] when keys_first) with the pairs in other segments or outside
-    the window set to MASK_VALUE."""
-    if static.radius is not None:
-        q_axis, k_axis = (1, 0) if keys_first else (0, 1)
-        queries = q_block * static.block + lax.broadcasted_iota(jnp.int32, scores.shape, q_axis)
-        keys = k_block * static.block + lax.broadcasted_iota(jnp.int32, scores.shape, k_axis)
-        same_segment &= jnp.abs(queries - keys) <= static.radius
-    return jnp.where(same_segment, scores, flash.MASK_VALUE)
+def _only(static, j: int, x):
+    """x [rows, width] with every lane outside head j zeroed."""
+    lane = lax.broadcasted_iota(jnp.int32, x.shape, 1)
+    inside = (lane >= j * static.head_dim) & (lane < (j + 1) * static.head_dim)
+    return jnp.where(inside, x, jnp.zeros_like(x))
+
+
+def _per_head(static, rows: list, width: int):
+    """[rows, width] with head j's lanes taken from rows[j] ([rows, 128] lane-broadcast)."""
+    lane = lax.broadcasted_iota(jnp.int32, (rows[0].shape[0], width), 1) // static.head_dim
+    out = jnp.tile(rows[0], (1, -(-width // LANES)))[:, :width]
+    for j in range(1, len(rows)):
+        out = jnp.where(lane == j, jnp.tile(rows[j], (1, -(-width // LANES)))[:, :width], out)
+    return out
+
+
+def _allowed(static, q_block, k_block, same_segment, keys_first: bool):
+    """same_segment [q, k] (or [k, q] when keys_first), and within the window in a local
+    layer: the pairs a score is kept for (one mask for the step's heads)."""
+    if static.radius is None:
+        return same_segment
+    q_axis, k_axis = (1, 0) if keys_first else (0, 1)
+    shape = same_segment.shape
+    queries = q_block * static.block + lax.broadcasted_iota(jnp.int32, shape, q_axis)
+    keys = k_block * static.block + lax.broadcasted_iota(jnp.int32, shape, k_axis)
+    return same_segment & (jnp.abs(queries - keys) <= static.radius)
 
 
 def _forward_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref,
                     o_ref, lse_ref, peak_ref, total_ref, acc_ref, *, static):
-    """One (row, head, query block) over its key steps: the online softmax, q·kᵀ as [q, k]."""
+    """One (row, head group, query block) over its key steps: the online softmax of each head,
+    q·kᵀ as [q, k]. peak_ref, total_ref, lse_ref: [group, q, 128] (lanes alike)."""
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    repeats = static.block // LANES
 
     @pl.when(t == 0)
     def _init():
@@ -164,41 +202,46 @@ def _forward_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_r
 
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
-        s = lax.dot_general(q_ref[...], k_ref[...], NT, preferred_element_type=jnp.float32)
-        same = jnp.tile(q_ids_ref[...], (1, static.block // LANES)) == k_ids_ref[:1, :]
-        s = _mask(static, s, i, index_ref[b, i, t], same, keys_first=False)
-        peak = peak_ref[...]  # [q, 128], every lane alike
-        new_peak = jnp.maximum(peak, jnp.max(s, axis=1, keepdims=True))
-        p = jnp.exp(s - jnp.tile(new_peak, (1, static.block // LANES)))
-        alpha = jnp.exp(peak - new_peak)
-        total_ref[...] = alpha * total_ref[...] + jnp.sum(p, axis=1, keepdims=True)
-        peak_ref[...] = new_peak
-        v = v_ref[...]
-        head_dim = v.shape[-1]
-        alpha = jnp.tile(alpha, (1, -(-head_dim // LANES)))[:, :head_dim]
-        acc_ref[...] = alpha * acc_ref[...] + lax.dot(p.astype(v.dtype), v,
-                                                      preferred_element_type=jnp.float32)
+        q, k, v = q_ref[...], k_ref[...], v_ref[...]
+        same = jnp.tile(q_ids_ref[...], (1, repeats)) == k_ids_ref[:1, :]
+        allowed = _allowed(static, i, index_ref[b, i, t], same, keys_first=False)
+        alphas, update = [], 0.0
+        for j in range(static.group):
+            s = lax.dot_general(q, _only(static, j, k), NT, preferred_element_type=jnp.float32)
+            s = jnp.where(allowed, s, flash.MASK_VALUE)
+            peak = peak_ref[j]
+            new_peak = jnp.maximum(peak, jnp.max(s, axis=1, keepdims=True))
+            p = jnp.exp(s - jnp.tile(new_peak, (1, repeats)))
+            alpha = jnp.exp(peak - new_peak)
+            total_ref[j] = alpha * total_ref[j] + jnp.sum(p, axis=1, keepdims=True)
+            peak_ref[j] = new_peak
+            alphas.append(alpha)
+            # head j's lanes only: the heads' updates do not overlap
+            update += lax.dot(p.astype(v.dtype), _only(static, j, v),
+                              preferred_element_type=jnp.float32)
+        acc_ref[...] = _per_head(static, alphas, static.width) * acc_ref[...] + update
 
     @pl.when(t == static.steps - 1)
     def _finish():
-        total = total_ref[...]
-        head_dim = acc_ref.shape[-1]
-        inverse = jnp.tile(1.0 / total, (1, -(-head_dim // LANES)))[:, :head_dim]
+        inverse = _per_head(static, [1.0 / total_ref[j] for j in range(static.group)],
+                            static.width)
         o_ref[...] = (acc_ref[...] * inverse).astype(o_ref.dtype)
-        lse_ref[...] = peak_ref[...] + jnp.log(total)
+        lse_ref[...] = peak_ref[...] + jnp.log(total_ref[...])
+def _probabilities(static, j, q, k, lse_ref, allowed):
+    """Head j's softmax probabilities of a (key block, query block) pair, transposed:
+    [k, q]. lse_ref: [group, 8, q] rows."""
+    s = lax.dot_general(_only(static, j, k), q, NT, preferred_element_type=jnp.float32)
+    return jnp.exp(jnp.where(allowed, s, flash.MASK_VALUE) - lse_ref[j, :1, :])
 
 
-def _probabilities(static, q, k, lse_ref, q_ids_ref, k_ids_ref, q_block, k_block):
-    """The softmax's probabilities of a (key block, query block) pair, transposed: [k, q]."""
-    s = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32)
+def _backward_allowed(static, q_ids_ref, k_ids_ref, q_block, k_block):
     same = jnp.tile(k_ids_ref[...], (1, static.block // LANES)) == q_ids_ref[:1, :]
-    s = _mask(static, s, q_block, k_block, same, keys_first=True)
-    return jnp.exp(s - lse_ref[:1, :])
+    return _allowed(static, q_block, k_block, same, keys_first=True)
 
 
 def _dkv_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref,
                 k_ids_ref, dk_ref, dv_ref, dk_acc, dv_acc, *, static):
-    """One (row, head, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q."""
+    """One (row, head group, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q."""
     b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
     @pl.when(t == 0)
@@ -209,11 +252,19 @@ def _dkv_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_re
     @pl.when(live_ref[b, j, t] != 0)
     def _compute():
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        p = _probabilities(static, q, k, lse_ref, q_ids_ref, k_ids_ref, index_ref[b, j, t], j)
-        dv_acc[...] += lax.dot(p.astype(do.dtype), do, preferred_element_type=jnp.float32)
-        dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)  # [k, q]
-        ds = p * (dp - di_ref[:1, :])
-        dk_acc[...] += lax.dot(ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
+        allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, index_ref[b, j, t], j)
+        dk, dv = 0.0, 0.0
+        for h in range(static.group):
+            p = _probabilities(static, h, q, k, lse_ref, allowed)
+            dv += lax.dot(p.astype(do.dtype), _only(static, h, do),
+                          preferred_element_type=jnp.float32)
+            dp = lax.dot_general(_only(static, h, v), do, NT,
+                                 preferred_element_type=jnp.float32)  # [k, q]
+            ds = p * (dp - di_ref[h, :1, :])
+            dk += lax.dot(ds.astype(q.dtype), _only(static, h, q),
+                          preferred_element_type=jnp.float32)
+        dk_acc[...] += dk
+        dv_acc[...] += dv
 
     @pl.when(t == static.steps - 1)
     def _finish():
@@ -223,7 +274,7 @@ def _dkv_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_re
 
 def _dq_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref,
                k_ids_ref, dq_ref, dq_acc, *, static):
-    """One (row, head, query block) over its key steps: dq = Σ ds·k."""
+    """One (row, head group, query block) over its key steps: dq = Σ ds·k."""
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
     @pl.when(t == 0)
@@ -233,10 +284,15 @@ def _dq_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
         q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        p = _probabilities(static, q, k, lse_ref, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
-        dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)
-        ds = p * (dp - di_ref[:1, :])  # [k, q]
-        dq_acc[...] += lax.dot(ds.T.astype(k.dtype), k, preferred_element_type=jnp.float32)
+        allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
+        dq = 0.0
+        for h in range(static.group):
+            p = _probabilities(static, h, q, k, lse_ref, allowed)
+            dp = lax.dot_general(_only(static, h, v), do, NT, preferred_element_type=jnp.float32)
+            ds = p * (dp - di_ref[h, :1, :])  # [k, q]
+            dq += lax.dot(ds.T.astype(k.dtype), _only(static, h, k),
+                          preferred_element_type=jnp.float32)
+        dq_acc[...] += dq
 
     @pl.when(t == static.steps - 1)
     def _finish():
@@ -244,38 +300,43 @@ def _dq_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref
 
 
 # ---------------------------------------------------------------------------------------------
-# Block specs: index maps take (b, h, block, step, index_ref, live_ref). "own" is the grid's
-# block (the query block in the forward and dq, the key block in dk/dv), "walked" the step's.
+# Block specs: index maps take (b, g, block, step, index_ref, live_ref), g the head group.
+# "own" is the grid's block (the query block in the forward and dq, the key block in dk/dv),
+# "walked" the step's.
 
 
-def _own(static, head_dim):
-    return pl.BlockSpec((None, None, static.block, head_dim),
-                        lambda b, h, i, t, index, live: (b, h, i, 0))
+def _tile(static, walked: bool):
+    """A block's [block, width] tile of a [batch, seq, heads·head_dim] array: its group's
+    heads."""
+    def index_map(b, g, i, t, index, live):
+        return (b, index[b, i, t] if walked else i, g)
 
-
-def _walked(static, head_dim):
-    return pl.BlockSpec((None, None, static.block, head_dim),
-                        lambda b, h, i, t, index, live: (b, h, index[b, i, t], 0))
+    return pl.BlockSpec((None, static.block, static.width), index_map)
 
 
 def _column(static, walked: bool):
     """Segment ids of a block as a [block, 128] column of the [batch, seq, 128] array."""
-    if walked:
-        return pl.BlockSpec((None, static.block, LANES),
-                            lambda b, h, i, t, index, live: (b, index[b, i, t], 0))
-    return pl.BlockSpec((None, static.block, LANES), lambda b, h, i, t, index, live: (b, i, 0))
+    def index_map(b, g, i, t, index, live):
+        return (b, index[b, i, t] if walked else i, 0)
+
+    return pl.BlockSpec((None, static.block, LANES), index_map)
 
 
-def _row(static, walked: bool, heads: bool = False):
-    """A block's [8, block] row of a [batch, 8, seq] array (segment ids) or of a
-    [batch, heads, 8, seq] one (log-sum-exp, di)."""
-    lead = (None, None) if heads else (None,)
+def _row(static, walked: bool):
+    """A block's [8, block] row of the [batch, 8, seq] segment ids."""
+    def index_map(b, g, i, t, index, live):
+        return (b, 0, index[b, i, t] if walked else i)
 
-    def index_map(b, h, i, t, index, live):
-        block = index[b, i, t] if walked else i
-        return (b, h, 0, block) if heads else (b, 0, block)
+    return pl.BlockSpec((None, SUBLANES, static.block), index_map)
 
-    return pl.BlockSpec((*lead, SUBLANES, static.block), index_map)
+
+def _head_rows(static, walked: bool):
+    """A block's [group, 8, block] rows of a [batch, heads, 8, seq] float32 array (log-sum-exp,
+    di: one per query, sublane-broadcast)."""
+    def index_map(b, g, i, t, index, live):
+        return (b, g, 0, index[b, i, t] if walked else i)
+
+    return pl.BlockSpec((None, static.group, SUBLANES, static.block), index_map)
 
 
 def _segment_arrays(segments):
@@ -291,7 +352,7 @@ def _rows(x):
 
 
 def _grid(q, static):
-    return (q.shape[0], q.shape[1], static.blocks, static.steps)
+    return (q.shape[0], static.heads // static.group, static.blocks, static.steps)
 
 
 def _params():
@@ -300,30 +361,34 @@ def _params():
 
 
 def kernel_costs(static: Static, q) -> dict[str, pl.CostEstimate]:
-    """The three kernels' estimates ("fwd", "dkv", "dq") for q [batch, heads, seq, head_dim]
+    """The three kernels' estimates ("fwd", "dkv", "dq") for q [batch, seq, heads·head_dim]
     (a shard's, padded)."""
-    shape = flash.Shape(*q.shape, q.dtype.itemsize)
-    computed = q.shape[0] * q.shape[1] * computed_blocks(static) * static.block ** 2
+    shape = flash.Shape(q.shape[0], static.heads, q.shape[1], static.head_dim,
+                        q.dtype.itemsize)
+    computed = q.shape[0] * static.heads * computed_blocks(static) * static.block ** 2
     windowed = static.radius is not None
-    dkv, dq = backward_costs(shape, computed, static.block, windowed)
-    return {"fwd": forward_cost(shape, computed, static.block, windowed), "dkv": dkv, "dq": dq}
+    dkv, dq = backward_costs(shape, computed, static.block, static.group, windowed)
+    return {"fwd": forward_cost(shape, computed, static.block, static.group, windowed),
+            "dkv": dkv, "dq": dq}
 
 
 def _forward_call(static, interpret, q, k, v, segments, index, live):
-    head_dim = q.shape[-1]
+    batch, seq, _ = q.shape
     column, row = _segment_arrays(segments)
+    stats = (static.group, static.block, LANES)
     out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
-            in_specs=[_own(static, head_dim), _walked(static, head_dim),
-                      _walked(static, head_dim), _column(static, False), _row(static, True)],
-            out_specs=[_own(static, head_dim), _own(static, LANES)],
-            scratch_shapes=[pltpu.VMEM((static.block, LANES), jnp.float32),
-                            pltpu.VMEM((static.block, LANES), jnp.float32),
-                            pltpu.VMEM((static.block, head_dim), jnp.float32)]),
+            in_specs=[_tile(static, False), _tile(static, True), _tile(static, True),
+                      _column(static, False), _row(static, True)],
+            out_specs=[_tile(static, False),
+                       pl.BlockSpec((None, *stats), lambda b, g, i, t, index, live:
+                                    (b, g, i, 0))],
+            scratch_shapes=[pltpu.VMEM(stats, jnp.float32), pltpu.VMEM(stats, jnp.float32),
+                            pltpu.VMEM((static.block, static.width), jnp.float32)]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((*q.shape[:3], LANES), jnp.float32)],
+                   jax.ShapeDtypeStruct((batch, static.heads, seq, LANES), jnp.float32)],
         compiler_params=_params(), cost_estimate=kernel_costs(static, q)["fwd"],
         interpret=interpret, name="splash_fwd",
     )(index, live, q, k, v, column, row)
@@ -331,21 +396,22 @@ def _forward_call(static, interpret, q, k, v, segments, index, live):
 
 
 def _backward_call(static, interpret, q, k, v, segments, index, live, out, lse, d_out):
-    head_dim = q.shape[-1]
+    batch, seq, _ = q.shape
     column, row = _segment_arrays(segments)
-    di = jnp.sum(out.astype(jnp.float32) * d_out.astype(jnp.float32), axis=-1)
+    per_head = (batch, seq, static.heads, static.head_dim)
+    di = jnp.einsum("bshd,bshd->bhs", out.reshape(per_head).astype(jnp.float32),
+                    d_out.reshape(per_head).astype(jnp.float32))
     costs = kernel_costs(static, q)
     # dk/dv: the grid's block is a key block, the walk over query blocks.
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
-            in_specs=[_walked(static, head_dim), _own(static, head_dim),
-                      _own(static, head_dim), _walked(static, head_dim),
-                      _row(static, True, heads=True), _row(static, True, heads=True),
+            in_specs=[_tile(static, True), _tile(static, False), _tile(static, False),
+                      _tile(static, True), _head_rows(static, True), _head_rows(static, True),
                       _row(static, True), _column(static, False)],
-            out_specs=[_own(static, head_dim)] * 2,
-            scratch_shapes=[pltpu.VMEM((static.block, head_dim), jnp.float32)] * 2),
+            out_specs=[_tile(static, False)] * 2,
+            scratch_shapes=[pltpu.VMEM((static.block, static.width), jnp.float32)] * 2),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2,
         compiler_params=_params(), cost_estimate=costs["dkv"],
         interpret=interpret, name="splash_dkv",
@@ -354,12 +420,11 @@ def _backward_call(static, interpret, q, k, v, segments, index, live, out, lse, 
         functools.partial(_dq_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
-            in_specs=[_own(static, head_dim), _walked(static, head_dim),
-                      _walked(static, head_dim), _own(static, head_dim),
-                      _row(static, False, heads=True), _row(static, False, heads=True),
-                      _row(static, False), _column(static, True)],
-            out_specs=[_own(static, head_dim)],
-            scratch_shapes=[pltpu.VMEM((static.block, head_dim), jnp.float32)]),
+            in_specs=[_tile(static, False), _tile(static, True), _tile(static, True),
+                      _tile(static, False), _head_rows(static, False),
+                      _head_rows(static, False), _row(static, False), _column(static, True)],
+            out_specs=[_tile(static, False)],
+            scratch_shapes=[pltpu.VMEM((static.block, static.width), jnp.float32)]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)],
         compiler_params=_params(), cost_estimate=costs["dq"],
         interpret=interpret, name="splash_dq",
@@ -402,28 +467,30 @@ _splash.defvjp(_splash_fwd, _splash_bwd)
 WINDOW_ELEMENTWISE = 5
 
 
-def forward_cost(shape: flash.Shape, computed: int, block: int,
+def forward_cost(shape: flash.Shape, computed: int, block: int, group: int = 1,
                  windowed: bool = False) -> pl.CostEstimate:
     """The forward kernel. computed: scores computed over the batch and heads (computed blocks
-    · block²). q·kᵀ and p·v are 4·D FLOPs per score, one exp each, and the elementwise work
-    (WINDOW_ELEMENTWISE more in a local layer, `windowed`); it reads q and the query
-    segment ids ([seq, 128] int32) once per head, a key and a value block and its key segment
+    · block²). q·kᵀ and p·v are 4·D FLOPs per score on the group's whole tile width (`group`
+    heads side by side: 4·D·group), one exp each, and the elementwise work
+    (WINDOW_ELEMENTWISE more in a local layer, `windowed`); it reads q and the query segment
+    ids ([seq, 128] int32) once per head group, a key and a value block and its key segment
     ids ([8, block]) per computed block, and writes o and the log-sum-exp ([seq, 128]
     float32)."""
     s = shape
     fetched = computed // block  # key rows fetched: `block` of them per computed block
     return pl.CostEstimate(
-        flops=(4 * computed * s.head_dim
+        flops=(4 * computed * s.head_dim * group
                + (flash.FORWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
         transcendentals=computed,
         bytes_accessed=(2 * s.qkv_bytes + 2 * fetched * s.head_dim * s.itemsize
                         + 2 * s.lane_bytes + fetched * SUBLANES * 4))
 
 
-def backward_costs(shape: flash.Shape, computed: int, block: int,
+def backward_costs(shape: flash.Shape, computed: int, block: int, group: int = 1,
                    windowed: bool = False) -> tuple[pl.CostEstimate, pl.CostEstimate]:
-    """(dk/dv kernel, dq kernel), over the computed blocks as `forward_cost`. dk/dv recomputes
-    kᵀ·q, then p·do, v·doᵀ, ds·q (8·D FLOPs per score), reading k and v once and a q, do,
+    """(dk/dv kernel, dq kernel), over the computed blocks as `forward_cost` (matmuls on the
+    group's tile width). dk/dv recomputes kᵀ·q, then p·do, v·doᵀ, ds·q (8·D FLOPs per
+    score), reading k and v once and a q, do,
     log-sum-exp, di and query-id block per computed block, writing dk, dv; dq recomputes kᵀ·q
     and v·doᵀ, then dsᵀ·k (6·D), reading q, do, the key-id column and its rows once and a k, v
     and key-id block per computed block, writing dq. One exp per score each."""
@@ -435,7 +502,7 @@ def backward_costs(shape: flash.Shape, computed: int, block: int,
 
     def cost(matmuls, bytes_accessed):
         return pl.CostEstimate(
-            flops=(2 * matmuls * computed * s.head_dim
+            flops=(2 * matmuls * computed * s.head_dim * group
                    + (flash.BACKWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
             transcendentals=computed, bytes_accessed=bytes_accessed)
 
@@ -451,25 +518,33 @@ def splash_attention(
     input_mask: jax.Array | None,
     packing_ids: jax.Array | None,
     radius: int | None,
+    num_heads: int | None = None,
 ) -> jax.Array:
     """Attention through the splash kernels, the values of `modern.einsum_attention` under
     `modern.attention_masks` on every real query (padding queries: see the module docstring).
 
-    query/key/value: [batch, seq, heads, head_dim] → same shape. input_mask (1 real, 0 pad) /
-    packing_ids: [batch, seq] int or None. radius: the local window's (|q - k| <= radius),
-    None for a global layer. Scaled by 1/sqrt(head_dim).
+    query/key/value: [batch, seq, heads, head_dim], or [batch, seq, heads·head_dim] (each
+    token's heads side by side, the kernels' own layout: nothing is transposed) with
+    num_heads given → the same shape. input_mask (1 real, 0 pad) / packing_ids: [batch, seq]
+    int or None. radius: the local window's (|q - k| <= radius), None for a global layer.
+    Scaled by 1/sqrt(head_dim).
     """
     if radius is not None and radius < 0:
         raise ConfigError(f"splash attention's window radius must be >= 0, got {radius}")
-    batch, seq, _, head_dim = query.shape
+    shape = query.shape
+    if query.ndim == 4:
+        num_heads = shape[2]
+        query, key, value = (x.reshape(*shape[:2], -1) for x in (query, key, value))
+    batch, seq, width = query.shape
+    head_dim = width // num_heads
     segments = flash.segment_ids(input_mask, packing_ids, (batch, seq))
     query = query * jnp.asarray(head_dim ** -0.5, query.dtype)
 
     def attend(q, k, v, segments, shard):
         del shard
-        static = Static(q.shape[2], block_size(q.shape[2]), radius)
+        static = Static(q.shape[1], block_size(q.shape[1]), radius, num_heads, head_dim)
         segments = jnp.where(segments == flash.PAD_SEGMENT, PAD, segments)
         index, live = block_table(segments, static)
         return _splash(q, k, v, segments, index, live, static)
 
-    return flash.run_padded(attend, query, key, value, segments)
+    return flash.run_padded(attend, query, key, value, segments).reshape(shape)
