@@ -34,10 +34,14 @@ def pretrain_args(workdir, steps, phase1_steps=None, every=5, extra=()):
             "--config.optimizer.learning_rate=1e-3", *extra]
 
 
-def start(args, env=None):
+def start(args, env=None, quiet=False):
+    """`python <args>` started from the project root, stdout and stderr together in a pipe
+    (quiet: discarded; for a run that is waited on, then killed, unread: a run writing more
+    than a pipe holds would block on its log and never reach what the test waits for)."""
+    output = subprocess.DEVNULL if quiet else subprocess.PIPE
     return subprocess.Popen([sys.executable, *args], cwd=ROOT,
                             env=dict(os.environ, **(env or {})),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=output, stderr=subprocess.STDOUT, text=True)
 
 
 def wait_for(predicate, timeout=180):

@@ -47,7 +47,7 @@ def test_resume_after_sigkill_is_exact(tmp_path, rng_impl):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     resumed = str(tmp_path / "resumed")
-    first = start(pretrain_args(resumed, 20, extra=extra))
+    first = start(pretrain_args(resumed, 20, extra=extra), quiet=True)
     # Kill at a random moment after the step-5 checkpoint is committed.
     assert wait_for(lambda: (latest_checkpoint(resumed) or 0) >= 5)
     time.sleep(np.random.default_rng().uniform(0, 0.5))
@@ -274,27 +274,18 @@ def test_packed_no_nsp_run_learns(tmp_path):
     """corpus → segments (python -m data_pipeline.create_segments) → packed no-NSP training."""
     import re
 
-    from news_corpus import write_corpus
+    from news_corpus import write_segments
 
-    write_corpus(tmp_path / "corpus.txt", num_docs=150)
-    text = (tmp_path / "corpus.txt").read_text().lower()
-    words = sorted(set(re.findall(r"\w+|[^\w\s]", text)))
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    (tmp_path / "vocab.txt").write_text("\n".join(specials + words) + "\n")
-    data = tmp_path / "segments"
-    proc = run_python(["-m", "data_pipeline.create_segments", f"--input={tmp_path / 'corpus.txt'}",
-                       f"--vocab={tmp_path / 'vocab.txt'}", f"--output_dir={data}",
-                       "--max_seq_length=32", "--num_shards=2", "--report_seq_len=64"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    data, vocab_size, stdout = write_segments(tmp_path, extra_args=["--report_seq_len=64"])
     # One report line per row length: padding before → after packing, and it falls.
-    reports = re.findall(r"rows of (\d+): padding ([\d.]+)% → ([\d.]+)%", proc.stdout)
-    assert [r[0] for r in reports] == ["32", "64"], proc.stdout
+    reports = re.findall(r"rows of (\d+): padding ([\d.]+)% → ([\d.]+)%", stdout)
+    assert [r[0] for r in reports] == ["32", "64"], stdout
     assert all(float(after) < float(before) for _, before, after in reports)
 
     workdir = str(tmp_path / "run")
     steps = 40
     args = ["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:tiny",
-            f"--workdir={workdir}", *MODEL, f"--config.model.vocab_size={len(words) + 5}",
+            f"--workdir={workdir}", *MODEL, f"--config.model.vocab_size={vocab_size}",
             "--config.packing.enabled=true", "--config.train.nsp_weight=0.0",
             f"--config.phases.phase1.data={data}/part-*",
             f"--config.phases.phase1.eval_data={data}/part-*",

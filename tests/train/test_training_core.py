@@ -32,7 +32,7 @@ def test_finetuning_resumes_bitwise_after_sigkill(checkpoint, tmp_path):
     assert {p.split("-")[0] for p in programs} >= {"jit_train_step", "jit__predict"}
 
     resumed = str(tmp_path / "resumed")
-    first = start(finetune_args(checkpoint, tmp_path, resumed) + [cache])
+    first = start(finetune_args(checkpoint, tmp_path, resumed) + [cache], quiet=True)
     # Kill at a random moment after the step-6 checkpoint (after an evaluation).
     assert wait_for(lambda: (latest_checkpoint(resumed) or 0) >= 6)
     import time

@@ -5,7 +5,6 @@ exports a checkpoint directory bertjax.load_pretrained reads back, and the direc
 itself for a ModernBERT."""
 
 import json
-import re
 import signal
 
 import flax
@@ -86,18 +85,9 @@ def test_checkpoint_directory_of_an_encoder_only_modern_model(tmp_path):
 
 @pytest.mark.slow
 def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
-    from news_corpus import write_corpus
+    from news_corpus import write_segments
 
-    write_corpus(tmp_path / "corpus.txt", num_docs=150)
-    text = (tmp_path / "corpus.txt").read_text().lower()
-    words = sorted(set(re.findall(r"\w+|[^\w\s]", text)))
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    (tmp_path / "vocab.txt").write_text("\n".join(specials + words) + "\n")
-    data = tmp_path / "segments"
-    proc = run_python(["-m", "data_pipeline.create_segments", f"--input={tmp_path / 'corpus.txt'}",
-                       f"--vocab={tmp_path / 'vocab.txt'}", f"--output_dir={data}",
-                       "--max_seq_length=32", "--num_shards=2"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    data, vocab_size, _ = write_segments(tmp_path)
 
     workdir = tmp_path / "run"
     steps = {"phase1a": 4, "phase1b": 4, "phase1c": 4, "phase1d": 12, "phase2": 8, "phase3": 8}
@@ -137,7 +127,7 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
     config, params, tokenizer = checkpoint_dir.load_pretrained(workdir / "export")
     assert is_modern(config) and config.global_rope_theta == 160_000
     assert (config.pad_token_id, config.cls_token_id, config.sep_token_id) == (0, 2, 3)
-    assert config.vocab_size == len(specials) + len(words) == tokenizer.vocab_size
+    assert config.vocab_size == vocab_size == tokenizer.vocab_size
     stored = final_params(str(workdir), total)
     exported = flax.traverse_util.flatten_dict(params, sep="/")
     assert sorted(stored) == sorted(exported)
@@ -148,8 +138,10 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
     # resumed: every loss and the final params bitwise those of the uninterrupted run.
     resumed = tmp_path / "resumed"
     args = [a.replace(f"--workdir={workdir}", f"--workdir={resumed}") for a in args]
-    first = start(args)
-    assert wait_for(lambda: (latest_checkpoint(str(resumed)) or 0) >= 26, timeout=600)
+    first = start(args, quiet=True)
+    assert wait_for(lambda: first.poll() is not None
+                    or (latest_checkpoint(str(resumed)) or 0) >= 26, timeout=600)
+    assert first.poll() is None, "the run to kill ended first"
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert latest_checkpoint(str(resumed)) < total
