@@ -7,7 +7,7 @@ run of a tiny ModernBERT carrying the tokenizer.json that learns."""
 
 import random
 
-import bpe_task_data
+import modern_checkpoint
 import numpy as np
 import pytest
 
@@ -22,7 +22,7 @@ FIELDS = ("input_ids", "segment_ids", "input_mask", "start_positions", "end_posi
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return bpe_task_data.bpe_tokenizer()
+    return modern_checkpoint.bpe_tokenizer()
 
 
 def example(qid, context, answer, occurrence=0, question="who is it ?", shift=0):
@@ -215,7 +215,7 @@ def test_windows_are_transformers_overflowing_windows(tokenizer, tmp_path, seq, 
     ids, segment ids, and the offsets (without the space a "Ġ" piece carries)."""
     import transformers
 
-    path = bpe_task_data.write_tokenizer_json(tmp_path / "tokenizer.json")
+    path = modern_checkpoint.write_bpe_tokenizer_json(tmp_path / "tokenizer.json")
     hf = transformers.PreTrainedTokenizerFast(tokenizer_file=path)
     examples = hand_examples() + generated_examples(30, seed=7)
     max_query = 20
@@ -250,10 +250,13 @@ def test_windows_are_transformers_overflowing_windows(tokenizer, tmp_path, seq, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", ["v1", "v2"])
-def test_squad_with_a_bpe_modernbert_learns(tmp_path, version):
+def test_squad_with_a_bpe_modernbert_learns(tmp_path):
     """A tiny random ModernBERT whose checkpoint carries the tokenizer.json, fine-tuned a few
-    epochs on squad_data's generated set: the loss falls."""
+    epochs on squad_data's generated SQuAD v2.0 set: the loss falls, and the export is
+    transformers' ModernBertForQuestionAnswering with the chosen null threshold (v1.1 runs on
+    the WordPiece vocabulary in tests/tasks/test_modern_finetuning.py)."""
+    import json
+
     import squad_data
     from finetune_task import train_losses
 
@@ -261,10 +264,10 @@ def test_squad_with_a_bpe_modernbert_learns(tmp_path, version):
     from bertjax.tokenization.bpe import TokenizersTokenizer
     from experiments.squad import get_config
 
-    checkpoint = bpe_task_data.write_modern_bpe_checkpoint(tmp_path)
-    config = get_config(version)
+    checkpoint = modern_checkpoint.write_modern_bpe_checkpoint(tmp_path)
+    config = get_config("v2")
     config.init_checkpoint = checkpoint
-    rate = 0.3 if version == "v2" else 0.0
+    rate = 0.3
     config.data.train = squad_data.generate(tmp_path / "train.json", 200, seed=1,
                                             impossible_rate=rate)
     config.data.validation = squad_data.generate(tmp_path / "dev.json", 40, seed=2,
@@ -291,4 +294,8 @@ def test_squad_with_a_bpe_modernbert_learns(tmp_path, version):
     ordered = [losses[s] for s in sorted(losses)]
     assert np.mean(ordered[-3:]) < np.mean(ordered[:3]), ordered
     assert (tmp_path / "run" / "predictions.json").exists()
-    assert summary["primary_metric"] == ("best_f1" if version == "v2" else "f1")
+    assert summary["primary_metric"] == "best_f1"
+    assert (tmp_path / "run" / "null_odds.json").exists()
+    record = json.loads((tmp_path / "run" / "export.json").read_text())
+    assert record["architecture"] == "ModernBertForQuestionAnswering"
+    assert "null_score_diff_threshold" in record["extra_config"]
