@@ -102,7 +102,10 @@ def test_dropout_seeds_agree(tmp_path):
 
 
 @pytest.mark.slow
-def test_dropout_expectation_sees_attention_dropout_left_out(tmp_path):
+def test_dropout_expectation_sees_attention_dropout_left_out(tmp_path, monkeypatch):
+    # 3 of the row's 6 batches (half the 2 x 2,400 forward passes): the slip's t is still
+    # below -6 on two of them, the same model's within +-1.5 on all.
+    monkeypatch.setattr(ft, "DROPOUT_BATCHES", 3)
     row = ft.run_dropout_expectation(300, tmp_path / "same", draws=200)
     assert row.passed(), row.seed_t()
     task, vocab_size, _ = ft.task_batches("classification", tmp_path / "slip", 1)
