@@ -36,9 +36,10 @@ _OUTPUTS = re.compile(r"shape: (\w+)\[[\d,]*\], index: \d+, kind: output")
 _FORWARD_RESULT = re.compile(
     r"\(bf16\[(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,(\d+),1,\d+\][^ ]*\) custom-call\(.*"
     r'custom_call_target="tpu_custom_call"')
-# splash_attention's forward: o [batch, heads, seq, head_dim] and the log-sum-exp [.., 128].
+# splash_attention's forward: o [batch, seq, heads·head_dim] and the log-sum-exp
+# [batch, heads, seq, 128].
 _SPLASH_FORWARD_RESULT = re.compile(
-    r"\(bf16\[(\d+),(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,\d+,\d+,128\][^ ]*\) custom-call\(.*"
+    r"\(bf16\[(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,(\d+),\2,128\][^ ]*\) custom-call\(.*"
     r'custom_call_target="tpu_custom_call"')
 
 
@@ -64,6 +65,7 @@ class SplashKernels:
     heads: int
     head_dim: int
     radius: int | None
+    rope: bool = True  # the kernels rotate q and k (the model's use)
 
 
 def scheduled_cycles(bundles: str) -> int:
@@ -92,8 +94,8 @@ def flash_kernels(hlo_text: str, rate: float, causal: bool) -> set[FlashKernels]
 def splash_kernels(hlo_text: str, radii: tuple[int | None, ...]) -> set[SplashKernels]:
     """The splash kernels of a compiled step, one per distinct shape and each of `radii` (the
     model's global and local layers share shapes; their estimates, the keys, differ)."""
-    return {SplashKernels(int(batch), int(seq), int(heads), int(head_dim), radius)
-            for batch, heads, seq, head_dim in _SPLASH_FORWARD_RESULT.findall(hlo_text)
+    return {SplashKernels(int(batch), int(seq), int(heads), int(width) // int(heads), radius)
+            for batch, seq, width, heads in _SPLASH_FORWARD_RESULT.findall(hlo_text)
             for radius in radii}
 
 
@@ -166,19 +168,22 @@ def _compile_splash(spec: dict) -> dict[str, tuple[int, int]]:
     device = topology.devices(topology.parse(spec["topology"]))[0]
     mesh = Mesh(np.array([device]), ("data",))  # Pallas reads the chip from the mesh
     sharding = NamedSharding(mesh, PartitionSpec())
-    qkv = jax.ShapeDtypeStruct((k.batch, k.seq, k.heads, k.head_dim), jnp.bfloat16,
+    qkv = jax.ShapeDtypeStruct((k.batch, k.seq, k.heads * k.head_dim), jnp.bfloat16,
                                sharding=sharding)
     mask = jax.ShapeDtypeStruct((k.batch, k.seq), jnp.int32, sharding=sharding)
+    table = jax.ShapeDtypeStruct(qkv.shape, jnp.float32, sharding=sharding)
 
-    def forward_and_backward(q, key, value, mask):
+    def forward_and_backward(q, key, value, mask, cos, sin):
         out, vjp = jax.vjp(lambda *qkv: splash_attention.splash_attention(
-            *qkv, mask, None, k.radius), q, key, value)
+            *qkv, mask, None, k.radius, num_heads=k.heads,
+            rope=(cos, sin) if k.rope else None), q, key, value)
         return vjp(out)
 
     with jax.set_mesh(mesh):
-        jax.jit(forward_and_backward).lower(qkv, qkv, qkv, mask).compile()
-    static = splash_attention.Static(k.seq, splash_attention.block_size(k.seq), k.radius)
-    shaped = jax.ShapeDtypeStruct((k.batch, k.heads, k.seq, k.head_dim), jnp.bfloat16)
+        jax.jit(forward_and_backward).lower(qkv, qkv, qkv, mask, table, table).compile()
+    static = splash_attention.Static(k.seq, splash_attention.block_size(k.seq), k.radius,
+                                     k.heads, k.head_dim, k.rope)
+    shaped = jax.ShapeDtypeStruct(qkv.shape, jnp.bfloat16)
     return {name: (int(c.flops), int(c.bytes_accessed))
             for name, c in splash_attention.kernel_costs(static, shaped).items()}
 

@@ -273,13 +273,14 @@ def flash_attention(
     return run_padded(attend, query, key, value, segments)
 
 
-def run_padded(attend, query, key, value, segments, *extra):
-    """attend(q, k, v, segments, shard, *extra) → out, on the kernels' layout with the
-    sequence padded to a multiple of BLOCK with PAD_SEGMENT tokens (dropped again from the
+def run_padded(attend, query, key, value, segments, *extra, tokens: tuple = ()):
+    """attend(q, k, v, segments, shard, *extra, *tokens) → out, on the kernels' layout with
+    the sequence padded to a multiple of BLOCK with PAD_SEGMENT tokens (dropped again from the
     output), per batch shard under `sharded_like` (shard: the shard's int32 index, 0
     unsharded). query/key/value and the result: [batch, seq, heads, head_dim], which the
     kernels take as [batch, heads, padded, head_dim]; or [batch, seq, heads·head_dim], taken
-    as it is (padded)."""
+    as it is (padded). extra: given whole to every shard; tokens: more arrays laid out as
+    query, padded and split as it is."""
     seq = query.shape[1]
     padded = -(-seq // BLOCK) * BLOCK
     packed = query.ndim == 3
@@ -296,19 +297,21 @@ def run_padded(attend, query, key, value, segments, *extra):
     segments = jnp.pad(segments.astype(jnp.int32), ((0, 0), (0, padded - seq)),
                        constant_values=PAD_SEGMENT)
 
-    def run(q, k, v, segments, *extra):
-        return attend(q, k, v, segments, jnp.int32(0), *extra)
+    def run(q, k, v, segments, *rest):
+        return attend(q, k, v, segments, jnp.int32(0), *rest)
 
     sharding = _BATCH_SHARDING.get()
     if sharding is not None and sharding.mesh.size > 1:
         batch_axes = tuple(sharding.spec)[0] if len(sharding.spec) else None
-        rows, tokens = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None)
+        rows, token_rows = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None)
 
-        def per_shard(q, k, v, segments, *extra):
+        def per_shard(q, k, v, segments, *rest):
             shard = jnp.int32(0) if batch_axes is None else jax.lax.axis_index(batch_axes)
-            return attend(q, k, v, segments, shard, *extra)
+            return attend(q, k, v, segments, shard, *rest)
 
         run = jax.shard_map(per_shard, mesh=sharding.mesh,
-                            in_specs=(rows, rows, rows, tokens) + (PartitionSpec(),) * len(extra),
+                            in_specs=((rows,) * 3 + (token_rows,) + (PartitionSpec(),) * len(extra)
+                                      + (rows,) * len(tokens)),
                             out_specs=rows, check_vma=False)
-    return from_kernel(run(to_kernel(query), to_kernel(key), to_kernel(value), segments, *extra))
+    return from_kernel(run(to_kernel(query), to_kernel(key), to_kernel(value), segments, *extra,
+                           *map(to_kernel, tokens)))

@@ -553,14 +553,16 @@ class ModernAttention(nn.Module):
         qkv = Linear(cfg, (3, cfg.num_heads, cfg.head_dim), ("embed", None, "heads", "kv"),
                      cfg.initializer_range, flat=True, name="wqkv")(x)  # [b, s, 3·width]
         query, key, value = (qkv[..., i * width:(i + 1) * width] for i in range(3))
-        query, key = (apply_rope(t, cos, sin, cfg.head_dim) for t in (query, key))
         axes = ("batch", "length", "heads")
         query, key, value = (nn.with_logical_constraint(t, axes) for t in (query, key, value))
         dropout_active = not deterministic and cfg.attention_dropout > 0
         impl = cfg.attention_impl
 
-        def split(attend):  # attend on [.., heads, head_dim] views, the result flat again
+        def split(attend):
+            """attend on rotated q, k and [.., heads, head_dim] views, the result flat. (The
+            splash kernels take the flat layout and rotate q and k themselves.)"""
             def run(q, k, v, *rest):
+                q, k = (apply_rope(t, cos, sin, cfg.head_dim) for t in (q, k))
                 q, k, v = (t.reshape(*t.shape[:2], cfg.num_heads, cfg.head_dim)
                            for t in (q, k, v))
                 out = attend(q, k, v, *rest)
@@ -578,7 +580,7 @@ class ModernAttention(nn.Module):
             radius = cfg.window_radius if self.local else None
             fused = split(functools.partial(fused_attention, radius=radius))
             splash = functools.partial(splash_lib.splash_attention, radius=radius,
-                                       num_heads=cfg.num_heads)
+                                       num_heads=cfg.num_heads, rope=(cos, sin))
             if impl == "xla":
                 context = fused(query, key, value, input_mask, packing_ids)
             elif impl == "splash":

@@ -91,6 +91,7 @@ class Static:
     radius: int | None
     heads: int = 1
     head_dim: int = LANES
+    rope: bool = False  # the kernels rotate q and k themselves (tables given)
 
     @property
     def blocks(self) -> int:
@@ -175,6 +176,27 @@ def _per_head(static, rows: list, width: int):
     return out
 
 
+def _rotate_half(static, x):
+    """x [rows, width] f32 → each head's second half negated, then its first (lane rolls)."""
+    half = static.head_dim // 2
+    first = lax.broadcasted_iota(jnp.int32, x.shape, 1) % static.head_dim < half
+    return jnp.where(first, -pltpu.roll(x, x.shape[1] - half, 1), pltpu.roll(x, half, 1))
+
+
+def _rope(static, x, cos_ref, sin_ref):
+    """A [rows, width] tile rotated by its positions' tables (float32, cast back)."""
+    x32 = x.astype(jnp.float32)
+    return (x32 * cos_ref[...].astype(jnp.float32)
+            + _rotate_half(static, x32) * sin_ref[...].astype(jnp.float32)).astype(x.dtype)
+
+
+def _rope_transposed(static, g, cos_ref, sin_ref):
+    """The gradient through `_rope` of g [rows, width] f32: rotate_half's transpose is its
+    negation."""
+    cos, sin = (r[...].astype(jnp.float32) for r in (cos_ref, sin_ref))
+    return g * cos - _rotate_half(static, g * sin)
+
+
 def _allowed(static, q_block, k_block, same_segment, keys_first: bool):
     """same_segment [q, k] (or [k, q] when keys_first), and within the window in a local
     layer: the pairs a score is kept for (one mask for the step's heads)."""
@@ -187,10 +209,13 @@ def _allowed(static, q_block, k_block, same_segment, keys_first: bool):
     return same_segment & (jnp.abs(queries - keys) <= static.radius)
 
 
-def _forward_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref,
-                    o_ref, lse_ref, peak_ref, total_ref, acc_ref, *, static):
+def _forward_kernel(index_ref, live_ref, *refs, static):
     """One (row, head group, query block) over its key steps: the online softmax of each head,
-    q·kᵀ as [q, k]. peak_ref, total_ref, lse_ref: [group, q, 128] (lanes alike)."""
+    q·kᵀ as [q, k]. Refs: q, k, v, query ids, key ids, [cos, sin of q, of k,] o, lse, then
+    scratch peak, total ([group, q, 128], lanes alike), acc [q, width], [rotated q]."""
+    q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref = refs[:5]
+    rope = refs[5:9] if static.rope else None
+    o_ref, lse_ref, peak_ref, total_ref, acc_ref = refs[9 if static.rope else 5:][:5]
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     repeats = static.block // LANES
 
@@ -199,10 +224,14 @@ def _forward_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_r
         peak_ref[...] = jnp.full(peak_ref.shape, flash.MASK_VALUE, jnp.float32)
         total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
+        if rope:
+            refs[-1][...] = _rope(static, q_ref[...], *rope[:2])
 
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
-        q, k, v = q_ref[...], k_ref[...], v_ref[...]
+        q = refs[-1][...] if rope else q_ref[...]
+        k = _rope(static, k_ref[...], *rope[2:]) if rope else k_ref[...]
+        v = v_ref[...]
         same = jnp.tile(q_ids_ref[...], (1, repeats)) == k_ids_ref[:1, :]
         allowed = _allowed(static, i, index_ref[b, i, t], same, keys_first=False)
         alphas, update = [], 0.0
@@ -239,19 +268,27 @@ def _backward_allowed(static, q_ids_ref, k_ids_ref, q_block, k_block):
     return _allowed(static, q_block, k_block, same, keys_first=True)
 
 
-def _dkv_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref,
-                k_ids_ref, dk_ref, dv_ref, dk_acc, dv_acc, *, static):
-    """One (row, head group, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q."""
+def _dkv_kernel(index_ref, live_ref, *refs, static):
+    """One (row, head group, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q.
+    Refs: q, k, v, do, lse, di, query ids, key ids, [cos, sin of q, of k,] dk, dv, then
+    scratch dk, dv [k, width] float32, [rotated k]."""
+    q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref = refs[:8]
+    rope = refs[8:12] if static.rope else None
+    dk_ref, dv_ref, dk_acc, dv_acc = refs[12 if static.rope else 8:][:4]
     b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
     @pl.when(t == 0)
     def _init():
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
+        if rope:
+            refs[-1][...] = _rope(static, k_ref[...], *rope[2:])
 
     @pl.when(live_ref[b, j, t] != 0)
     def _compute():
-        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        q = _rope(static, q_ref[...], *rope[:2]) if rope else q_ref[...]
+        k = refs[-1][...] if rope else k_ref[...]
+        v, do = v_ref[...], do_ref[...]
         allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, index_ref[b, j, t], j)
         dk, dv = 0.0, 0.0
         for h in range(static.group):
@@ -268,22 +305,31 @@ def _dkv_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_re
 
     @pl.when(t == static.steps - 1)
     def _finish():
-        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
+        dk = _rope_transposed(static, dk_acc[...], *rope[2:]) if rope else dk_acc[...]
+        dk_ref[...] = dk.astype(dk_ref.dtype)
         dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
-def _dq_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref,
-               k_ids_ref, dq_ref, dq_acc, *, static):
-    """One (row, head group, query block) over its key steps: dq = Σ ds·k."""
+def _dq_kernel(index_ref, live_ref, *refs, static):
+    """One (row, head group, query block) over its key steps: dq = Σ ds·k. Refs: q, k, v, do,
+    lse, di, query ids, key ids, [cos, sin of q, of k,] dq, then scratch dq [q, width] float32,
+    [rotated q]."""
+    q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref = refs[:8]
+    rope = refs[8:12] if static.rope else None
+    dq_ref, dq_acc = refs[12 if static.rope else 8:][:2]
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
     @pl.when(t == 0)
     def _init():
         dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
+        if rope:
+            refs[-1][...] = _rope(static, q_ref[...], *rope[:2])
 
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
-        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
+        q = refs[-1][...] if rope else q_ref[...]
+        k = _rope(static, k_ref[...], *rope[2:]) if rope else k_ref[...]
+        v, do = v_ref[...], do_ref[...]
         allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
         dq = 0.0
         for h in range(static.group):
@@ -296,7 +342,8 @@ def _dq_kernel(index_ref, live_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref
 
     @pl.when(t == static.steps - 1)
     def _finish():
-        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+        dq = _rope_transposed(static, dq_acc[...], *rope[:2]) if rope else dq_acc[...]
+        dq_ref[...] = dq.astype(dq_ref.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,67 +415,93 @@ def kernel_costs(static: Static, q) -> dict[str, pl.CostEstimate]:
     computed = q.shape[0] * static.heads * computed_blocks(static) * static.block ** 2
     windowed = static.radius is not None
     dkv, dq = backward_costs(shape, computed, static.block, static.group, windowed)
-    return {"fwd": forward_cost(shape, computed, static.block, static.group, windowed),
-            "dkv": dkv, "dq": dq}
+    costs = {"fwd": forward_cost(shape, computed, static.block, static.group, windowed),
+             "dkv": dkv, "dq": dq}
+    if static.rope:  # every kernel rotates its own tile once and each walked tile
+        rotated = computed // static.block * static.width // static.group + q.size
+        costs = {name: pl.CostEstimate(
+            flops=c.flops + ROPE_ELEMENTWISE * rotated,
+            transcendentals=c.transcendentals,
+            bytes_accessed=c.bytes_accessed + 2 * rotated * q.dtype.itemsize)
+            for name, c in costs.items()}
+    return costs
 
 
-def _forward_call(static, interpret, q, k, v, segments, index, live):
+def _rope_inputs(static, tables, own_first: bool):
+    """The rope tables (cos, sin [batch, seq, width·groups]) as the kernels read them: the
+    grid's own block's and the walked block's tiles (own first, or walked first), and the
+    scratch for the rotated own tile; nothing without RoPE."""
+    if not static.rope:
+        return [], [], []
+    own, walked = [_tile(static, False)] * 2, [_tile(static, True)] * 2
+    return ([*tables, *tables], own + walked if own_first else walked + own,
+            [pltpu.VMEM((static.block, static.width), tables[0].dtype)])
+
+
+def _forward_call(static, interpret, q, k, v, segments, index, live, tables):
     batch, seq, _ = q.shape
     column, row = _segment_arrays(segments)
     stats = (static.group, static.block, LANES)
+    rope, rope_specs, rope_scratch = _rope_inputs(static, tables, own_first=True)
     out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
             in_specs=[_tile(static, False), _tile(static, True), _tile(static, True),
-                      _column(static, False), _row(static, True)],
+                      _column(static, False), _row(static, True), *rope_specs],
             out_specs=[_tile(static, False),
                        pl.BlockSpec((None, *stats), lambda b, g, i, t, index, live:
                                     (b, g, i, 0))],
             scratch_shapes=[pltpu.VMEM(stats, jnp.float32), pltpu.VMEM(stats, jnp.float32),
-                            pltpu.VMEM((static.block, static.width), jnp.float32)]),
+                            pltpu.VMEM((static.block, static.width), jnp.float32),
+                            *rope_scratch]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, static.heads, seq, LANES), jnp.float32)],
         compiler_params=_params(), cost_estimate=kernel_costs(static, q)["fwd"],
         interpret=interpret, name="splash_fwd",
-    )(index, live, q, k, v, column, row)
+    )(index, live, q, k, v, column, row, *rope)
     return out, lse[..., 0]
 
 
-def _backward_call(static, interpret, q, k, v, segments, index, live, out, lse, d_out):
+def _backward_call(static, interpret, q, k, v, segments, index, live, tables, out, lse,
+                   d_out):
     batch, seq, _ = q.shape
     column, row = _segment_arrays(segments)
     per_head = (batch, seq, static.heads, static.head_dim)
     di = jnp.einsum("bshd,bshd->bhs", out.reshape(per_head).astype(jnp.float32),
                     d_out.reshape(per_head).astype(jnp.float32))
     costs = kernel_costs(static, q)
-    # dk/dv: the grid's block is a key block, the walk over query blocks.
+    accumulator = pltpu.VMEM((static.block, static.width), jnp.float32)
+    # dk/dv: the grid's block is a key block, the walk over query blocks (q's tables walked).
+    rope, rope_specs, rope_scratch = _rope_inputs(static, tables, own_first=False)
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
             in_specs=[_tile(static, True), _tile(static, False), _tile(static, False),
                       _tile(static, True), _head_rows(static, True), _head_rows(static, True),
-                      _row(static, True), _column(static, False)],
+                      _row(static, True), _column(static, False), *rope_specs],
             out_specs=[_tile(static, False)] * 2,
-            scratch_shapes=[pltpu.VMEM((static.block, static.width), jnp.float32)] * 2),
+            scratch_shapes=[accumulator, accumulator, *rope_scratch]),
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2,
         compiler_params=_params(), cost_estimate=costs["dkv"],
         interpret=interpret, name="splash_dkv",
-    )(index, live, q, k, v, d_out, _rows(lse), _rows(di), row, column)
+    )(index, live, q, k, v, d_out, _rows(lse), _rows(di), row, column, *rope)
+    rope, rope_specs, rope_scratch = _rope_inputs(static, tables, own_first=True)
     (dq,) = pl.pallas_call(
         functools.partial(_dq_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
             in_specs=[_tile(static, False), _tile(static, True), _tile(static, True),
                       _tile(static, False), _head_rows(static, False),
-                      _head_rows(static, False), _row(static, False), _column(static, True)],
+                      _head_rows(static, False), _row(static, False), _column(static, True),
+                      *rope_specs],
             out_specs=[_tile(static, False)],
-            scratch_shapes=[pltpu.VMEM((static.block, static.width), jnp.float32)]),
+            scratch_shapes=[accumulator, *rope_scratch]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)],
         compiler_params=_params(), cost_estimate=costs["dq"],
         interpret=interpret, name="splash_dq",
-    )(index, live, q, k, v, d_out, _rows(lse), _rows(di), row, column)
+    )(index, live, q, k, v, d_out, _rows(lse), _rows(di), row, column, *rope)
     return dq, dk, dv
 
 
@@ -438,21 +511,20 @@ def _on_platform(call, static, *args):
                                   default=functools.partial(call, static, True))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _splash(q, k, v, segments, index, live, static):
-    return _on_platform(_forward_call, static, q, k, v, segments, index, live)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _splash(q, k, v, segments, index, live, tables, static):
+    """tables: (cos, sin) when static.rope (q and k then un-rotated), else ()."""
+    return _on_platform(_forward_call, static, q, k, v, segments, index, live, tables)[0]
 
 
-def _splash_fwd(q, k, v, segments, index, live, static):
-    out, lse = _on_platform(_forward_call, static, q, k, v, segments, index, live)
-    return out, (q, k, v, segments, index, live, out, lse)
+def _splash_fwd(q, k, v, segments, index, live, tables, static):
+    out, lse = _on_platform(_forward_call, static, q, k, v, segments, index, live, tables)
+    return out, (q, k, v, segments, index, live, tables, out, lse)
 
 
 def _splash_bwd(static, residuals, d_out):
-    q, k, v, segments, index, live, out, lse = residuals
-    dq, dk, dv = _on_platform(_backward_call, static, q, k, v, segments, index, live, out,
-                              lse, d_out)
-    return dq, dk, dv, None, None, None
+    dq, dk, dv = _on_platform(_backward_call, static, *residuals, d_out)
+    return dq, dk, dv, None, None, None, None  # positions' tables: no gradient
 
 
 _splash.defvjp(_splash_fwd, _splash_bwd)
@@ -465,6 +537,9 @@ _splash.defvjp(_splash_fwd, _splash_bwd)
 # Elementwise FLOPs per score of the window's mask in a local layer (positions from iotas,
 # their distance, its absolute value, the comparison, the conjunction).
 WINDOW_ELEMENTWISE = 5
+# Per rotated element of q or k (two rolls, a negation, a choice, two products, a sum), whose
+# cos and sin are read too.
+ROPE_ELEMENTWISE = 7
 
 
 def forward_cost(shape: flash.Shape, computed: int, block: int, group: int = 1,
@@ -519,6 +594,7 @@ def splash_attention(
     packing_ids: jax.Array | None,
     radius: int | None,
     num_heads: int | None = None,
+    rope: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Attention through the splash kernels, the values of `modern.einsum_attention` under
     `modern.attention_masks` on every real query (padding queries: see the module docstring).
@@ -527,7 +603,9 @@ def splash_attention(
     token's heads side by side, the kernels' own layout: nothing is transposed) with
     num_heads given → the same shape. input_mask (1 real, 0 pad) / packing_ids: [batch, seq]
     int or None. radius: the local window's (|q - k| <= radius), None for a global layer.
-    Scaled by 1/sqrt(head_dim).
+    Scaled by 1/sqrt(head_dim). rope: (cos, sin) [batch, seq, heads·head_dim] (the flat
+    layout only): query and key are given un-rotated and the kernels rotate each tile they
+    read (rotate_half by lane rolls in VMEM), the model's `apply_rope` done in float32.
     """
     if radius is not None and radius < 0:
         raise ConfigError(f"splash attention's window radius must be >= 0, got {radius}")
@@ -538,13 +616,16 @@ def splash_attention(
     batch, seq, width = query.shape
     head_dim = width // num_heads
     segments = flash.segment_ids(input_mask, packing_ids, (batch, seq))
-    query = query * jnp.asarray(head_dim ** -0.5, query.dtype)
+    query = query * jnp.asarray(head_dim ** -0.5, query.dtype)  # RoPE is linear: either order
+    tables = () if rope is None else tuple(t.astype(query.dtype) for t in rope)
 
-    def attend(q, k, v, segments, shard):
+    def attend(q, k, v, segments, shard, *tables):
         del shard
-        static = Static(q.shape[1], block_size(q.shape[1]), radius, num_heads, head_dim)
+        static = Static(q.shape[1], block_size(q.shape[1]), radius, num_heads, head_dim,
+                        rope=bool(tables))
         segments = jnp.where(segments == flash.PAD_SEGMENT, PAD, segments)
         index, live = block_table(segments, static)
-        return _splash(q, k, v, segments, index, live, static)
+        return _splash(q, k, v, segments, index, live, tables, static)
 
-    return flash.run_padded(attend, query, key, value, segments).reshape(shape)
+    return flash.run_padded(attend, query, key, value, segments,
+                            tokens=tables).reshape(shape)

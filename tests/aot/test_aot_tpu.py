@@ -517,14 +517,18 @@ def test_flash_kernels_are_found_by_the_forward_kernels_results():
 
 
 def test_splash_kernels_are_found_by_the_forward_kernels_results():
-    """A splash forward's results are o [batch, heads, seq, head_dim] and the log-sum-exp
-    [.., 128]; each shape is taken for every radius asked (global and local layers share it)."""
+    """A splash forward's results are o [batch, seq, heads·head_dim] and the log-sum-exp
+    [batch, heads, seq, 128]; each shape is taken for every radius asked (global and local
+    layers share it). A flash forward's (log-sum-exp [batch, heads, 1, seq]) is not one."""
     from bertjax.aot import kernel_schedule
 
-    forward = ('  %f = (bf16[64,12,1024,64]{3,2,1,0:T(8,128)(2,1)}, f32[64,12,1024,128]{3,2,1,0})'
+    forward = ('  %f = (bf16[64,1024,768]{2,1,0:T(8,128)(2,1)}, f32[64,12,1024,128]{3,2,1,0})'
                ' custom-call(%i, %l, %q, %k, %v), custom_call_target="tpu_custom_call", x\n')
-    dq = ('  %g = (bf16[64,12,1024,64]{3,2,1,0}) custom-call(%i), '
+    dq = ('  %g = (bf16[64,1024,768]{2,1,0}) custom-call(%i), '
           'custom_call_target="tpu_custom_call"\n')
+    flash = ('  %f = (bf16[16,128,1024]{2,1,0}, f32[16,16,1,128]{3,2,1,0}) custom-call(%s), '
+             'custom_call_target="tpu_custom_call"\n')
+    assert not kernel_schedule.splash_kernels(flash, (None,))
     assert kernel_schedule.splash_kernels(forward + dq + forward, (None, 64)) == {
         kernel_schedule.SplashKernels(64, 1024, 12, 64, None),
         kernel_schedule.SplashKernels(64, 1024, 12, 64, 64)}
@@ -550,8 +554,8 @@ def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofl
         for radius in (None, 64):
             kernels = kernel_schedule.SplashKernels(batch, 1024, 2, 64, radius)
             cycles[batch, radius] = kernel_schedule.splash_cycles(slice_.topology_name, kernels)
-            static = splash_attention.Static(1024, 512, radius)
-            shaped = jax.ShapeDtypeStruct((batch, 2, 1024, 64), jnp.bfloat16)
+            static = splash_attention.Static(1024, 512, radius, 2, 64, rope=True)
+            shaped = jax.ShapeDtypeStruct((batch, 1024, 2 * 64), jnp.bfloat16)
             costs = splash_attention.kernel_costs(static, shaped)
             assert set(cycles[batch, radius]) == {
                 (int(c.flops), int(c.bytes_accessed)) for c in costs.values()}
@@ -562,11 +566,12 @@ def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofl
                     cost.bytes_accessed / (slice_.chip.hbm_gbps * 1e9))
                 assert scheduled > roofline
         assert not set(cycles[batch, None]) & set(cycles[batch, 64])
-    # 2·2·2·2 grid steps at batch 2, twice that at 4, halved over the cores, +2 to fill
+    # 2·1·2·2 grid steps at batch 2 (one group of 2 heads), twice that at 4, halved over the
+    # cores, +2 to fill
     for radius in (None, 64):
         small, large = (sorted(cycles[b, radius].values()) for b in (2, 4))
         for s, l_ in zip(small, large):
-            assert l_ / s == pytest.approx((32 // 2 + 2) / (16 // 2 + 2), rel=0.05)
+            assert l_ / s == pytest.approx((16 // 2 + 2) / (8 // 2 + 2), rel=0.05)
 
 
 @needs_libtpu

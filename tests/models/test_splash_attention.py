@@ -283,3 +283,37 @@ def test_cost_estimates_count_the_band():
         want = (2 * matmuls * computed * head_dim * 2  # the group's two heads' lanes
                 + (elementwise[kind] + splash.WINDOW_ELEMENTWISE) * computed)  # a local layer
         assert flops[kind] == {want}, kind
+
+
+@pytest.mark.parametrize("radius", [None, 40])
+def test_rope_inside_the_kernels_equals_rotating_first(radius):
+    """rope=(cos, sin): the kernels rotate q and k tile by tile (and the gradients back);
+    values and gradients equal `modern.apply_rope` then einsum, on packed rows of 2 heads
+    side by side in each tile, positions restarting per document."""
+    seq, heads, head_dim = 300, 2, 32
+    segments = _packed_segments(np.random.default_rng(5), 2, seq, 3, (300, 230))
+    input_mask = jnp.asarray(segments != splash.PAD, jnp.int32)
+    packing_ids = jnp.where(input_mask > 0, jnp.asarray(segments), 0)
+    positions = attn_lib.positions_from_packing(packing_ids)
+    cos, sin = modern.rope_tables(positions, heads, head_dim, 10_000.0)
+    q, k, v, weights = (x.reshape(2, seq, heads * head_dim)
+                        for x in _inputs(11, 2, seq, heads, head_dim))
+    cotangent = weights * input_mask.astype(jnp.float32)[:, :, None]
+
+    def kernels(q, k, v):
+        return splash.splash_attention(q, k, v, input_mask, packing_ids, radius,
+                                       num_heads=heads, rope=(cos, sin))
+
+    def reference(q, k, v):
+        q, k = (modern.apply_rope(x, cos, sin, head_dim) for x in (q, k))
+        q, k, v = (x.reshape(2, seq, heads, head_dim) for x in (q, k, v))
+        return _reference(q, k, v, input_mask, packing_ids, radius).reshape(2, seq, -1)
+
+    (got_out, got), (want_out, want) = (
+        (lambda out_vjp: (out_vjp[0], out_vjp[1](cotangent)))(jax.vjp(f, q, k, v))
+        for f in (kernels, reference))
+    rows = np.asarray(input_mask, bool)
+    np.testing.assert_allclose(np.asarray(got_out)[rows], np.asarray(want_out)[rows],
+                               atol=TOL, rtol=0)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(a, b, atol=TOL, rtol=TOL, err_msg=name)
