@@ -1,18 +1,16 @@
 """Serving a ModernBERT: fill-mask is transformers' ModernBertForMaskedLM (its top-k the argmax
 of that model's logits, computed directly), extract_features gives transformers' hidden states
-(its last layer ModernBertModel's output), and `python -m bertjax.predict` / `Predictor`
-predict every fine-tuned family as the run itself scored it."""
+(its last layer ModernBertModel's output); the Embedder of a checkpoint mean-pools
+transformers' hidden states. (`Predictor` and `python -m bertjax.predict` on every fine-tuned
+family's run: tests/tasks/test_modern_finetuning.py, on the runs trained there.)"""
 
 import json
-import random
 
 import numpy as np
 import pytest
-import squad_data
-import tagging_data as td
-from conftest import filler_sentence, run_python
+from conftest import run_python
 from convert_cli import convert_main
-from modern_checkpoint import write_hf_modern, write_modern_checkpoint
+from modern_checkpoint import write_hf_modern
 
 from bertjax import checkpoint_dir
 from bertjax.serving.extraction import parse_line, run
@@ -122,96 +120,3 @@ def test_fill_mask_and_extract_features_commands(converted, tmp_path):
     run(str(ckpt), str(tmp_path / "in.txt"), str(tmp_path / "api.jsonl"), layers="-1",
         max_seq_length=16, batch_size=2)
     assert (tmp_path / "cli.jsonl").read_text() == (tmp_path / "api.jsonl").read_text()
-
-
-# ----------------------------------------------------------------------- fine-tuned runs
-
-
-def _train(config, checkpoint, workdir):
-    from bertjax.tasks import train_and_evaluate
-
-    config.init_checkpoint = checkpoint
-    config.max_seq_length = 32 if config.task.family != "squad" else 64
-    config.min_bucket_length = 16
-    config.train.batch_size, config.eval.batch_size = 16, 8
-    config.train.num_epochs = 1
-    config.optimizer.learning_rate = 1e-3
-    config.log_every_steps = 1000
-    return train_and_evaluate(config, str(workdir), log=lambda *_: None)
-
-
-@pytest.mark.slow
-def test_predict_every_fine_tuned_family_as_the_run_scored_it(tmp_path):
-    """For each family: the predictor's metrics on the dev file are the run's best dev
-    metrics (the same batches, the same compiled function, the same params), and the
-    command writes what the Python API gives."""
-    from bertjax import Predictor
-    from experiments.finetune_files import get_config as files_config
-    from experiments.ner import get_config as ner_config
-    from experiments.squad import get_config as squad_config
-
-    checkpoint = write_modern_checkpoint(tmp_path)
-    rng = random.Random(4)
-    runs = {}
-
-    def jsonl(name, rows):
-        with open(tmp_path / name, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        return str(tmp_path / name)
-
-    dev = jsonl("cls.jsonl", [{"text": filler_sentence(rng, w), "label": w}
-                              for w in ["good", "bad"] * 24])
-    config = files_config("classification")
-    config.data.train = config.data.validation = dev
-    runs["classification"] = (config, dev)
-    dev = jsonl("reg.jsonl", [{"text": filler_sentence(rng, "good", k % 3), "label": k % 3}
-                              for k in range(48)])
-    config = files_config("regression")
-    config.data.train = config.data.validation = dev
-    runs["regression"] = (config, dev)
-    rows = []
-    for _ in range(32):
-        answer = rng.randrange(3)
-        rows.append({"text": filler_sentence(rng), "label": answer, **{
-            c: filler_sentence(rng, "good" if i == answer else "bad")
-            for i, c in enumerate("abc")}})
-    dev = jsonl("mc.jsonl", rows)
-    config = files_config("multiple_choice")
-    config.data.train = config.data.validation = dev
-    config.data.choices = "a,b,c"
-    runs["multiple_choice"] = (config, dev)
-    td.write_conll(tmp_path / "ner.conll", td.dataset(1, 48), docs_every=4)
-    config = ner_config("files")
-    config.data.train = config.data.validation = str(tmp_path / "ner.conll")
-    config.data.scheme, config.data.token_column = "iob2", 0
-    runs["ner"] = (config, str(tmp_path / "ner.conll"))
-    dev = squad_data.generate(tmp_path / "qa.json", 40, seed=1, impossible_rate=0.3)
-    config = squad_config("v2")
-    config.data.train = config.data.validation = dev
-    config.task.doc_stride, config.task.max_query_length = 16, 10
-    runs["squad"] = (config, dev)
-
-    for name, (config, dev) in runs.items():
-        summary = _train(config, checkpoint, tmp_path / name)
-        predictor = Predictor.from_workdir(str(tmp_path / name))
-        records, metrics = predictor.predict_file(dev)[1:]
-        best = {k: v for k, v in summary["best"].items() if k != "epoch"}
-        if name == "squad":  # the run's dev scores were taken before it chose the threshold
-            best = {k: v for k, v in best.items() if k.startswith("best_")}
-            metrics = {k: metrics[k] for k in best}
-            written = json.loads((tmp_path / name / "predictions.json").read_text())
-            assert {r["id"]: r["answer"] for r in records} == written
-        assert metrics == pytest.approx(best, abs=1e-9), name
-        out = tmp_path / f"{name}.out"
-        if name in ("classification", "ner"):  # the command too
-            suffix = ".conll" if name == "ner" else ".jsonl"
-            out = out.with_suffix(suffix)
-            result = run_python(["-m", "bertjax.predict", f"--workdir={tmp_path / name}",
-                                 f"--input={dev}", f"--output={out}"])
-            assert result.returncode == 0, (name, result.stderr[-3000:])
-            if name == "classification":
-                written = [json.loads(x) for x in out.read_text().splitlines()]
-                assert [r["label"] for r in written] == [r["label"] for r in records]
-            else:
-                assert out.read_text() == (tmp_path / name / "predictions" /
-                                           "dev.conll").read_text()

@@ -1,10 +1,11 @@
 """Every fine-tuning family from a ModernBERT checkpoint directory, through the job the BERT
 runs use (`bertjax.tasks.train_and_evaluate`): a tiny random ModernBERT (modern_checkpoint.py)
 fine-tuned a few steps per family learns (its loss falls, its dev metric rises above chance)
-and writes its outputs and an export record naming transformers' ModernBertFor* class; the
-job starts from the checkpoint's encoder and MLM prediction head, as transformers'
-from_pretrained does; config.model's BERT dropout fields become a ModernBERT's, and the head
-options a ModernBERT cannot take are named."""
+and writes its outputs and an export record naming transformers' ModernBertFor* class, and
+the finished run predicts its dev file as the run scored it (`Predictor` and, for two
+families, `python -m bertjax.predict`); the job starts from the checkpoint's encoder and MLM
+prediction head, as transformers' from_pretrained does; config.model's BERT dropout fields
+become a ModernBERT's, and the head options a ModernBERT cannot take are named."""
 
 import json
 import random
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 import squad_data
 import tagging_data as td
-from conftest import filler_sentence
+from conftest import filler_sentence, run_python
 from finetune_task import train_losses, write_task
 from modern_checkpoint import write_modern_checkpoint
 
@@ -53,6 +54,24 @@ def assert_learns(workdir, steps=4):
     losses = train_losses(str(workdir))
     ordered = [losses[s] for s in sorted(losses)]
     assert np.mean(ordered[-steps:]) < np.mean(ordered[:steps]), ordered
+
+
+def assert_predicts_as_scored(workdir, dev, summary):
+    """`Predictor.from_workdir`'s metrics on the dev file are the run's best dev metrics (the
+    best checkpoint, the same batches and compiled function); returns its records."""
+    from bertjax import Predictor
+
+    records, metrics = Predictor.from_workdir(str(workdir)).predict_file(dev)[1:]
+    best = {k: v for k, v in summary["best"].items() if k != "epoch"}
+    assert metrics == pytest.approx(best, abs=1e-9)
+    return records
+
+
+def predict_command(workdir, dev, out):
+    result = run_python(["-m", "bertjax.predict", f"--workdir={workdir}", f"--input={dev}",
+                         f"--output={out}"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
 
 
 # ------------------------------------------------------------------------- config and start
@@ -156,6 +175,11 @@ def test_classification_learns_and_exports_the_modernbert_class(checkpoint, tmp_
     assert record["model"]["model_type"] == "modernbert"
     assert record["extra_config"] == {"classifier_pooling": "mean", "classifier_dropout": 0.1}
     assert record["labels"] == ["0", "1"] and record["vocab"] == "vocab.txt"
+    dev = str(tmp_path / "dev.jsonl")
+    records = assert_predicts_as_scored(tmp_path / "run", dev, summary)
+    out = predict_command(tmp_path / "run", dev, tmp_path / "predicted.jsonl")
+    written = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["label"] for r in written] == [r["label"] for r in records]
 
 
 @pytest.mark.slow
@@ -173,6 +197,7 @@ def test_regression_and_multiple_choice_learn(checkpoint, tmp_path):
     assert_learns(tmp_path / "reg")
     assert summary["best"]["pearson"] > 0.5, summary["best"]
     assert export_record(tmp_path / "reg")["problem_type"] == "regression"
+    assert_predicts_as_scored(tmp_path / "reg", str(tmp_path / "reg.jsonl"), summary)
 
     with open(tmp_path / "mc.jsonl", "w") as f:
         for _ in range(128):
@@ -188,6 +213,7 @@ def test_regression_and_multiple_choice_learn(checkpoint, tmp_path):
     assert_learns(tmp_path / "mc")
     assert summary["best"]["accuracy"] > 0.5, summary["best"]  # chance is 1/3
     assert export_record(tmp_path / "mc")["architecture"] == "ModernBertForMultipleChoice"
+    assert_predicts_as_scored(tmp_path / "mc", str(tmp_path / "mc.jsonl"), summary)
 
 
 @pytest.mark.slow
@@ -214,6 +240,10 @@ def test_token_classification_learns_the_entities(checkpoint, tmp_path):
     record = export_record(tmp_path / "run")
     assert record["architecture"] == "ModernBertForTokenClassification"
     assert {"O", "B-PER", "I-LOC"} <= set(record["labels"])
+    # The test file is the dev file: its predictions (the best checkpoint's) are the command's.
+    assert_predicts_as_scored(tmp_path / "run", paths["dev"], summary)
+    out = predict_command(tmp_path / "run", paths["dev"], tmp_path / "predicted.conll")
+    assert out.read_text() == (tmp_path / "run" / "predictions" / "test.conll").read_text()
 
 
 @pytest.mark.slow
@@ -236,6 +266,7 @@ def test_squad_learns_spans(checkpoint, tmp_path):
     assert summary["primary_metric"] == "f1"
     assert (tmp_path / "run" / "predictions.json").exists()
     assert export_record(tmp_path / "run")["architecture"] == "ModernBertForQuestionAnswering"
+    assert_predicts_as_scored(tmp_path / "run", config.data.validation, summary)
 
 
 @pytest.mark.slow
