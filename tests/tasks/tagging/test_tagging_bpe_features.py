@@ -5,7 +5,7 @@ every other piece is unscored (weight 0), word boundaries agree with the tokeniz
 own word_ids(), over windows and document context; and a short fine-tuning run of a tiny
 ModernBERT carrying the tokenizer.json that learns."""
 
-import bpe_task_data
+import modern_checkpoint
 import numpy as np
 import pytest
 import tagging_data as td
@@ -40,7 +40,7 @@ MIXED = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return bpe_task_data.bpe_tokenizer()
+    return modern_checkpoint.bpe_tokenizer()
 
 
 def as_sentences(pairs, docs_every=1):
@@ -170,7 +170,7 @@ def test_token_classification_with_a_bpe_modernbert_learns(tmp_path):
     from bertjax.tasks import train_and_evaluate
     from experiments.ner import get_config
 
-    checkpoint = bpe_task_data.write_modern_bpe_checkpoint(tmp_path)
+    checkpoint = modern_checkpoint.write_modern_bpe_checkpoint(tmp_path)
     paths = {}
     for name, seed, n in (("train", 1, 160), ("dev", 2, 32)):
         paths[name] = str(tmp_path / f"{name}.conll")
