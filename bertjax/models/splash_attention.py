@@ -197,6 +197,19 @@ def _rope_transposed(static, g, cos_ref, sin_ref):
     return g * cos - _rotate_half(static, g * sin)
 
 
+def _rotate_own(static, rope, own_ref, own_tables, rotated_ref):
+    """At a block's first step: its own q or k tile rotated once, into scratch (with RoPE)."""
+    if rope:
+        rotated_ref[...] = _rope(static, own_ref[...], *own_tables)
+
+
+def _tiles(static, rope, own_ref, walked_ref, walked_tables, rotated_ref):
+    """(own tile, this step's walked tile), rotated with RoPE (the own one from scratch)."""
+    if not rope:
+        return own_ref[...], walked_ref[...]
+    return rotated_ref[...], _rope(static, walked_ref[...], *walked_tables)
+
+
 def _allowed(static, q_block, k_block, same_segment, keys_first: bool):
     """same_segment [q, k] (or [k, q] when keys_first), and within the window in a local
     layer: the pairs a score is kept for (one mask for the step's heads)."""
@@ -224,13 +237,11 @@ def _forward_kernel(index_ref, live_ref, *refs, static):
         peak_ref[...] = jnp.full(peak_ref.shape, flash.MASK_VALUE, jnp.float32)
         total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-        if rope:
-            refs[-1][...] = _rope(static, q_ref[...], *rope[:2])
+        _rotate_own(static, rope, q_ref, rope and rope[:2], refs[-1])
 
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
-        q = refs[-1][...] if rope else q_ref[...]
-        k = _rope(static, k_ref[...], *rope[2:]) if rope else k_ref[...]
+        q, k = _tiles(static, rope, q_ref, k_ref, rope and rope[2:], refs[-1])
         v = v_ref[...]
         same = jnp.tile(q_ids_ref[...], (1, repeats)) == k_ids_ref[:1, :]
         allowed = _allowed(static, i, index_ref[b, i, t], same, keys_first=False)
@@ -281,13 +292,11 @@ def _dkv_kernel(index_ref, live_ref, *refs, static):
     def _init():
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
-        if rope:
-            refs[-1][...] = _rope(static, k_ref[...], *rope[2:])
+        _rotate_own(static, rope, k_ref, rope and rope[2:], refs[-1])
 
     @pl.when(live_ref[b, j, t] != 0)
     def _compute():
-        q = _rope(static, q_ref[...], *rope[:2]) if rope else q_ref[...]
-        k = refs[-1][...] if rope else k_ref[...]
+        k, q = _tiles(static, rope, k_ref, q_ref, rope and rope[:2], refs[-1])
         v, do = v_ref[...], do_ref[...]
         allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, index_ref[b, j, t], j)
         dk, dv = 0.0, 0.0
@@ -322,13 +331,11 @@ def _dq_kernel(index_ref, live_ref, *refs, static):
     @pl.when(t == 0)
     def _init():
         dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
-        if rope:
-            refs[-1][...] = _rope(static, q_ref[...], *rope[:2])
+        _rotate_own(static, rope, q_ref, rope and rope[:2], refs[-1])
 
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
-        q = refs[-1][...] if rope else q_ref[...]
-        k = _rope(static, k_ref[...], *rope[2:]) if rope else k_ref[...]
+        q, k = _tiles(static, rope, q_ref, k_ref, rope and rope[2:], refs[-1])
         v, do = v_ref[...], do_ref[...]
         allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
         dq = 0.0
