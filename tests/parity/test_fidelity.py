@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from bertjax.fidelity import data, reference
-from bertjax.fidelity.__main__ import summary, verdict
+from bertjax.fidelity.verdict import compare, fails, summary, welch_p
 
 WORDS = [f"word{i}" for i in range(40)]
 
@@ -112,23 +112,54 @@ def test_chunks_are_iob2_spans_of_proper_nouns_and_numbers(tmp_path):
         assert not open(alone[split]).read().count("-DOCSTART-")
 
 
-def test_verdict_is_welchs_test_of_the_means():
+def test_the_means_are_compared_by_welchs_test_with_a_floor():
     from scipy import stats
 
     assert summary([1.0, 2.0, 3.0]) == (2.0, 1.0)
-    assert verdict([0.80, 0.82, 0.78], [0.81, 0.79, 0.83], 1.0) == "within"
+    assert compare([0.80, 0.82, 0.78], [0.81, 0.79, 0.83]).verdict == "within"
     # sd 0.02 a side: standard error sqrt(2 * 0.02**2 / 3) = 0.0163, 4 degrees of freedom.
     bound = stats.t.ppf(0.975, 4) * 0.02 * (2 / 3) ** 0.5 + 0.005
     theirs = [0.80, 0.82, 0.78]
     shift = [x - bound - 0.001 for x in theirs]
-    assert verdict(shift, theirs, 1.0) == "worse"
-    assert verdict(theirs, shift, 1.0) == "better"
+    assert compare(shift, theirs).verdict == "worse"
+    assert compare(theirs, shift).verdict == "better"
     near = [x - bound + 0.001 for x in theirs]
-    assert verdict(near, theirs, 1.0) == "within"
-    assert stats.ttest_ind(near, theirs).pvalue < 0.05  # the floor keeps it within
-    assert verdict([80.0, 80.0, 80.0], [80.4, 80.4, 80.4], 100.0) == "within"
-    assert verdict([0.5, 0.5], [0.6, 0.6], 1.0) == "worse"
-    assert verdict([0.5], [0.9], 1.0) == "n/a (1 seed)"
+    assert compare(near, theirs).verdict == "leans"  # lower by more than half their sd
+    assert compare(near, theirs).means_p > 0.05
+    assert stats.ttest_ind(near, theirs).pvalue < 0.05  # the floor keeps it from "worse"
+    assert compare([80.0, 80.0, 80.0], [80.4, 80.4, 80.4], 100.0).verdict == "within"
+    assert compare([0.5, 0.5], [0.6, 0.6]).verdict == "worse"
+    assert compare([0.5], [0.9]).verdict == "n/a (1 seed)"
+    # Without the floor, Welch's p is scipy's.
+    ours, theirs = [0.61, 0.55, 0.58, 0.66, 0.52], [0.62, 0.60, 0.64, 0.59, 0.63]
+    assert welch_p(ours, theirs, 0.0) == pytest.approx(
+        stats.ttest_ind(ours, theirs, equal_var=False).pvalue, rel=1e-9)
+
+
+def test_a_lower_wider_side_is_a_finding_not_within():
+    """The tagging row of the previous harness: bertjax 0.216 ± 0.055 against 0.266 ± 0.004
+    on 3 seeds was "within" by Welch alone; the variance-ratio test tells the spreads apart."""
+    from scipy import stats
+
+    ours, theirs = [0.160, 0.220, 0.268], [0.262, 0.266, 0.270]
+    m1, s1 = summary(ours)
+    assert (round(m1, 3), round(s1, 3)) == (0.216, 0.054)
+    assert welch_p(ours, theirs, 0.005) > 0.05  # the old verdict: within
+    c = compare(ours, theirs)
+    assert c.verdict == "wider" and fails(c.verdict)
+    f = s1 ** 2 / summary(theirs)[1] ** 2
+    assert c.variance_p == pytest.approx(2 * stats.f.sf(f, 2, 2), rel=1e-9)
+    assert c.levene_p == pytest.approx(stats.levene(ours, theirs, center="median").pvalue)
+    assert c.sd_ratio == pytest.approx(s1 / 0.004, rel=1e-6)
+    # The same spread on the other side is no failure of bertjax's.
+    assert compare(theirs, ours).verdict in ("within", "better")
+    # Equal spreads, equal means: within; twice the spread on 5 seeds without proof: leans.
+    base = [0.60, 0.62, 0.64, 0.66, 0.68]
+    assert compare(base, base).verdict == "within"
+    twice = [0.64 + 2.2 * (x - 0.64) for x in base]
+    c = compare(twice, base)
+    assert c.verdict == "leans" and c.leans == ("spread",) and not fails(c.verdict)
+    assert compare([0.64 + 6 * (x - 0.64) for x in base], base).verdict == "wider"
 
 
 def write_hf_model(path, words):
@@ -195,3 +226,25 @@ def test_every_familys_settings_pass_bertjaxs_checks():
             if "doc_stride" in settings:
                 check_limits(settings["max_seq_length"], settings["doc_stride"],
                              task.max_query_length)
+
+
+def test_tweets_split_by_a_hash_of_each_tweet_whatever_the_file_order(tmp_path):
+    (tmp_path / "wnut").mkdir()
+    tweets = [[(f"w{t}_{k}", "B-person" if k == 1 else "O") for k in range(4)]
+              for t in range(200)]
+
+    def write(order):
+        blocks = ["\n".join(f"{w}\t{tag}" for w, tag in tweets[t]) for t in order]
+        (tmp_path / "wnut" / "ner.txt").write_text("\n\t\n".join(blocks) + "\n\t\n")
+
+    write(range(200))
+    files = data.tweets(tmp_path / "wnut", tmp_path / "a", data.Sizes(150, 30))
+    sides = {split: reference.read_conll(path) for split, path in files.items()}
+    assert not {tuple(w) for w, _ in sides["train"]} & {tuple(w) for w, _ in sides["dev"]}
+    assert 20 <= len(sides["dev"]) <= 30 and len(sides["train"]) == 150
+    assert all(tags[1] == "B-person" for split in sides.values() for _, tags in split)
+    write(reversed(range(200)))  # another order: the same tweets on each side
+    again = data.tweets(tmp_path / "wnut", tmp_path / "b", data.Sizes(1000, 1000))
+    dev = {tuple(w) for w, _ in reference.read_conll(again["dev"])}
+    assert {tuple(w) for w, _ in sides["dev"]} <= dev
+    assert not open(files["train"]).read().count("-DOCSTART-")
