@@ -57,7 +57,10 @@ def sequence_rows(x: Array | None) -> Array | None:
     return None if x is None else x.reshape(-1, x.shape[-1])
 
 
-def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str):
+def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str,
+          truncated: bool = True):
+    """A dense layer of `features` outputs, kernel drawn with stddev initializer_range
+    (`truncated`: Dense.truncated), bias zeros."""
     return Dense(
         features,
         kernel_axes=axes,
@@ -65,6 +68,7 @@ def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None]
         stddev=config.initializer_range,
         dtype=config.dtype,
         param_dtype=config.param_dtype,
+        truncated=truncated,
         name=name,
     )
 

@@ -109,6 +109,10 @@ class Dense(nn.Module):
     param_dtype: Any = jnp.float32
     flat: bool = False
     in_features: tuple[int, ...] | None = None
+    # The kernel's draw: truncated at 2 stddev (the stddev of the untruncated normal, so the
+    # draws' own is 0.88x: the original reference's pre-training init), or a plain normal of
+    # `stddev` (transformers' init of a new task head: tasks/ heads, models/heads.py).
+    truncated: bool = True
 
     @nn.compact
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -116,10 +120,11 @@ class Dense(nn.Module):
         in_shape = x.shape[x.ndim - self.num_contract:]
         if self.flat:
             in_shape = tuple(self.in_features or x.shape[-1:])
-        truncated = nn.initializers.truncated_normal(stddev=self.stddev)
+        draw = (nn.initializers.truncated_normal(stddev=self.stddev) if self.truncated
+                else nn.initializers.normal(stddev=self.stddev))
 
         def kernel_init(rng, shape, dtype):
-            flat = truncated(rng, (math.prod(in_shape), math.prod(features)), dtype)
+            flat = draw(rng, (math.prod(in_shape), math.prod(features)), dtype)
             return flat.reshape(shape)
 
         kernel = self.param("kernel", nn.with_logical_partitioning(kernel_init, self.kernel_axes),
