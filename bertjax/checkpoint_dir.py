@@ -34,14 +34,13 @@ from typing import Any
 import flax
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from etils import epath
 
 from bertjax import paths
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.models import ModelConfig, is_modern, model_config, pretraining_model
+from bertjax.models import ModelConfig, architecture, model_config
 from bertjax.models.embedding import POOLING_FILE, Pooling
 from bertjax.models.layout import to_layout
 from bertjax.train import multihost
@@ -53,28 +52,17 @@ TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CONVERSION_FILE = "conversion.json"
 
-# Parameter groups a source may lack entirely (encoder-only or MLM-only checkpoints). They are
-# then initialised and reported, never silently. The encoder group is always required.
-OPTIONAL_GROUPS = ("bert/pooler", "mlm", "nsp")
-MODERN_OPTIONAL_GROUPS = ("head", "decoder_bias")  # ModernBertModel checkpoints lack them
-
-
 def optional_groups(config: ModelConfig) -> tuple[str, ...]:
-    return MODERN_OPTIONAL_GROUPS if is_modern(config) else OPTIONAL_GROUPS
-
-
-def _init_pretraining(config: ModelConfig, rng: jax.Array) -> dict[str, Any]:
-    """Boxed params of the pre-training model of `config` (BERT's or ModernBERT's)."""
-    model = pretraining_model(config)
-    ids, positions = jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 1), jnp.int32)
-    if is_modern(config):
-        return model.init(rng, ids, ids, positions)["params"]
-    return model.init(rng, ids, ids, ids, positions)["params"]
+    """Parameter groups a source may lack entirely (encoder-only or MLM-only checkpoints):
+    then initialised and reported, never silently. The encoder group is always required."""
+    return architecture(config).optional_groups
 
 
 def _unrolled(config: ModelConfig) -> ModelConfig:
-    """The config with its layers unrolled, as stored (a ModernBERT's always are)."""
-    return config if is_modern(config) else dataclasses.replace(config, scan_layers=False)
+    """The config with its layers unrolled, as stored (where they can scan)."""
+    if not architecture(config).scans_layers:
+        return config
+    return dataclasses.replace(config, scan_layers=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -85,7 +73,8 @@ def _unrolled(config: ModelConfig) -> ModelConfig:
 def abstract_params(config: ModelConfig) -> dict[str, Any]:
     """ShapeDtypeStructs of every parameter of the pre-training model (BertForPreTraining or
     ModernBertForMaskedLM, layout of `config`); cached, do not modify the result."""
-    return nn.unbox(jax.eval_shape(lambda: _init_pretraining(config, jax.random.key(0))))
+    init = architecture(config).init_pretraining
+    return nn.unbox(jax.eval_shape(lambda: init(config, jax.random.key(0))))
 
 
 def config_summary(config: ModelConfig) -> str:
@@ -136,7 +125,7 @@ def _group_initialiser(config: ModelConfig, groups: tuple[str, ...]):
     # Only the requested subtrees leave the jitted init, so XLA drops the rest of the model's
     # initialisation (no BERT-large-sized allocation to fill a 2-class head).
     def init(rng):
-        params = nn.unbox(_init_pretraining(config, rng))
+        params = nn.unbox(architecture(config).init_pretraining(config, rng))
         picked: dict[str, Any] = {}
         for group in groups:
             src, dst = params, picked
@@ -233,13 +222,12 @@ def infer_do_lower_case(path: epath.Path) -> bool:
 
 
 def check_vocab_size(config: ModelConfig, size: int, source: str) -> None:
-    # A ModernBERT's embedding table may be padded past its tokenizer (ModernBERT-base: 50,280
-    # tokens, 50,368 rows, a multiple of 64); a BERT's matches its vocabulary.
-    if size != config.vocab_size and not (is_modern(config) and size < config.vocab_size):
-        table = ("model/embeddings/tok_embeddings" if is_modern(config)
-                 else "bert/embeddings/word_embeddings")
+    # Some embedding tables are padded past their tokenizer (`Architecture.padded_vocab`:
+    # ModernBERT-base has 50,280 tokens, 50,368 rows); a BERT's matches its vocabulary.
+    record = architecture(config)
+    if size != config.vocab_size and not (record.padded_vocab and size < config.vocab_size):
         raise CheckpointError(
-            f"{source} has {size} entries but {table} has "
+            f"{source} has {size} entries but {record.embedding_table} has "
             f"{config.vocab_size} rows (vocab_size={config.vocab_size})"
         )
 
@@ -317,8 +305,8 @@ def save_pretrained(
     directory = epath.Path(directory)
     params = nn.unbox(dict(params))
     if "embeddings" in params:  # BertModel / ModernBertModel params: the encoder alone
-        params = {"model" if is_modern(model_config) else "bert": params}
-    if not is_modern(model_config):
+        params = {architecture(model_config).encoder_group: params}
+    if architecture(model_config).scans_layers:
         params = to_layout(params, scan_layers=False)
     config = _unrolled(model_config)
     params, initialised = complete_params(config, params, seed)
@@ -393,25 +381,18 @@ def load_config(directory: str | epath.Path) -> ModelConfig:
         raise CheckpointError(f"{config_file}: {e}") from None
 
 
-SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-               "max_position_embeddings", "type_vocab_size")
-# A ModernBERT's (RoPE has no position table; max_position_embeddings fixes no shape).
-MODERN_SIZE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads",
-                      "intermediate_size")
-
-
 def size_fields(config: ModelConfig) -> tuple[str, ...]:
-    return MODERN_SIZE_FIELDS if is_modern(config) else SIZE_FIELDS
+    """The config fields that fix the parameter shapes."""
+    return architecture(config).size_fields
 
 
 def check_sizes(stored: ModelConfig, wanted: ModelConfig, where: str) -> None:
     """The parameter shapes of a stored model (its size_fields) are those of `wanted`, and it
     is the same architecture; else ConfigError from `where` (e.g.
     "config.init_checkpoint=DIR")."""
-    if is_modern(stored) != is_modern(wanted):
-        kinds = {True: "a ModernBERT", False: "a BERT"}
-        raise ConfigError(f"{where}: the model there is {kinds[is_modern(stored)]} but "
-                          f"config.model is {kinds[is_modern(wanted)]} (model.model_type)")
+    if architecture(stored) is not architecture(wanted):
+        raise ConfigError(f"{where}: the model there is {architecture(stored).title} but "
+                          f"config.model is {architecture(wanted).title} (model.model_type)")
     for name in size_fields(stored):
         if getattr(stored, name) != getattr(wanted, name):
             raise ConfigError(f"{where}: model.{name} is {getattr(stored, name)} there but "
@@ -453,7 +434,9 @@ def load_params(directory: str | epath.Path, config: ModelConfig) -> dict[str, A
         _absolute(params_dir)), hint=("incomplete", "write or convert the checkpoint again"))
     check_params(_unrolled(config), params, where=str(params_dir))
     params = _to_host(params, config.param_dtype)
-    return params if is_modern(config) else to_layout(params, config.scan_layers)
+    if not architecture(config).scans_layers:
+        return params
+    return to_layout(params, config.scan_layers)
 
 
 def load_pretrained(

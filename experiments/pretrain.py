@@ -13,15 +13,14 @@ field below can be overridden with --config.<path>=<value>.
 
 import ml_collections
 
-from bertjax.models.config import BertConfig
-from bertjax.models.modern import MODERN_PRESETS, ModernConfig
+from bertjax.models import ARCHITECTURES, BertConfig
 from experiments import common
 
 
 def get_config(arg: str = "base") -> ml_collections.ConfigDict:
     if arg == "large_lamb":
         return large_lamb()
-    if arg in MODERN_PRESETS:
+    if arg in ARCHITECTURES["modernbert"].presets:
         return modern(arg)
     config = ml_collections.ConfigDict()
     config.preset = arg
@@ -158,7 +157,7 @@ _MODERN_BATCH_WARMUP = ((768, 50e9 / 3), (1536, 50e9 / 3), (3072, 50e9 / 3))
 
 
 def modern(arg: str = "modern_base") -> ml_collections.ConfigDict:
-    """A ModernBERT (bertjax/models/modern.py) pre-trained with its published recipe:
+    """A ModernBERT (bertjax/models/modernbert/modules.py) pre-trained with its published recipe:
 
     - MLM only (objective "mlm": no NSP) on packed rows of whole documents, 30% of the tokens
       masked (80/10/10), predicted only at the masked positions;
@@ -177,7 +176,7 @@ def modern(arg: str = "modern_base") -> ml_collections.ConfigDict:
     config = get_config("base")
     config.preset = arg
     config.objective = "mlm"
-    config.model = ModernConfig.from_preset(arg).to_dict()
+    config.model = ARCHITECTURES["modernbert"].config_class.from_preset(arg).to_dict()
     config.model.dtype = "auto"
     config.model.param_dtype = "float32"
     config.model.attention_impl = "auto"

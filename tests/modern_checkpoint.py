@@ -27,7 +27,7 @@ VOCAB = list(dict.fromkeys(SPECIALS + KEYWORD_VOCAB + tagging_data.VOCAB + squad
 
 
 def modern_config(**overrides):
-    from bertjax.models.modern import ModernConfig
+    from bertjax.models.modernbert import ModernConfig
 
     fields = dict(vocab_size=len(VOCAB), local_attention=8, max_position_embeddings=512,
                   pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2,
@@ -44,7 +44,7 @@ def write_modern_checkpoint(root, seed: int = 0, tokenizer=None, **overrides) ->
     import numpy as np
 
     from bertjax.checkpoint_dir import save_pretrained
-    from bertjax.models.modern import ModernBertForMaskedLM
+    from bertjax.models.modernbert import ModernBertForMaskedLM
 
     if tokenizer is None:
         (root / "vocab.txt").write_text("\n".join(VOCAB) + "\n")

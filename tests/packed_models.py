@@ -5,7 +5,7 @@ import jax
 import numpy as np
 
 from bertjax.models import BertConfig
-from bertjax.models.modern import ModernConfig
+from bertjax.models.modernbert import ModernConfig
 from bertjax.tasks import base
 
 VOCAB = 64

@@ -9,7 +9,7 @@ import pytest
 from conftest import run_python
 
 from bertjax.models import PRESETS, BertConfig, BertForPreTraining, BertModel
-from bertjax.models.config import ConfigError
+from bertjax.models.bert.config import ConfigError
 from bertjax.tasks.pretraining import checks as pretraining_checks
 from bertjax.train.configs import resolve_model_config
 from experiments import pretrain as pretrain_experiment

@@ -8,7 +8,10 @@ the tasks nor the instrument); `data_pipeline` never imports `bertjax.tasks`,
 `bertjax.train`, `bertjax.models` or a command; no module imports a `python -m bertjax...`
 command (a data_pipeline writer may use another's functions), and nothing in the library
 imports `bertjax/demos`, `bertjax/benchmarks` or `experiments`; no two modules import each
-other. A planted back-edge of each kind is caught.
+other; an architecture's folder (`bertjax/models/<name>/`) is imported only by itself, the
+registry (`bertjax.models.architectures`, re-exported by `bertjax.models`) and its interop
+modules (ARCHITECTURE_SEAM): shared code asks the record. A planted back-edge of each kind is
+caught.
 
 In fresh interpreters: the checkpoint-directory format (`bertjax.checkpoint_dir`) never imports
 the converters (`bertjax.convert`), which import it; no library module imports TensorFlow or
@@ -37,6 +40,17 @@ NEVER = {
     "bertjax.aot": ("bertjax.convert",),
     "bertjax.convert": ("bertjax.tasks", "bertjax.aot"),
     "data_pipeline": ("bertjax.tasks", "bertjax.train", "bertjax.models", "bertjax.aot"),
+}
+
+# Each architecture's folder → the modules besides it that may import it: the registry, the
+# models package's public names (BertConfig, BertModel, ...), its conversion and parity modules.
+REGISTRY = ("bertjax.models", "bertjax.models.architectures")
+ARCHITECTURE_SEAM = {
+    "bertjax.models.bert": REGISTRY + ("bertjax.convert.huggingface", "bertjax.convert.mapping",
+                                       "bertjax.convert.tf_checkpoint"),
+    "bertjax.models.modernbert": REGISTRY + ("bertjax.convert.modernbert",
+                                             "bertjax.parity.modern"),
+    "bertjax.models.neobert": REGISTRY,
 }
 
 
@@ -99,6 +113,12 @@ def violations(root: Path) -> list[str]:
                 found.append(f"{module} imports the command {target}")
             if module < target and module in edges.get(target, ()):
                 found.append(f"{module} and {target} import each other")
+            for folder, allowed in ARCHITECTURE_SEAM.items():
+                inside = _within(module, folder) or module in allowed
+                if (_within(target, folder) and not inside
+                        and module.startswith(("bertjax.", "data_pipeline."))):
+                    found.append(f"{module} imports {target} (an architecture's folder: ask "
+                                 "its record)")
     return found
 
 
@@ -116,6 +136,7 @@ PLANTED = {
     "bertjax/tasks/planted_serving.py": "from bertjax.serving.engine import Engine\n",
     "bertjax/train/planted_aot.py": "def f():\n    from bertjax.aot import measure\n",
     "bertjax/convert/planted.py": "from bertjax.tasks import base\n",
+    "bertjax/serving/planted_arch.py": "from bertjax.models.modernbert import ModernConfig\n",
 }
 
 
@@ -135,6 +156,8 @@ def test_planted_back_edges_are_caught(tmp_path):
         "bertjax.tasks.planted_serving imports bertjax.serving.engine (against the flow)",
         "bertjax.train.planted_aot imports bertjax.aot.measure (against the flow)",
         "bertjax.convert.planted imports bertjax.tasks.base (against the flow)",
+        "bertjax.serving.planted_arch imports bertjax.models.modernbert (an architecture's "
+        "folder: ask its record)",
     }, found
 
 WATCHED = ("bertjax.convert", "bertjax.checkpoint_dir", "bertjax.tokenization", "orbax",
@@ -188,8 +211,8 @@ def test_the_library_on_a_cpu_writes_nothing_to_stderr(first):
     second = "jax" if first == "bertjax" else "bertjax"
     code = (f"import {first}, {second}\n"
             "import jax.numpy as jnp\n"
-            "from bertjax.models.bert import BertModel\n"
-            "from bertjax.models.config import BertConfig\n"
+            "from bertjax.models.bert.modules import BertModel\n"
+            "from bertjax.models.bert.config import BertConfig\n"
             "cfg = BertConfig(vocab_size=32, hidden_size=16, num_layers=1, num_heads=2, "
             "intermediate_size=32, max_position_embeddings=16)\n"
             "ids = jnp.ones((1, 8), jnp.int32)\n"

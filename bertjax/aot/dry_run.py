@@ -27,7 +27,7 @@ from bertjax.aot.measure import GIB, use_tpu_dtype
 from bertjax.aot.report import global_batch, run_on_slice
 from bertjax.aot.sweep import sweep
 from bertjax.errors import ConfigError
-from bertjax.models import is_modern
+from bertjax.models import architecture
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
@@ -53,11 +53,10 @@ def run(job, config, print_fn=print) -> dict[str, Any]:
 
     table = parameter_table(abstract_state.params)
     total = sum(n for _, n in table)
-    # The encoder alone: BertModel's params under bert/, ModernBertModel's under model.
-    encoder = "model" if is_modern(job.model_config) else "bert"
-    encoder_total = sum(n for name, n in table if name.split("/")[0] == encoder)
-    encoder_row = (f"{encoder} ({'ModernBertModel' if encoder == 'model' else 'BertModel'})",
-                   encoder_total)
+    # The encoder alone: its architecture's group (BertModel's bert/, ModernBertModel's model/).
+    record = architecture(job.model_config)
+    encoder_total = sum(n for name, n in table if name.split("/")[0] == record.encoder_group)
+    encoder_row = (f"{record.encoder_group} ({record.encoder_class})", encoder_total)
     print_fn(f"Parameters of {type(job.model).__name__} ({config.get('preset', 'custom')}):")
     for name, n in table + [encoder_row, ("total", total)]:
         print_fn(f"  {name:<20} {n:>14,}")

@@ -162,7 +162,7 @@ def _compile_splash(spec: dict) -> dict[str, tuple[int, int]]:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from bertjax.aot import topology
-    from bertjax.models import splash_attention
+    from bertjax.models.kernels import splash_attention
 
     k = SplashKernels(**{f.name: spec[f.name] for f in dataclasses.fields(SplashKernels)})
     device = topology.devices(topology.parse(spec["topology"]))[0]
@@ -203,8 +203,8 @@ def compile_kernels(spec: dict) -> dict[str, tuple[int, int]]:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from bertjax.aot import topology
-    from bertjax.models import dropout_attention, flash_attention
-    from bertjax.models.config import heads_per_tile
+    from bertjax.models.kernels import dropout_attention, flash_attention
+    from bertjax.models.kernels.flash_attention import heads_per_tile
 
     k = FlashKernels(**{f.name: spec[f.name] for f in dataclasses.fields(FlashKernels)})
     device = topology.devices(topology.parse(spec["topology"]))[0]

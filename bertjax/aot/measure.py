@@ -17,7 +17,7 @@ import jax
 
 from bertjax.aot import hlo_costs, kernel_schedule
 from bertjax.aot import topology as topology_lib
-from bertjax.models import is_modern
+from bertjax.models import architecture
 from bertjax.train import configs
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
@@ -208,7 +208,7 @@ def layer_config(config, layers: int | None):
     what the calibrated dry run compiles."""
     config = config.copy_and_resolve_references()
     with config.unlocked():  # fine-tuning's config.model holds only the fields it overrides
-        if not is_modern(config.model):  # a ModernBERT's layers are always unrolled
+        if architecture(config.model).scans_layers:  # else always unrolled
             config.model.scan_layers = False
         if layers is not None:
             config.model.num_layers = layers
@@ -275,11 +275,8 @@ def compile_and_measure(step, args: tuple, slice_: topology_lib.Slice | None,
     finally:
         jax.config.update("jax_enable_compilation_cache", caching)
     flash = splash = None
-    if model_config is not None and is_modern(model_config):
-        if model_config.attention_impl in ("auto", "splash"):  # "auto" is splash on a TPU
-            splash = (None, model_config.window_radius)
-    elif model_config is not None and model_config.attention_impl == "flash":
-        flash = (model_config.attention_dropout_prob, model_config.causal)
+    if model_config is not None:
+        flash, splash = architecture(model_config).tpu_kernels(model_config)
     return measure(compiled, slice_, flash, splash)
 
 
@@ -356,7 +353,7 @@ def compile_stages(make_job: Callable[[Any], Any], config, slice_: topology_lib.
     first = FIT_LAYERS
     # A ModernBERT's layers are of two kinds (global, local) whose costs differ: no one
     # per-layer figure to extrapolate, so its full step is compiled.
-    mixed = is_modern(full.job.model_config)
+    mixed = architecture(full.job.model_config).mixed_layers(full.job.model_config)
     exact = exact or mixed or layers <= first + 1
     if exact:
         variants = []

@@ -12,9 +12,7 @@ from typing import Any
 from bertjax.aot import hlo_costs
 from bertjax.aot import topology as topology_lib
 from bertjax.aot.measure import GIB, StageCost, compile_stages
-from bertjax.models import is_modern
-from bertjax.models.modern import LOCAL
-from bertjax.train import flops as flops_lib
+from bertjax.models import architecture
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
 
@@ -131,23 +129,17 @@ def _phase_remat(job) -> str:
 
 
 def local_attention_lines(job) -> list[str]:
-    """A ModernBERT's local layers against all-global attention, per sequence length: the
-    training FLOPs of attention (scores and weighted sums, forward + backward) each way and
-    the share of an all-global step's model FLOPs that the window saves. [] for BERT."""
-    cfg = job.model_config
-    if not is_modern(cfg):
+    """The architecture's attention lines (`Architecture.attention_report`: a ModernBERT's
+    local layers against all-global attention), one per sequence length; [] where it has
+    none."""
+    report = architecture(job.model_config).attention_report
+    if report is None:
         return []
-    lines = [f"Local attention ({cfg.layer_types.count(LOCAL)} of {cfg.num_layers} layers, "
-             f"window {cfg.window_radius} each side) against every layer global, per sequence:"]
+    stages = []
     for seq_len in sorted({stage.tokens_per_example for stage in job.stages}):
         stage = next(s for s in job.stages if s.tokens_per_example == seq_len)
-        local = 3 * flops_lib.modern_attention_flops(cfg, seq_len)
-        dense = 3 * flops_lib.modern_attention_flops(cfg, seq_len, all_global=True)
-        whole = stage.flops_per_example + dense - local
-        lines.append(f"  {seq_len:>6} tokens: attention {local / 1e9:,.1f} GFLOP instead of "
-                     f"{dense / 1e9:,.1f}; the step's model FLOPs {(dense - local) / whole:.1%} "
-                     "fewer")
-    return lines
+        stages.append((seq_len, stage.flops_per_example))
+    return report(job.model_config, stages)
 
 
 def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: bool = False,

@@ -37,13 +37,13 @@ import numpy as np
 from absl import flags
 
 from bertjax import cli
-from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.models.attention import attention_path
+from bertjax.models import BertConfig, BertForPreTraining, architecture
 from bertjax.models.classification import BertForSequenceClassification
+from bertjax.models.kernels.attention import attention_path
 from bertjax.tasks import classification_loss, pretraining
 from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
-from bertjax.train.flops import forward_flops_per_sequence, peak_flops_per_device
+from bertjax.train.flops import peak_flops_per_device
 from bertjax.train.optimizer import make_optimizer
 
 
@@ -89,8 +89,8 @@ def batch_of(row: Row, cfg: BertConfig, batch_size: int) -> dict[str, np.ndarray
 def model_flops(row: Row, cfg: BertConfig) -> float:
     """Model FLOPs per sequence: 3 × forward for a train step (bertjax/train/flops.py)."""
     if row.kind == "pretrain":
-        return 3.0 * forward_flops_per_sequence(cfg, row.seq_len, row.predictions)
-    forward = forward_flops_per_sequence(cfg, row.seq_len, 0, pooled_only=True)
+        return 3.0 * architecture(cfg).forward_flops(cfg, row.seq_len, row.predictions)
+    forward = architecture(cfg).forward_flops(cfg, row.seq_len, 0, pooled_only=True)
     return forward * (3.0 if row.kind == "finetune" else 1.0)
 
 

@@ -55,8 +55,7 @@ from absl import flags
 
 from bertjax import cli, runtime
 from bertjax.benchmarks import interleaved_median_seconds
-from bertjax.models import BertConfig
-from bertjax.train.flops import forward_flops_per_sequence
+from bertjax.models import BertConfig, architecture
 
 _PRESET = flags.DEFINE_string("preset", "mini", "Model preset.")
 _BATCH = flags.DEFINE_integer("batch_size", 8, "Rows per batch (bertjax: at the longest "
@@ -213,7 +212,7 @@ def matmul_rate(cfg: BertConfig, repeats: int = 10) -> float:
 def ceiling_seconds(cfg: BertConfig, rows: list[np.ndarray], pooled_only: bool,
                     rate: float) -> float:
     """Seconds to compute the forward FLOPs of `rows`, unpadded, at `rate` FLOP/s."""
-    flops = sum(forward_flops_per_sequence(cfg, len(r), 0, pooled_only) for r in rows)
+    flops = sum(architecture(cfg).forward_flops(cfg, len(r), 0, pooled_only) for r in rows)
     return flops / rate
 
 

@@ -55,8 +55,8 @@ from etils import epath
 from bertjax import checkpoint_dir, cli
 from bertjax.convert import sentence_transformers
 from bertjax.convert.mapping import ConversionError
-from bertjax.models import is_modern
-from bertjax.models.config import BertConfig
+from bertjax.models import ModelConfig
+from bertjax.models import architecture as architecture_of
 from bertjax.models.embedding import POOLING_FILE, Pooling
 from bertjax.train import multihost
 
@@ -129,7 +129,7 @@ def _vocab_file(vocab: str, flag: str) -> epath.Path:
         raise ConversionError(f"{flag}: {e}") from e
 
 
-def _import(args, config: BertConfig, params, vocab, source: str, skipped, notes,
+def _import(args, config: ModelConfig, params, vocab, source: str, skipped, notes,
             do_lower_case: bool | None = None, sentence_model=None) -> None:
     # save_pretrained initialises (and reports) the head groups the source lacks.
     provenance = {"source": source, "skipped": skipped, "notes": notes}
@@ -178,52 +178,31 @@ def from_tf(args) -> None:
 
 
 def from_hf(args) -> None:
-    from bertjax.convert import huggingface
-
+    """A transformers directory of any architecture with a conversion module (config.json's
+    model_type: bert, modernbert), with its vocabulary: --vocab, else the directory's
+    vocab.txt / *.model / tokenizer.json."""
     directory = epath.Path(args.input)
     if not directory.is_dir():
         raise ConversionError(f"--input {directory} is not a directory")
     if sentence_transformers.is_sentence_transformers(directory):
         return _from_sentence_transformers(args, directory)
-    if _hf_model_type(directory) == "modernbert":
-        return _from_hf_modern(args, directory)
-    config = huggingface.read_config(directory)
-    vocab_flag = "--vocab" if args.vocab else "--input"
-    vocab = _vocab_file(args.vocab or str(directory), vocab_flag)
-    params, skipped = huggingface.read_hf_checkpoint(directory, config)
-    _import(args, config, params, vocab, f"Hugging Face {directory}", skipped, [])
-
-
-def _hf_model_type(directory: epath.Path) -> str | None:
-    """config.json's model_type (None where there is no readable one: read_config names it)."""
-    try:
-        return json.loads((directory / "config.json").read_text()).get("model_type")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _from_hf_modern(args, directory: epath.Path) -> None:
-    """A transformers ModernBERT directory: its encoder, its MLM (or task) head's `head`, its
-    decoder bias where it has one (save_pretrained initialises and lists what it lacks), and
-    its vocabulary: --vocab, else the directory's vocab.txt / *.model / tokenizer.json."""
+    record = _hf_architecture(directory)
     vocab = _vocab_file(args.vocab or str(directory), "--vocab" if args.vocab else "--input")
-    config, params, skipped = _read_modern(directory)
-    _import(args, config, params, vocab, f"Hugging Face {directory}", skipped,
-            [f"vocabulary: {vocab}"])
+    config, params, skipped = _conversion(record, directory).read_model(directory)
+    notes = [] if record.name == "bert" else [f"vocabulary: {vocab}"]
+    _import(args, config, params, vocab, f"Hugging Face {directory}", skipped, notes)
 
 
-def _read_modern(directory: epath.Path) -> tuple:
-    """(config, params, skipped) of a transformers ModernBERT directory: a task head's
-    classifier is dropped and listed (no ModernBertForMaskedLM parameter holds it)."""
-    from bertjax.convert import modernbert
+def _hf_architecture(directory: epath.Path):
+    """The record of config.json's model_type (a BERT's where it has none or none readable:
+    its reader then names the problem; transformers' BERT says "bert")."""
+    from bertjax.models import ARCHITECTURES
 
-    config, params = modernbert.read_hf(directory)
-    skipped = {}
-    if "classifier" in params:
-        del params["classifier"]
-        skipped = {name: "a task head's classifier, not a ModernBertForMaskedLM parameter"
-                   for name in ("classifier.weight", "classifier.bias")}
-    return config, params, skipped
+    try:
+        model_type = json.loads((directory / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        model_type = None
+    return ARCHITECTURES.get(model_type, ARCHITECTURES["bert"])
 
 
 def _from_sentence_transformers(args, directory: epath.Path) -> None:
@@ -287,7 +266,7 @@ def _st_bert(args, found, notes: list[str], scratch: epath.Path) -> tuple:
 
 def _st_modern(args, found, notes: list[str], scratch: epath.Path) -> tuple:
     """(config, params, vocab, skipped, do_lower_case) of a sentence-transformers ModernBERT:
-    its encoder (as _from_hf_modern reads it) and its tokenizer (--vocab, else vocab.txt /
+    its encoder (as from_hf reads it) and its tokenizer (--vocab, else vocab.txt /
     *.model / tokenizer.json). A tokenizer.json lower-cases by its own normalizer, which must
     then agree with sentence_bert_config.json's do_lower_case: bertjax cannot lower-case the
     texts before it as sentence-transformers does."""
@@ -296,7 +275,9 @@ def _st_modern(args, found, notes: list[str], scratch: epath.Path) -> tuple:
     del scratch  # the tokenizer.json is kept as it is
     weights = found.transformer_directory
     vocab = _vocab_file(args.vocab or str(weights), "--vocab" if args.vocab else "--input")
-    config, params, skipped = _read_modern(weights)
+    from bertjax.convert import modernbert
+
+    config, params, skipped = modernbert.read_model(weights)
     notes.append(f"vocabulary: {vocab}")
     if not checkpoint_dir.is_tokenizer_json(vocab):
         return config, params, vocab, skipped, _st_lower_case(args, found, notes)
@@ -316,18 +297,17 @@ def to_hf(args) -> None:
     if (directory / "checkpoints").is_dir():
         return _finetuned_to_hf(args, directory)
     config = checkpoint_dir.load_config(directory)
-    modern = is_modern(config)
+    record = architecture_of(config)
+    conversion = _conversion(record, directory)
     pooling = checkpoint_dir.load_pooling(directory)  # a sentence embedding model
-    encoder = _encoder_class(modern)
-    default = encoder if pooling is not None else _pretrained_class(modern)
-    architecture = _export_class(modern, args.architecture, default)
-    if modern and architecture not in (_pretrained_class(modern), encoder):
-        raise ConversionError(f"--architecture={args.architecture}: a ModernBERT checkpoint "
-                              f"directory is written as {_pretrained_class(modern)} or "
-                              f"{encoder}")
-    if not modern:  # transformers' layout is per layer
-        config = BertConfig.from_dict({**config.to_dict(), "scan_layers": False})
-    params = checkpoint_dir.load_params(directory, config)
+    default = (record.encoder_class if pooling is not None
+               else record.hf_class("BertForPreTraining"))
+    architecture = record.hf_class(args.architecture) if args.architecture else default
+    if architecture not in conversion.CHECKPOINT_CLASSES:
+        raise ConversionError(f"--architecture={args.architecture}: {record.title} checkpoint "
+                              "directory is written as "
+                              f"{' or '.join(conversion.CHECKPOINT_CLASSES)}")
+    params = checkpoint_dir.load_params(directory, config)  # unrolled: transformers' layout
     vocab = checkpoint_dir.vocab_path(directory)
     do_lower_case = checkpoint_dir.load_do_lower_case(directory)
     max_seq_length = _sentence_max_seq_length(directory, config)
@@ -345,43 +325,25 @@ def to_hf(args) -> None:
     _report_sentence_transformers(args, pooling, notes, vocab, max_seq_length)
 
 
-def _pretrained_class(modern: bool) -> str:
-    """The class a checkpoint directory is written as by default (its MLM head kept)."""
-    from bertjax.convert import modernbert
+def _conversion(record, source):
+    """The conversion module of an architecture (`Architecture.conversion`): read_export,
+    write_model, CHECKPOINT_CLASSES."""
+    import importlib
 
-    return modernbert.MASKED_LM if modern else "BertForPreTraining"
-
-
-def _encoder_class(modern: bool) -> str:
-    from bertjax.convert import modernbert
-
-    return modernbert.ENCODER if modern else "BertModel"
-
-
-def _export_class(modern: bool, requested: str | None, default: str) -> str:
-    """--architecture, else `default`; for a ModernBERT a BERT name means its ModernBERT
-    counterpart (BertModel: ModernBertModel)."""
-    from bertjax.models.heads import MODERN_ARCHITECTURES
-
-    if requested is None:
-        return default
-    return MODERN_ARCHITECTURES.get(requested, requested) if modern else requested
+    if record.conversion is None:
+        raise ConversionError(f"{source}: {record.title} has no transformers conversion")
+    return importlib.import_module(record.conversion)
 
 
 def _write_model(args, config, params, vocab: epath.Path, do_lower_case: bool,
                  architecture: str, max_length: int, **task_fields) -> list[str]:
-    """config.json, the weights (--dtype) and the tokenizer of `architecture` at --output;
-    task_fields: labels, problem_type, extra_config of a task head. Returns notes for the
-    user. max_length: a ModernBERT tokenizer's model_max_length."""
-    from bertjax.convert import huggingface, modernbert
-
-    if is_modern(config):
-        modernbert.write_hf(args.output, config, params, args.overwrite, architecture,
-                            dtype=args.dtype, **task_fields)
-        return modernbert.write_tokenizer(args.output, vocab, do_lower_case, max_length)
-    return huggingface.write_hf_checkpoint(args.output, config, params, vocab, do_lower_case,
-                                           architecture, args.dtype, args.overwrite,
-                                           **task_fields)
+    """config.json, the weights (--dtype) and the tokenizer of `architecture` at --output
+    (its architecture's conversion module); task_fields: labels, problem_type, extra_config of
+    a task head. Returns notes for the user. max_length: the tokenizer's model_max_length."""
+    conversion = _conversion(architecture_of(config), args.output)
+    return conversion.write_model(args.output, config, params, vocab, do_lower_case,
+                                  architecture, max_length, dtype=args.dtype,
+                                  overwrite=args.overwrite, **task_fields)
 
 
 def _report_sentence_transformers(args, pooling: Pooling | None, notes: list[str] | None,
@@ -398,7 +360,7 @@ def _report_sentence_transformers(args, pooling: Pooling | None, notes: list[str
               f"max_seq_length={max_seq_length}; SentenceTransformer({args.output}) loads it")
 
 
-def _sentence_max_seq_length(directory: epath.Path, config: BertConfig) -> int:
+def _sentence_max_seq_length(directory: epath.Path, config: ModelConfig) -> int:
     """The max_seq_length a converted sentence-transformers model had (conversion.json), else
     the position embeddings' length."""
     path = directory / checkpoint_dir.CONVERSION_FILE
@@ -424,25 +386,25 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     --architecture=BertModel (ModernBertModel) as the fine-tuned encoder alone; an embedding
     run as the encoder class with the sentence-transformers modules."""
     from bertjax.models import layout
-    from bertjax.models.modern import ModernConfig
     from bertjax.serving.runs import TASK_FILE, read_finished_run, run_vocab, task_record
     from bertjax.train.checkpoints import read_params
 
     record, step = read_finished_run(workdir, ConversionError, "--input")
     if record.get("architecture") is None:
         raise ConversionError(f"--input {workdir}: {record.get('why', 'not exportable')}")
-    modern = is_modern(record.get("model") or {})
-    encoder = _encoder_class(modern)
-    architecture = _export_class(modern, args.architecture, record["architecture"])
+    kind = architecture_of(record.get("model") or {})
+    encoder = kind.encoder_class
+    requested = args.architecture
+    architecture = kind.hf_class(requested) if requested else record["architecture"]
     if architecture not in (record["architecture"], encoder):
         raise ConversionError(f"--architecture={args.architecture}: a {record['architecture']} "
                               f"fine-tuning run is written as that class or as {encoder}")
-    if modern:
-        config = ModernConfig.from_dict(record["model"])
-        params = read_params(str(workdir), step)
-    else:  # transformers' layout is per layer
-        config = BertConfig.from_dict({**record["model"], "scan_layers": False})
-        params = layout.to_layout(read_params(str(workdir), step), scan_layers=False)
+    params = read_params(str(workdir), step)
+    if kind.scans_layers:  # transformers' layout is per layer
+        config = kind.config_class.from_dict({**record["model"], "scan_layers": False})
+        params = layout.to_layout(params, scan_layers=False)
+    else:
+        config = kind.config_class.from_dict(record["model"])
     task = task_record(workdir, ConversionError, "--input")
     pooling = Pooling.from_dict(record["pooling"]) if record.get("pooling") else None
     max_seq_length = int(task["config"]["max_seq_length"])

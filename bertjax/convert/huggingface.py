@@ -13,6 +13,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import flax.linen as nn
+import jax
 import numpy as np
 from etils import epath
 
@@ -29,7 +31,8 @@ from bertjax.convert.mapping import (
     qa_outputs_specs,
     reference_specs,
 )
-from bertjax.models.config import BertConfig
+from bertjax.errors import CheckpointError
+from bertjax.models.bert.config import BertConfig
 
 SAFETENSORS = "model.safetensors"
 PYTORCH_BIN = "pytorch_model.bin"
@@ -292,3 +295,71 @@ def write_hf_checkpoint(
                             "model_max_length": config.max_position_embeddings}
         (output / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     return notes
+
+
+# ---------------------------------------------------------------------------------------------
+# A fine-tuning run's export
+
+
+def read_export(path: epath.Path, fields: Mapping[str, Any], architecture: str | None,
+                make_model, init_inputs) -> tuple[BertConfig, dict[str, Any]]:
+    """(config, params in the layout config.scan_layers selects) of a fine-tuning run exported
+    by `convert to_hf` (`architecture`: its transformers class): the weights checked against
+    the run's model (`make_model(config)` called with `init_inputs`); transformers'
+    token-classification and QA classes have no pooler, which is filled with zeros (those
+    heads never read it)."""
+    from bertjax.models import layout
+
+    config = BertConfig.from_dict(fields)
+    unrolled = BertConfig.from_dict({**fields, "scan_layers": False})
+    heads = ARCHITECTURES.get(architecture, ("classifier", "qa_outputs"))
+    params = read_hf_checkpoint(path, unrolled, heads)[0]
+    model = make_model(unrolled)
+    abstract = nn.unbox(jax.eval_shape(
+        lambda: model.init(jax.random.key(0), *init_inputs))["params"])
+    params = _fill_absent_pooler(params, abstract, path)
+    return config, layout.to_layout(params, config.scan_layers)
+
+
+def _fill_absent_pooler(params: dict, abstract: dict, directory) -> dict:
+    """`params` completed with zeros for the pooler; any other missing or extra parameter is a
+    CheckpointError."""
+    def merge(have, want, path):
+        if not isinstance(want, dict):
+            return have
+        missing = sorted(set(want) - set(have or {}))
+        if missing and path != ("bert",) or set(have or {}) - set(want):
+            raise CheckpointError(f"--export {directory}: its weights do not fit the run's "
+                                  f"model at {'/'.join(path) or 'the top level'} (missing "
+                                  f"{missing}, extra {sorted(set(have or {}) - set(want))})")
+        out = {k: merge(have[k], want[k], path + (k,)) for k in want if k in have}
+        for k in missing:
+            if k != "pooler":
+                raise CheckpointError(f"--export {directory}: no bert/{k} weights")
+            out[k] = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), want[k])
+        return out
+
+    return merge(params, abstract, ())
+
+
+# ---------------------------------------------------------------------------------------------
+# What `python -m bertjax.convert` asks of an architecture's conversion module
+
+CHECKPOINT_CLASSES = tuple(ARCHITECTURES)  # what a checkpoint directory may be written as
+
+
+def read_model(directory: epath.Path) -> tuple[BertConfig, dict[str, Any], dict[str, str]]:
+    """(config, params, skipped) of a transformers BERT directory."""
+    config = read_config(directory)
+    params, skipped = read_hf_checkpoint(directory, config)
+    return config, params, skipped
+
+
+def write_model(output: str | epath.Path, config: BertConfig, params: Mapping[str, Any],
+                vocab: epath.Path, do_lower_case: bool, architecture: str, max_length: int, *,
+                dtype: str, overwrite: bool, **task_fields) -> list[str]:
+    """`write_hf_checkpoint` (a BERT tokenizer has no model_max_length: `max_length` is
+    unused)."""
+    del max_length
+    return write_hf_checkpoint(output, config, params, vocab, do_lower_case, architecture,
+                               dtype, overwrite, **task_fields)

@@ -20,9 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from bertjax.checkpoint_dir import OPTIONAL_GROUPS, config_summary
+from bertjax.checkpoint_dir import config_summary
 from bertjax.errors import CheckpointError
-from bertjax.models.config import BertConfig
+from bertjax.models.bert.architecture import ARCHITECTURE as BERT
+from bertjax.models.bert.config import BertConfig
 
 # The name converters (and code that catches their errors) use: a checkpoint that does not
 # match what the config implies; the message names the tensor.
@@ -40,7 +41,7 @@ class TensorSpec:
     flat_shape: tuple[int, ...]
     tf_transposed: bool = False  # the TF tensor is flat_shape reversed
     hf_transposed: bool = False  # the HF tensor is flat_shape reversed
-    group: str = "encoder"  # "encoder" or one of OPTIONAL_GROUPS
+    group: str = "encoder"  # "encoder" or one of BERT.optional_groups
 
     def external_shape(self, transposed: bool) -> tuple[int, ...]:
         return tuple(reversed(self.flat_shape)) if transposed else self.flat_shape
@@ -161,7 +162,7 @@ def import_tensors(
     used = set()
     for group, group_specs in by_group.items():
         present = [s for s in group_specs if name_of(s) in tensors]
-        if not present and group in OPTIONAL_GROUPS:
+        if not present and group in BERT.optional_groups:
             continue
         for spec in group_specs:
             name = name_of(spec)

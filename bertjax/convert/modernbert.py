@@ -1,5 +1,5 @@
 """transformers' ModernBERT checkpoints (config.json + model.safetensors) ↔ bertjax's
-`bertjax.models.modern` parameters.
+`bertjax.models.modernbert` parameters.
 
 Reads and writes the ModernBertModel layout (no prefix), the ModernBertForMaskedLM one
 (`model.` prefix, `head.*`, `decoder.bias`) and the task heads' (ModernBertFor
@@ -30,14 +30,15 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 from etils import epath
 
 from bertjax import paths
 from bertjax.convert.huggingface import SAFETENSORS, weights_files
 from bertjax.convert.mapping import ConversionError
-from bertjax.errors import ConfigError
-from bertjax.models.modern import ModernConfig
+from bertjax.errors import CheckpointError, ConfigError
+from bertjax.models.modernbert import ModernConfig
 
 PREFIX = "model."  # the encoder inside a head class; ModernBertModel's own keys have none
 TIED_DECODER = "decoder.weight"
@@ -379,3 +380,46 @@ def wordpiece_tokenizer_json(vocab: epath.Path, do_lower_case: bool):
                                                          ("[CLS]", ids["[CLS]"]))
     tokenizer.decoder = decoders.WordPiece()
     return tokenizer
+
+
+def read_export(path: epath.Path, fields: Mapping[str, Any], architecture: str | None,
+                make_model, init_inputs) -> tuple[ModernConfig, dict[str, Any]]:
+    """(config, params) of a fine-tuning run exported by `convert to_hf` (transformers'
+    ModernBertFor* or, for an embedding run, ModernBertModel weights), checked against the
+    run's model (`make_model(config)` called with `init_inputs`): any missing or extra group is
+    a CheckpointError."""
+    del architecture  # the weights' own groups say which class they are
+    config = ModernConfig.from_dict(fields)
+    params = import_params(config, read_tensors(path), f"--export {path}")
+    model = make_model(config)
+    want = jax.eval_shape(lambda: model.init(jax.random.key(0), *init_inputs))["params"]
+    if set(params) != set(want):
+        raise CheckpointError(f"--export {path}: its weights hold {sorted(params)} but the "
+                              f"run's model has {sorted(want)}")
+    return config, params
+
+
+# ---------------------------------------------------------------------------------------------
+# What `python -m bertjax.convert` asks of an architecture's conversion module
+
+CHECKPOINT_CLASSES = (MASKED_LM, ENCODER)  # what a checkpoint directory may be written as
+
+
+def read_model(directory: epath.Path) -> tuple[ModernConfig, dict[str, Any], dict[str, str]]:
+    """(config, params, skipped) of a transformers ModernBERT directory: a task head's
+    classifier is dropped and listed (no ModernBertForMaskedLM parameter holds it)."""
+    config, params = read_hf(directory)
+    skipped = {}
+    if "classifier" in params:
+        del params["classifier"]
+        skipped = {name: "a task head's classifier, not a ModernBertForMaskedLM parameter"
+                   for name in ("classifier.weight", "classifier.bias")}
+    return config, params, skipped
+
+
+def write_model(output: str | epath.Path, config: ModernConfig, params: Mapping[str, Any],
+                vocab: epath.Path, do_lower_case: bool, architecture: str, max_length: int, *,
+                dtype: str, overwrite: bool, **task_fields) -> list[str]:
+    """`write_hf` and `write_tokenizer` (its model_max_length `max_length`)."""
+    write_hf(output, config, params, overwrite, architecture, dtype=dtype, **task_fields)
+    return write_tokenizer(output, vocab, do_lower_case, max_length)

@@ -21,7 +21,7 @@ from bertjax.convert.mapping import (
     import_tensors,
     reference_specs,
 )
-from bertjax.models.config import BertConfig
+from bertjax.models.bert.config import BertConfig
 
 # Variables a pre-training checkpoint carries besides the model: optimizer slots and counters
 # (the reference AdamWeightDecayOptimizer names its slots adam_m / adam_v).

@@ -1,17 +1,24 @@
 """BERT modules (Flax linen). Imports nothing from training and never TensorFlow."""
 
-from bertjax.models.architectures import ModelConfig, is_modern, model_config, pretraining_model
-from bertjax.models.bert import BertModel, Embeddings, Encoder, EncoderLayer, Pooler
-from bertjax.models.config import PRESETS, BertConfig
-from bertjax.models.pretraining import (
+from bertjax.models.architectures import (
+    ARCHITECTURES,
+    ModelConfig,
+    architecture,
+    model_config,
+    pretraining_model,
+)
+from bertjax.models.bert.config import PRESETS, BertConfig
+from bertjax.models.bert.modules import BertModel, Embeddings, Encoder, EncoderLayer, Pooler
+from bertjax.models.bert.pretraining import (
     BertForPreTraining,
     MaskedLMHead,
-    gather_positions,
     pretraining_denominators,
     pretraining_loss,
 )
+from bertjax.models.layers import gather_positions
 
 __all__ = [
+    "ARCHITECTURES",
     "PRESETS",
     "BertConfig",
     "BertForPreTraining",
@@ -23,7 +30,7 @@ __all__ = [
     "Pooler",
     "ModelConfig",
     "gather_positions",
-    "is_modern",
+    "architecture",
     "model_config",
     "pretraining_denominators",
     "pretraining_loss",

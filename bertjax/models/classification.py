@@ -27,8 +27,8 @@ import jax
 from bertjax.errors import ConfigError
 from bertjax.models import heads
 from bertjax.models.architectures import ModelConfig
-from bertjax.models.bert import sequence_rows
 from bertjax.models.bilstm import BiLSTMHead
+from bertjax.models.layers import sequence_rows
 
 Array = jax.Array
 

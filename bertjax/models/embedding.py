@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from bertjax.errors import ConfigError
 from bertjax.models import heads
 from bertjax.models.architectures import ModelConfig
-from bertjax.models.bert import sequence_rows
+from bertjax.models.layers import sequence_rows
 
 Array = jax.Array
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from bertjax.errors import ConfigError
-from bertjax.models.modern import ModernConfig
+from bertjax.models.modernbert import ModernConfig
 from bertjax.parity import harness
 from bertjax.parity.pretraining import _packed_batches, default_optimizer, param_tolerance
 
@@ -90,7 +90,7 @@ def run_mlm(steps: int, workdir: pathlib.Path, optimizer=None) -> list[harness.R
     import jax
 
     from bertjax.convert.modernbert import to_hf_state_dict
-    from bertjax.models.modern import ModernBertForMaskedLM
+    from bertjax.models.modernbert import ModernBertForMaskedLM
     from bertjax.tasks.pretraining.objective import init_params, step_fns
 
     vocab_size, packed, unpacked = _packed_batches(steps, workdir, "mlm")

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import paths
-from bertjax.models import BertModel, ModelConfig, heads, is_modern
+from bertjax.models import ModelConfig, architecture, heads
 from bertjax.train import multihost
 
 # Lines sorted into buckets together: enough that most batches are full, few enough that a
@@ -94,13 +94,9 @@ class FeatureExtractor:
         self.max_seq_length, self.batch_size = max_seq_length, batch_size
         self.tokens = {"real": 0, "computed": 0}
         ids = jnp.zeros((1, 2), jnp.int32)
-        if is_modern(config):
-            from bertjax.models.modern import ModernBertModel
-
-            model, init_inputs = ModernBertModel(config), (ids, ids)
-        else:
-            model, init_inputs = BertModel(config), (ids, ids, ids)
-        group = heads.encoder_name(config)  # the encoder of pre-training params, or itself
+        record = architecture(config)
+        model, init_inputs = record.encoder(config), record.encoder_args(ids, ids, ids)
+        group = record.encoder_group  # the encoder of pre-training params, or itself
         self.runner, self.params = runner_and_params(
             model, init_inputs, params[group] if group in params else params,
             DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, batch_size, devices)

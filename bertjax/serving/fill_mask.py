@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.errors import DataError
-from bertjax.models import ModelConfig, is_modern
+from bertjax.models import ModelConfig, architecture
 from bertjax.serving.engine import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, runner_and_params
 from bertjax.train import configs
 
@@ -113,8 +113,9 @@ class FillMask:
                 token = tokenizer.convert_ids_to_tokens([int(token_id)])[0]
                 ids = list(enc.input_ids[1:n - 1])  # without [CLS] / [SEP]
                 ids[position - 1] = int(token_id)
-                candidates.append({"token": token, "word": whole_word(enc.tokens, position,
-                                                                      token),
+                word = whole_word(tokenizer, enc.tokens, enc.input_ids[:n], position,
+                                  int(token_id))
+                candidates.append({"token": token, "word": word,
                                    "probability": float(probs[m, token_id]),
                                    "sequence": tokenizer.decode(ids)})
             out.append({"position": position, "candidates": candidates})
@@ -124,35 +125,36 @@ class FillMask:
 def mlm_model(config: ModelConfig):
     """(module, its init inputs, logits(params, batch) → [batch, masks, vocab] at
     batch["positions"]) of the checkpoint's masked-LM model: BertForPreTraining (its "mlm"
-    head) or ModernBertForMaskedLM (segment ids unread)."""
+    head) or ModernBertForMaskedLM (segment ids unread): its architecture's
+    `pretraining_model`."""
     ids, positions = jnp.zeros((1, 2), jnp.int32), jnp.zeros((1, 1), jnp.int32)
-    if is_modern(config):
-        from bertjax.models.modern import ModernBertForMaskedLM
+    record = architecture(config)
+    model = record.pretraining_model(config)
+    init_inputs = record.pretraining_args({"input_ids": ids, "segment_ids": ids,
+                                           "input_mask": ids, "masked_lm_positions": positions})
 
-        model = ModernBertForMaskedLM(config)
-        return model, (ids, ids, positions), lambda params, batch: model.apply(
-            {"params": params}, batch["input_ids"], batch["input_mask"], batch["positions"])
-    from bertjax.models import BertForPreTraining
+    def logits(params, batch):
+        batch = dict(batch, masked_lm_positions=batch["positions"])
+        return record.pretraining_outputs(model, {"params": params}, batch)["mlm_logits"]
 
-    model = BertForPreTraining(config)
-    return model, (ids, ids, ids, positions), lambda params, batch: model.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        batch["positions"])["mlm_logits"]
+    return model, init_inputs, logits
 
 
-def whole_word(tokens: list[str], position: int, token: str) -> str:
-    """The word a candidate at `position` makes: a `##` continuation joined to the pieces
-    before it (and any continuations after it), otherwise the token and its continuations."""
-    def piece(t: str) -> str:
-        return t[2:] if t.startswith("##") else t
-
+def whole_word(tokenizer, tokens: list[str], ids: list[int], position: int,
+               token_id: int) -> str:
+    """The word a candidate `token_id` at `position` makes, decoded (a byte-level BPE's "Ġof"
+    is "of"): the candidate joined to the pieces of its word around it — back to the word's
+    first piece where the candidate continues a word, on through the continuations after it
+    (`tokenizer.is_continuation`: WordPiece's "##", a piece without BPE's "Ġ" marker)."""
+    token = tokenizer.convert_ids_to_tokens([token_id])[0]
     start = position
-    if token.startswith("##"):
-        while start > 1 and tokens[start - 1].startswith("##"):
+    if tokenizer.is_continuation(token):
+        while start > 1 and tokenizer.is_continuation(tokens[start - 1]):
             start -= 1
         start -= start > 1  # the word's first piece (not [CLS])
     end = position + 1
-    while end < len(tokens) and tokens[end].startswith("##"):
+    while end < len(tokens) and tokenizer.is_continuation(tokens[end]):
         end += 1
-    pieces = [token if i == position else tokens[i] for i in range(start, end)]
-    return pieces[0].removeprefix("##") + "".join(piece(t) for t in pieces[1:])
+    span = [token_id if i == position else ids[i] for i in range(start, end)]
+    # A WordPiece continuation with no piece before it (after [CLS]) decodes with its "##".
+    return tokenizer.decode(span).strip().removeprefix("##") or token

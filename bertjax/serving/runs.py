@@ -14,16 +14,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import flax.linen as nn
-import jax
 import ml_collections
-import numpy as np
 from etils import epath
 
 from bertjax import models, paths
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.models import ModelConfig, is_modern
-from bertjax.models.config import BertConfig
+from bertjax.models import ModelConfig, architecture
 from bertjax.tasks.base import Task
 from bertjax.train import configs
 from bertjax.train.workdir import EXPORT_FILE, RESULTS_FILE, run_config_path
@@ -97,7 +93,7 @@ def load_workdir(workdir: str, dtype: str | None = None) -> TrainedModel:
         fields["dtype"] = configs.compute_dtype(dtype)
     model_config = models.model_config(fields)
     params = read_params(str(workdir), step)
-    if not is_modern(model_config):  # a ModernBERT's layers are always unrolled
+    if architecture(model_config).scans_layers:  # else always unrolled
         params = layout.to_layout(params, model_config.scan_layers)
     tokenizer = load_tokenizer(str(run_vocab(workdir, record)),
                                do_lower_case=record["do_lower_case"])
@@ -135,34 +131,12 @@ def task_record(workdir: str | epath.Path, error: type[Exception] = CheckpointEr
             "architecture": record.get("architecture"), "workdir": str(workdir)}
 
 
-def _fill_absent_pooler(params: dict, abstract: dict, directory) -> dict:
-    """`params` completed with zeros for the pooler (transformers' token-classification and
-    QA classes have none; the encoder computes it, these heads never read it); any other
-    missing or extra parameter is an error."""
-    def merge(have, want, path):
-        if not isinstance(want, dict):
-            return have
-        missing = sorted(set(want) - set(have or {}))
-        if missing and path != ("bert",) or set(have or {}) - set(want):
-            raise CheckpointError(f"--export {directory}: its weights do not fit the run's "
-                                  f"model at {'/'.join(path) or 'the top level'} (missing "
-                                  f"{missing}, extra {sorted(set(have or {}) - set(want))})")
-        out = {k: merge(have[k], want[k], path + (k,)) for k in want if k in have}
-        for k in missing:
-            if k != "pooler":
-                raise CheckpointError(f"--export {directory}: no bert/{k} weights")
-            out[k] = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), want[k])
-        return out
-
-    return merge(params, abstract, ())
-
-
 def load_export(directory: str, dtype: str | None = None) -> TrainedModel:
     """A fine-tuning run as `bertjax.convert to_hf` exported it: transformers' config.json and
     weights, the vocabulary, and TASK_FILE (the run's config and task state)."""
-    from bertjax.convert import huggingface
+    import importlib
+
     from bertjax.convert.mapping import ConversionError
-    from bertjax.models import layout
     from bertjax.tasks import get_task
     from bertjax.tokenization import load_tokenizer
 
@@ -176,46 +150,19 @@ def load_export(directory: str, dtype: str | None = None) -> TrainedModel:
     fields = dict(record["model"])
     if dtype:
         fields["dtype"] = configs.compute_dtype(dtype)
-    if is_modern(fields):
-        model_config = models.model_config(fields)
-        params = _modern_export_params(path, model_config, task)
-    else:
-        model_config = BertConfig.from_dict(fields)
-        unrolled = BertConfig.from_dict({**fields, "scan_layers": False})
-        heads = huggingface.ARCHITECTURES.get(record.get("architecture"), ("classifier",
-                                                                           "qa_outputs"))
-        try:
-            params = huggingface.read_hf_checkpoint(path, unrolled, heads)[0]
-        except ConversionError as e:
-            raise CheckpointError(str(e).replace("--input", "--export")) from None
-        model = task.model(unrolled)
-        abstract = nn.unbox(jax.eval_shape(
-            lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"])
-        params = _fill_absent_pooler(params, abstract, path)
-        params = layout.to_layout(params, model_config.scan_layers)
+    kind = architecture(fields)
+    if kind.conversion is None:
+        raise CheckpointError(f"--export {path}: {kind.title} has no transformers export")
+    # Its conversion module reads the weights and checks them against the run's model.
+    conversion = importlib.import_module(kind.conversion)
+    try:
+        model_config, params = conversion.read_export(path, fields, record.get("architecture"),
+                                                      task.model, task.init_inputs())
+    except ConversionError as e:
+        raise CheckpointError(str(e).replace("--input", "--export")) from None
     tokenizer = load_tokenizer(str(_vocab(path)), do_lower_case=record["do_lower_case"])
     return TrainedModel(str(directory), config, task, model_config, params, tokenizer,
                         int(record.get("best_step", 0)))
-
-
-def _modern_export_params(path: epath.Path, config, task) -> dict[str, Any]:
-    """The params of a ModernBERT export (transformers' ModernBertFor* or, for an embedding
-    run, ModernBertModel weights), checked against the run's model: any missing or extra
-    group is a CheckpointError."""
-    from bertjax.convert import modernbert
-    from bertjax.convert.mapping import ConversionError
-
-    try:
-        params = modernbert.import_params(config, modernbert.read_tensors(path),
-                                          f"--export {path}")
-    except ConversionError as e:
-        raise CheckpointError(str(e).replace("--input", "--export")) from None
-    model = task.model(config)
-    want = jax.eval_shape(lambda: model.init(jax.random.key(0), *task.init_inputs()))["params"]
-    if set(params) != set(want):
-        raise CheckpointError(f"--export {path}: its weights hold {sorted(params)} but the "
-                              f"run's model has {sorted(want)}")
-    return params
 
 
 def _vocab(path: epath.Path) -> epath.Path:

@@ -19,12 +19,11 @@ import math
 from typing import Any
 
 from bertjax.errors import ConfigError
-from bertjax.models import is_modern
+from bertjax.models import architecture
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
 from bertjax.tasks import checks
 from bertjax.tasks.base import FineTuningJob, Splits, Task
 from bertjax.tasks.classification.task import SequenceTask, classification_loss, regression_loss
-from bertjax.train import flops as flops_lib
 from bertjax.train import loop
 
 # config.task.family → "module:Task class" (imported when used).
@@ -69,12 +68,8 @@ def dry_run_job(config, log=print):
     stage = job.stages[0]
     tokens = stage.batch_spec.get("input_ids")
     sequences = 1 if tokens is None else int(math.prod(tokens.shape[1:-1]))  # choices
-    if is_modern(job.model_config):
-        forward = flops_lib.modern_forward_flops_per_sequence(
-            job.model_config, stage.tokens_per_example, 0)
-    else:
-        forward = flops_lib.forward_flops_per_sequence(
-            job.model_config, stage.tokens_per_example, 0, job.task.pooled_only)
+    forward = architecture(job.model_config).forward_flops(
+        job.model_config, stage.tokens_per_example, 0, job.task.pooled_only)
     job.stages = [dataclasses.replace(stage, flops_per_example=3.0 * forward * sequences)]
     return job
 

@@ -62,7 +62,7 @@ from etils import epath
 
 from bertjax import checkpoint_dir
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.models import heads, is_modern
+from bertjax.models import architecture, heads
 from bertjax.tasks import chunks
 from bertjax.train import configs, multihost
 from bertjax.train.loop import Job, Stage
@@ -187,9 +187,10 @@ class TrainingTask:
         before `encode`): the encoder ("bert", a ModernBERT's "model") and a ModernBERT's
         prediction head "head" where `pretrained_head`. A task whose model has no encoder (the
         feature-based tagger) keeps the encoder to compute its inputs and returns {}."""
-        groups = [heads.encoder_name(model_config)]
-        if is_modern(model_config) and self.pretrained_head:
-            groups.append("head")
+        record = architecture(model_config)
+        groups = [record.encoder_group]
+        if self.pretrained_head:
+            groups += record.pretrained_head_groups
         return {group: pretrained[group] for group in groups}
 
 
@@ -289,40 +290,18 @@ class EpochInput:
             next(self)
 
 
-# BERT's fine-tuning dropout fields (which the shipped configs' config.model sets) → the
-# ModernBERT fields that take their place: the hidden dropout where a ModernBERT has one (after
-# the embeddings, inside the MLP), the attention dropout on its probabilities and output.
-MODERN_DROPOUT_FIELDS = {"hidden_dropout_prob": ("embedding_dropout", "mlp_dropout"),
-                         "attention_dropout_prob": ("attention_dropout",)}
-
-
-def model_overrides(fields, modern: bool) -> dict[str, Any]:
-    """config.model's overrides of the init checkpoint's config.json. For a ModernBERT
-    (`modern`), BERT's dropout fields are translated (MODERN_DROPOUT_FIELDS) unless config.model
-    gives the ModernBERT field itself; any other field a ModernConfig lacks is a ConfigError
-    naming it."""
-    fields = dict(fields or {})
-    if not modern:
-        return fields
-    from bertjax.models.modern import ModernConfig
-
-    known = {f.name for f in dataclasses.fields(ModernConfig)}
-    out = {k: v for k, v in fields.items() if k in known}
-    for name, value in fields.items():
-        if name in MODERN_DROPOUT_FIELDS:
-            for target in MODERN_DROPOUT_FIELDS[name]:
-                out.setdefault(target, value)
-        elif name not in known and name != "model_type":
-            raise ConfigError(f"config.model.{name}: a ModernBERT (config.init_checkpoint) has "
-                              "no such field")
-    return out
+def model_overrides(fields, stored) -> dict[str, Any]:
+    """config.model's overrides of the init checkpoint's config (`stored`), as its
+    architecture takes them (`Architecture.model_overrides`: BERT's dropout fields translated
+    for a ModernBERT)."""
+    return architecture(stored).model_overrides(dict(fields or {}))
 
 
 def load_pretrained_model(config):
     """(model config with config.model overrides and the dtype policy, host params, tokenizer)
     of config.init_checkpoint."""
     stored = checkpoint_dir.load_config(config.init_checkpoint)
-    overrides = model_overrides(config.model, is_modern(stored))
+    overrides = model_overrides(config.model, stored)
     overrides["dtype"] = configs.compute_dtype(overrides.get("dtype", "auto"))
     try:
         return checkpoint_dir.load_pretrained(config.init_checkpoint, **overrides)
@@ -427,25 +406,29 @@ class FineTuningJob(Job):
         checkpoint = self.config.init_checkpoint
         if "://" not in checkpoint:
             checkpoint = os.path.abspath(checkpoint)
-        head = self.task.hf_head()
-        if is_modern(self.model_config):
-            head = modern_hf_head(head, self.model)
+        head = architecture_head(self.task.hf_head(), self.model)
         return {**head, "model": self.model_config.to_dict(), "vocab": vocab,
                 "do_lower_case": self.do_lower_case, "init_checkpoint": checkpoint,
                 "task": self.task.state()}
 
 
-def modern_hf_head(head: dict[str, Any], model) -> dict[str, Any]:
-    """A task's export record (`hf_head`, written with BERT's class names) for its ModernBERT
-    `model`: transformers' ModernBertFor* class, and the head's config.json fields
+def architecture_head(head: dict[str, Any], model) -> dict[str, Any]:
+    """A task's export record (`hf_head`, written with BERT's class names) for its `model`'s
+    architecture: a BERT's as it is, none for an architecture without a conversion module;
+    another's transformers class (`Architecture.hf_class`) and the head's config.json fields
     (classifier_pooling, classifier_dropout: what ModernBertConfig calls them)."""
+    record = architecture(model.config)
     if head.get("architecture") is None:
+        return head
+    if record.conversion is None:
+        return unexportable(f"{record.title} has no transformers class")
+    if not record.hf_classes:  # BERT's own names
         return head
     extra = {"classifier_pooling": getattr(model, "classifier_pooling", "cls"),
              "classifier_dropout": heads.head_dropout(
                  model.config, getattr(model, "classifier_dropout", None)),
              **head.get("extra_config", {})}
-    return {**head, "architecture": heads.MODERN_ARCHITECTURES[head["architecture"]],
+    return {**head, "architecture": record.hf_class(head["architecture"]),
             "extra_config": extra}
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from bertjax import paths
 from bertjax.checkpoint_dir import check_sizes
 from bertjax.errors import ConfigError
-from bertjax.models import heads, is_modern
+from bertjax.models import heads
 from bertjax.tasks.base import model_overrides
 from bertjax.validate import (
     check_checkpoint_vocab,
@@ -40,7 +40,7 @@ def check(config, workdir: str | None) -> None:
         raise ConfigError("config.init_checkpoint is empty; give a bertjax checkpoint directory")
     loaded = check_init_checkpoint(config.init_checkpoint)
     model = model_config({**loaded.to_dict(),
-                          **model_overrides(config.get("model"), is_modern(loaded))})
+                          **model_overrides(config.get("model"), loaded)})
     # The checkpoint fixes the sizes (its params and its vocabulary): an override of one
     # would fail on the params' shapes after the data is read.
     check_sizes(loaded, model, f"config.init_checkpoint={config.init_checkpoint}")
@@ -76,7 +76,7 @@ def check_packing(config, model) -> None:
     elif int(task.get("bilstm_units") or 0):
         # Its recurrence would run from one packed example into the next.
         what = "the + BiLSTM head (config.task.bilstm_units)"
-    elif family in POOLED_FAMILIES and not is_modern(model) and model.causal:
+    elif family in POOLED_FAMILIES and getattr(model, "causal", False):
         what = "a causal (left-to-right) BERT"
     if what:
         raise ConfigError(f"config.data.pack=True packs classification and regression (glue, "

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.models.config import ConfigError
+from bertjax.errors import ConfigError
 
 
 def weight_decay_mask(params: Any) -> Any:

@@ -13,8 +13,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bertjax.models import flash_attention
-from bertjax.models.config import ConfigError
+from bertjax.errors import ConfigError
+from bertjax.models.kernels import flash_attention
 
 MESH_AXES = ("data", "fsdp", "tensor")
 Rules = Sequence[tuple[str, Any]]

@@ -8,7 +8,7 @@ the demo tasks), test (a tiny model for the test suite, which sets its data path
 
 import ml_collections
 
-from bertjax.models.config import BertConfig
+from bertjax.models import BertConfig
 from experiments import (
     finetune_rotten_tomatoes,
     glue,

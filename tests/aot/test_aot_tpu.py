@@ -546,7 +546,7 @@ def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofl
     import jax.numpy as jnp
 
     from bertjax.aot import kernel_schedule
-    from bertjax.models import splash_attention
+    from bertjax.models.kernels import splash_attention
 
     slice_ = topology.parse("v5p-8")
     cycles = {}
@@ -582,7 +582,7 @@ def test_the_flash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofli
     cost_estimate the step's HLO carries; at 128 tokens the vector work makes both kernels
     slower than their roofline."""
     from bertjax.aot import kernel_schedule
-    from bertjax.models import dropout_attention, flash_attention
+    from bertjax.models.kernels import dropout_attention, flash_attention
 
     slice_ = topology.parse("v5p-8")
     cycles, trips = {}, {}

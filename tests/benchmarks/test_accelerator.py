@@ -9,12 +9,9 @@ from conftest import run_python
 
 from bertjax.benchmarks import accelerator
 from bertjax.models import BertConfig
-from bertjax.models.attention import attention_path
-from bertjax.train.flops import (
-    forward_flops_per_sequence,
-    peak_flops_per_device,
-    train_flops_per_sequence,
-)
+from bertjax.models.bert.flops import forward_flops
+from bertjax.models.kernels.attention import attention_path
+from bertjax.train.flops import peak_flops_per_device, train_flops_per_sequence
 
 
 def test_row_flops_are_the_training_cores():
@@ -22,7 +19,7 @@ def test_row_flops_are_the_training_cores():
     pretrain, finetune, predict = (r for r in accelerator.ROWS if r.kind != "pretrain" or
                                    r.seq_len == 512)
     assert accelerator.model_flops(pretrain, cfg) == train_flops_per_sequence(cfg, 512, 80)
-    forward = forward_flops_per_sequence(cfg, 128, 0, pooled_only=True)
+    forward = forward_flops(cfg, 128, 0, pooled_only=True)
     assert accelerator.model_flops(finetune, cfg) == 3 * forward
     assert accelerator.model_flops(predict, cfg) == forward
 

@@ -10,7 +10,7 @@ import pytest
 
 from bertjax.convert import modernbert as convert
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
-from bertjax.models.modern import ModernConfig
+from bertjax.models.modernbert import ModernConfig
 from bertjax.models.squad import BertForQuestionAnswering
 from bertjax.models.tagging import BertForTokenClassification
 

@@ -1,7 +1,7 @@
-"""attention_impl "flash" (this project's Pallas TPU kernel, bertjax/models/dropout_attention.py,
-and its GPU kernels, dropout_attention_gpu.py) and "flash_jax" (JAX's Pallas flash kernels),
-interpreted on CPU, against the einsum path; the kernels' cost estimates against counts read
-off the kernels themselves."""
+"""attention_impl "flash" (this project's Pallas TPU kernel,
+bertjax/models/kernels/dropout_attention.py, and its GPU kernels, dropout_attention_gpu.py)
+and "flash_jax" (JAX's Pallas flash kernels), interpreted on CPU, against the einsum path; the
+kernels' cost estimates against counts read off the kernels themselves."""
 
 import functools
 import importlib.util
@@ -14,11 +14,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax.models import BertConfig, BertModel, dropout_hash
-from bertjax.models import attention as attn_lib
-from bertjax.models import dropout_attention as dropout
-from bertjax.models import flash_attention as flash
-from bertjax.models.config import ConfigError
+from bertjax.models import BertConfig, BertModel
+from bertjax.models.bert.config import ConfigError
+from bertjax.models.kernels import attention as attn_lib
+from bertjax.models.kernels import dropout_attention as dropout
+from bertjax.models.kernels import dropout_hash
+from bertjax.models.kernels import flash_attention as flash
 
 
 def _inputs(rng, batch, seq, heads, head_dim):
@@ -145,7 +146,8 @@ def test_flash_takes_heads_that_fill_128_lane_tiles():
     """`flash` puts 128 // head_dim heads side by side in a tile: every preset's heads do
     (BERT-base: 2 of 64 per tile), 3 heads of 64 do not (a config error, not a TPU compile
     failure), one head of 64 is the whole row."""
-    from bertjax.models.config import PRESETS, heads_per_tile
+    from bertjax.models.bert.config import PRESETS
+    from bertjax.models.kernels.flash_attention import heads_per_tile
 
     for name in PRESETS:
         cfg = BertConfig.from_preset(name, attention_impl="flash")
@@ -303,7 +305,7 @@ def test_tpu_compile_holds_the_mosaic_kernels_and_cpu_the_interpreter(impl, kern
 
 
 # ---------------------------------------------------------------------------------------------
-# Attention dropout inside the kernel (bertjax.models.dropout_attention)
+# Attention dropout inside the kernel (bertjax.models.kernels.dropout_attention)
 
 
 def test_keep_mask_rate_and_independence():

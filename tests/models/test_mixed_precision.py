@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.models.bert import Dropout, dropout_keep_mask, hashed_words
 from bertjax.models.dense import bias_grad_by_matmul, bias_grad_by_sum, dense
+from bertjax.models.layers import Dropout, dropout_keep_mask, hashed_words
 
 # (x shape, kernel shape, contracted axes): nn.Dense, a QKV projection, the attention output.
 DENSE_CASES = [

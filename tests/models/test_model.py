@@ -11,8 +11,8 @@ import pytest
 from scipy.special import erf
 
 from bertjax.models import BertConfig, BertForPreTraining, BertModel
-from bertjax.models import attention as attn_lib
-from bertjax.models.pretraining import pretraining_loss
+from bertjax.models.bert.pretraining import pretraining_loss
+from bertjax.models.kernels import attention as attn_lib
 
 SMALL = dict(vocab_size=97, hidden_size=16, num_heads=4, intermediate_size=24,
              max_position_embeddings=32, num_layers=2)
@@ -461,9 +461,9 @@ def dot_flops(jaxpr) -> int:
 
 
 def test_pooled_only_flop_count_matches_the_traced_forward():
-    """flops.forward_flops_per_sequence(pooled_only=True) counts the matmuls the final layer
+    """bert_flops.forward_flops(pooled_only=True) counts the matmuls the final layer
     still runs: equal to the traced forward's dot_generals, less the pooler's."""
-    from bertjax.train import flops as flops_lib
+    from bertjax.models.bert import flops as bert_flops
 
     cfg = small_config(hidden_size=64, intermediate_size=256, num_heads=4)
     batch, seq = 2, 32
@@ -473,7 +473,7 @@ def test_pooled_only_flop_count_matches_the_traced_forward():
     for only in (False, True):
         jaxpr = jax.make_jaxpr(lambda p, o=only: BertModel(cfg).apply(
             {"params": p}, ids, pooled_only=o)["pooled_output"])(params).jaxpr
-        expected = batch * flops_lib.forward_flops_per_sequence(cfg, seq, 0, pooled_only=only)
+        expected = batch * bert_flops.forward_flops(cfg, seq, 0, pooled_only=only)
         assert dot_flops(jaxpr) - pooler == expected, only
 
 
@@ -507,7 +507,7 @@ def test_dots_remat_saves_every_dense_output_and_recomputes_only_attention(dtype
 def test_softmax_cross_entropy_and_its_gradient_against_float64(dtype):
     """The fused MLM loss: −log softmax[label] and its gradient softmax − one-hot (times the
     incoming gradient), against NumPy in float64 on the same (rounded) logits."""
-    from bertjax.models.pretraining import softmax_cross_entropy
+    from bertjax.models.bert.pretraining import softmax_cross_entropy
 
     rng = np.random.default_rng(0)
     logits = jnp.asarray(rng.normal(0, 4, (3, 5, 97)), dtype)

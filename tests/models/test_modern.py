@@ -1,4 +1,4 @@
-"""bertjax's ModernBERT (bertjax.models.modern) against transformers' ModernBertModel /
+"""bertjax's ModernBERT (bertjax.models.modernbert) against transformers' ModernBertModel /
 ModernBertForMaskedLM, the independent reference: a small random model built and saved by
 transformers, converted, and run on both sides (float32, eval mode, eager attention) at lengths
 below, at and above the local window, with padded rows; the masks against their definition
@@ -16,8 +16,8 @@ import pytest
 
 from bertjax.convert import modernbert as convert
 from bertjax.errors import ConfigError
-from bertjax.models import modern
-from bertjax.models.modern import ModernBertForMaskedLM, ModernBertModel, ModernConfig
+from bertjax.models import modernbert as modern
+from bertjax.models.modernbert import ModernBertForMaskedLM, ModernBertModel, ModernConfig
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from bertjax.errors import ConfigError
-from bertjax.models import attention as attn_lib
-from bertjax.models import flash_attention as flash
-from bertjax.models import modern
-from bertjax.models import splash_attention as splash
-from bertjax.models.modern import ModernBertModel, ModernConfig
+from bertjax.models import modernbert as modern
+from bertjax.models.kernels import attention as attn_lib
+from bertjax.models.kernels import flash_attention as flash
+from bertjax.models.kernels import splash_attention as splash
+from bertjax.models.modernbert import ModernBertModel, ModernConfig
 
 TOL = 1e-5
 

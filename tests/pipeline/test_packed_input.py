@@ -195,7 +195,7 @@ def test_first_fit_places_examples_in_disjoint_spans_of_open_rows():
 def test_packed_rows_hold_every_example_once(segments, seq_len, block_size):
     import jax.numpy as jnp
 
-    from bertjax.models.attention import positions_from_packing
+    from bertjax.models.kernels.attention import positions_from_packing
 
     pattern, _, _ = segments
     rows = all_rows(packed_input.packed_rows(pattern, seq_len=seq_len, shuffle=False,

@@ -178,14 +178,42 @@ def test_compilation_cache_directory(tmp_path):
         "another directory, or '' for none)", "None -1"]
 
 
-def test_whole_word_of_wordpiece_continuations():
+def test_whole_word_of_wordpiece_continuations_and_of_byte_level_pieces(tmp_path):
+    from modern_checkpoint import bpe_tokenizer
+
     from bertjax.serving.fill_mask import whole_word
+    from bertjax.tokenization import load_tokenizer
+
+    (tmp_path / "vocab.txt").write_text("\n".join(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "play", "##ing", "##s", "now", "run",
+         "a", "b", "cat"]) + "\n")
+    wordpiece = load_tokenizer(str(tmp_path / "vocab.txt"))
+
+    def word(tokens, position, candidate):
+        ids = wordpiece.convert_tokens_to_ids(tokens)
+        return whole_word(wordpiece, tokens, ids, position,
+                          wordpiece.convert_tokens_to_ids([candidate])[0])
 
     tokens = ["[CLS]", "play", "[MASK]", "##s", "now", "[SEP]"]
-    assert whole_word(tokens, 2, "##ing") == "playings"  # play + ##ing + ##s
-    assert whole_word(tokens, 2, "run") == "runs"
-    assert whole_word(["[CLS]", "[MASK]", "[SEP]"], 1, "##s") == "s"
-    assert whole_word(["[CLS]", "a", "[MASK]", "b", "[SEP]"], 2, "cat") == "cat"
+    assert word(tokens, 2, "##ing") == "playings"  # play + ##ing + ##s
+    assert word(tokens, 2, "run") == "runs"
+    assert word(["[CLS]", "[MASK]", "[SEP]"], 1, "##s") == "s"
+    assert word(["[CLS]", "a", "[MASK]", "b", "[SEP]"], 2, "cat") == "cat"
+    # A byte-level BPE: a candidate with the "Ġ" word-start marker is its decoded word, and
+    # a continuation joins the piece before it.
+    bpe = bpe_tokenizer()
+    enc = bpe.encode("the [MASK] of the river")
+    position = enc.tokens.index("[MASK]")
+    word_start = sorted(t for t in bpe.vocab if t.startswith("\u0120") and t[1:].isalpha())[-1]
+    assert whole_word(bpe, enc.tokens, enc.input_ids, position,
+                      bpe.convert_tokens_to_ids([word_start])[0]) == word_start[1:]
+    pieces = bpe.encode("the riverbank").tokens
+    tail = next(t for t in pieces[2:] if bpe.is_continuation(t))
+    row = bpe.encode("the river [MASK]")
+    masked = row.tokens.index("[MASK]")
+    made = whole_word(bpe, row.tokens, row.input_ids, masked,
+                      bpe.convert_tokens_to_ids([tail])[0])
+    assert made == bpe.decode(row.input_ids[masked - 1:masked]).strip() + tail.lstrip("\u0120")
 
 
 @pytest.mark.slow
@@ -349,8 +377,8 @@ def test_streamed_chunks_equal_the_one_shot_output(classification_run, tmp_path,
 def test_dry_run_of_the_predict_step_on_a_tpu_slice(classification_run):
     from bertjax.aot.inference import inference_costs
     from bertjax.models import BertConfig
+    from bertjax.models.bert import flops as bert_flops
     from bertjax.serving.runs import read_finished_run
-    from bertjax.train import flops as flops_lib
 
     workdir = str(classification_run["workdir"])
     costs, chips, header = inference_costs(workdir, "v5e-4", batch_size=64)
@@ -362,7 +390,7 @@ def test_dry_run_of_the_predict_step_on_a_tpu_slice(classification_run):
         # The compiled FLOPs per chip cover the encoder's matmuls on its rows (an independent
         # count; the classifier's final layer for [CLS] alone), plus little else (head,
         # softmax, LayerNorm).
-        matmuls = (flops_lib.forward_flops_per_sequence(model, c.seq_len, 0, pooled_only=True)
+        matmuls = (bert_flops.forward_flops(model, c.seq_len, 0, pooled_only=True)
                    * c.batch_size / chips)
         assert matmuls <= c.flops <= 2 * matmuls
         assert c.fits and 0 < c.total_bytes < 1024**3

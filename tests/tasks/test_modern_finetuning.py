@@ -78,14 +78,21 @@ def predict_command(workdir, dev, out):
 
 
 def test_bert_dropout_fields_become_modernbert_ones():
+    from modern_checkpoint import modern_config
+
+    from bertjax.models import BertConfig
+
+    bert, modern = BertConfig(), modern_config()
     fields = {"dtype": "auto", "hidden_dropout_prob": 0.1, "attention_dropout_prob": 0.2}
-    assert base.model_overrides(fields, modern=False) == fields
-    assert base.model_overrides(fields, modern=True) == {
+    assert base.model_overrides(fields, bert) == fields
+    assert base.model_overrides(fields, modern) == {
         "dtype": "auto", "embedding_dropout": 0.1, "mlp_dropout": 0.1, "attention_dropout": 0.2}
     # A ModernBERT field given itself wins over the translation.
-    assert base.model_overrides({**fields, "mlp_dropout": 0.0}, modern=True)["mlp_dropout"] == 0
+    assert base.model_overrides({**fields, "mlp_dropout": 0.0}, modern)["mlp_dropout"] == 0
     with pytest.raises(ConfigError, match="config.model.type_vocab_size: a ModernBERT"):
-        base.model_overrides({"type_vocab_size": 2}, modern=True)
+        base.model_overrides({"type_vocab_size": 2}, modern)
+    with pytest.raises(ConfigError, match="config.model.mlp_dropout: a BERT"):
+        base.model_overrides({"mlp_dropout": 0.1}, bert)
 
 
 def test_head_options_a_model_cannot_take_are_named(checkpoint, tmp_path):
@@ -105,7 +112,8 @@ def test_head_options_a_model_cannot_take_are_named(checkpoint, tmp_path):
 
     bert = files_config("classification", write_tiny_checkpoint(tmp_path, KEYWORD_VOCAB))
     bert.task.classifier_pooling = "mean"
-    with pytest.raises(ConfigError, match="classifier_pooling='mean' is for a ModernBERT"):
+    with pytest.raises(ConfigError, match="classifier_pooling='mean': a BERT's heads pool with "
+                                          "cls"):
         checks.check(bert, str(tmp_path / "run"))
 
 
@@ -143,14 +151,14 @@ def test_the_job_starts_from_the_encoder_and_the_mlm_prediction_head(checkpoint,
 
 
 def test_a_dry_run_counts_modernbert_flops(checkpoint, tmp_path):
+    from bertjax.models.modernbert import flops as modern_flops
     from bertjax.tasks import dry_run_job
-    from bertjax.train import flops
 
     write_task(tmp_path)
     config = files_config("classification", checkpoint, train=str(tmp_path / "train.jsonl"),
                           validation=str(tmp_path / "dev.jsonl"))
     job = dry_run_job(config, log=lambda *_: None)
-    assert job.stages[0].flops_per_example == 3.0 * flops.modern_forward_flops_per_sequence(
+    assert job.stages[0].flops_per_example == 3.0 * modern_flops.forward_flops(
         job.model_config, 32, 0)
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from bertjax.errors import ConfigError
-from bertjax.models.modern import ModernConfig
-from bertjax.train import flops
+from bertjax.models.modernbert import ModernConfig
+from bertjax.models.modernbert import flops as modern_flops
 from bertjax.train.optimizer import (
     learning_rate_schedule,
     make_optimizer,
@@ -125,15 +125,15 @@ def test_weight_decay_skips_norms_and_biases_of_both_architectures():
 @pytest.mark.parametrize("seq_len,radius", [(1, 3), (7, 3), (10, 3), (200, 64), (129, 64)])
 def test_window_keys_counts_the_pairs_of_the_dense_local_mask(seq_len, radius):
     index = np.arange(seq_len)
-    assert flops.window_keys(seq_len, radius) == int(
+    assert modern_flops.window_keys(seq_len, radius) == int(
         (np.abs(index[:, None] - index[None, :]) <= radius).sum())
-    assert flops.window_keys(seq_len, None) == seq_len * seq_len
+    assert modern_flops.window_keys(seq_len, None) == seq_len * seq_len
 
 
 def test_modern_flops_equal_xla_count_of_an_all_global_model():
     """With every layer global (no window to skip), the analytic matmul count is XLA's own
     count of the forward pass within the share of elementwise work."""
-    from bertjax.models.modern import ModernBertForMaskedLM
+    from bertjax.models.modernbert import ModernBertForMaskedLM
 
     cfg = ModernConfig(vocab_size=512, hidden_size=64, num_layers=2, num_heads=2,
                        intermediate_size=96, global_attn_every_n_layers=1,
@@ -145,15 +145,15 @@ def test_modern_flops_equal_xla_count_of_an_all_global_model():
     params = model.init(jax.random.key(0), ids, ids, positions)
     cost = jax.jit(lambda p: model.apply(p, ids, ids, positions)).lower(params).compile()
     xla = cost.cost_analysis()["flops"]
-    ours = flops.modern_forward_flops_per_sequence(cfg, seq, preds)
+    ours = modern_flops.forward_flops(cfg, seq, preds)
     # Matmuls only: never above XLA's count, which adds the elementwise work.
     assert 0.85 * xla < ours <= xla, (ours, xla)
     # Local layers count their window only: fewer attention FLOPs than all-global.
     local = ModernConfig.from_dict(
         {**cfg.to_dict(), "global_attn_every_n_layers": 2, "local_attention": 32})
-    saved = (flops.modern_attention_flops(local, seq, all_global=True)
-             - flops.modern_attention_flops(local, seq))
-    assert saved == 4 * 64 * (seq * seq - flops.window_keys(seq, 16))
+    saved = (modern_flops.attention_flops(local, seq, all_global=True)
+             - modern_flops.attention_flops(local, seq))
+    assert saved == 4 * 64 * (seq * seq - modern_flops.window_keys(seq, 16))
 
 
 def test_dry_run_reports_what_the_local_layers_save_per_sequence_length():

@@ -8,7 +8,7 @@ from conftest import run_python
 from tiny_pretraining import make_step, synthetic_batch, tiny_config
 
 from bertjax.models import BertConfig, BertForPreTraining
-from bertjax.models.config import ConfigError
+from bertjax.models.bert.config import ConfigError
 from bertjax.tasks import pretraining
 from bertjax.tasks.pretraining import rules
 from bertjax.train import configs

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from bertjax import paths
 from bertjax.errors import ConfigError, DataError
-from bertjax.models import BertConfig, is_modern
-from bertjax.models.modern import ModernConfig
+from bertjax.models import ARCHITECTURES, architecture
 from bertjax.tasks.pretraining.rules import packing_enabled, plan_phases
 from bertjax.tokenization import load_tokenizer
 from bertjax.validate import (
@@ -54,18 +53,21 @@ def check(config, workdir: str | None, vocab_size_given: bool = False, log=print
 
 
 def check_architecture(config, model) -> None:
-    """What a ModernBERT pre-trains (its masked-LM head alone, on packed rows: objective
-    "mlm"), and that a BERT's phases leave global_rope_theta alone."""
-    if is_modern(model):
-        if config.get("objective", "mlm_nsp") != "mlm":
-            raise ConfigError(f"config.objective={config.get('objective', 'mlm_nsp')!r}: a "
-                              "ModernBERT (config.model.model_type='modernbert') pre-trains "
-                              "with objective 'mlm' (it has no NSP head and no causal mode)")
-        return
+    """The objective is one the architecture pre-trains (`Architecture.objectives`: a
+    ModernBERT's masked-LM head alone, "mlm"), and the phases set only model fields it has
+    (`Architecture.phase_fields`, e.g. a ModernBERT's global_rope_theta)."""
+    record = architecture(model)
+    objective = config.get("objective", "mlm_nsp")
+    if objective not in record.objectives:
+        raise ConfigError(f"config.objective={objective!r}: {record.title} "
+                          f"(config.model.model_type={record.name!r}) pre-trains with "
+                          f"{' | '.join(record.objectives)}")
+    phase_fields = {field for r in ARCHITECTURES.values() for field in r.phase_fields}
     for name, phase in config.phases.items():
-        if phase.get("global_rope_theta", 0.0):
-            raise ConfigError(f"config.phases.{name}.global_rope_theta is a ModernBERT's "
-                              "(config.model.model_type='modernbert'); BERT has no RoPE")
+        for field in sorted(phase_fields - set(record.phase_fields)):
+            if phase.get(field, 0.0):
+                raise ConfigError(f"config.phases.{name}.{field}: {record.title} has no such "
+                                  f"field (config.model.model_type={record.name!r})")
 
 
 def vocab_size(config, given: bool = False) -> int | None:
@@ -79,27 +81,19 @@ def vocab_size(config, given: bool = False) -> int | None:
         return None
     tokenizer = load_vocab(path)
     entries = tokenizer.vocab_size
-    modern = is_modern(config.model)
-    if modern:
-        special_ids(config, tokenizer)
+    record = architecture(config.model)
+    if record.vocab_fields is not None:
+        config.model.update(record.vocab_fields(tokenizer))
     size = config.model.get("vocab_size")
     if size == entries:
         return None
-    preset_size = (ModernConfig if modern else BertConfig).vocab_size
+    preset_size = record.config_class.vocab_size
     if not given and size == preset_size:  # the presets' size: left as it came
         config.model.vocab_size = entries
         return entries
     raise ConfigError(f"config.vocab={path} has {entries} entries but config.model.vocab_size="
                       f"{size} (the exported model needs one embedding row per entry); pass "
                       f"--config.model.vocab_size={entries} or leave it out")
-
-
-def special_ids(config, tokenizer) -> None:
-    """A ModernBERT's special-token ids (its config.json's; the model reads none of them) set
-    to config.vocab's: [PAD], [CLS] (also bos) and [SEP] (also eos), or <pad>, <s>, </s>."""
-    config.model.update(pad_token_id=tokenizer.pad_id, cls_token_id=tokenizer.cls_id,
-                        bos_token_id=tokenizer.cls_id, sep_token_id=tokenizer.sep_id,
-                        eos_token_id=tokenizer.sep_id)
 
 
 def load_vocab(path: str, field: str = "config.vocab"):

@@ -21,10 +21,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import BertForPreTraining, pretraining_denominators, pretraining_loss
-from bertjax.models.modern import ModernBertForMaskedLM
-
-PretrainingModel = BertForPreTraining | ModernBertForMaskedLM
+from bertjax.models import architecture, pretraining_denominators, pretraining_loss
 
 Batch = dict[str, jax.Array]
 
@@ -75,28 +72,20 @@ def next_token_targets(batch: Batch) -> Batch:
             "masked_lm_weights": (real[:, 1:] & real[:, :-1] & same).astype(jnp.float32)}
 
 
-def init_params(model: PretrainingModel, rng: jax.Array) -> Any:
-    """Boxed (logically partitioned) parameters; shapes do not depend on the sequence length."""
-    ids = jnp.zeros((1, 8), jnp.int32)
-    positions = jnp.zeros((1, 1), jnp.int32)
-    if isinstance(model, ModernBertForMaskedLM):
-        return model.init(rng, ids, ids, positions)["params"]
-    return model.init(rng, ids, ids, ids, positions)["params"]
+def init_params(model, rng: jax.Array) -> Any:
+    """Boxed (logically partitioned) parameters of a pre-training model (its architecture's
+    `pretraining_model`); shapes do not depend on the sequence length."""
+    return architecture(model.config).init_pretraining(model.config, rng)
 
 
 def model_outputs(model, params, batch: Batch, packed: bool, **kwargs) -> dict[str, jax.Array]:
     """The model applied to a batch: {"mlm_logits" [batch, n, vocab], and BERT's
     "nsp_logits" [batch, 2]}. Packed batches pass `packing_ids` (attention within each
     example, positions restarting at each). A ModernBERT reads no segment ids."""
-    extra = {"packing_ids": batch["packing_ids"]} if packed else {}
-    if isinstance(model, ModernBertForMaskedLM):
-        logits = model.apply({"params": params}, batch["input_ids"], batch["input_mask"],
-                             batch["masked_lm_positions"], **extra, **kwargs)
-        return {"mlm_logits": logits}
-    return model.apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-        batch["masked_lm_positions"], **extra, **kwargs,
-    )
+    if not packed:
+        batch = {k: v for k, v in batch.items() if k != "packing_ids"}
+    return architecture(model.config).pretraining_outputs(model, {"params": params}, batch,
+                                                           **kwargs)
 
 
 def _with_dummy_labels(batch: Batch) -> Batch:
@@ -142,7 +131,7 @@ def loss_fn(params, batch: Batch, rng, denominators=None, *, model, nsp_weight: 
     return loss_and_metrics(outputs, batch, nsp_weight, packed, denominators)
 
 
-def step_fns(model: PretrainingModel, nsp_weight: float = 1.0, packed: bool = False,
+def step_fns(model, nsp_weight: float = 1.0, packed: bool = False,
              ltr: bool = False):
     """(init_params(rng), loss_fn(params, batch, rng, denominators=None)) for
     bertjax.train.step; the job's denominators are `functools.partial(loss_denominators,

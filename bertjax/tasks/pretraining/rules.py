@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from bertjax.errors import ConfigError
-from bertjax.models.config import REMAT_POLICIES
+from bertjax.models.layers import REMAT_POLICIES
 from bertjax.validate import is_int
 
 

@@ -17,8 +17,8 @@ from subprocess_runs import final_params, latest_checkpoint, start, wait_for
 
 from bertjax import checkpoint_dir
 from bertjax.errors import ConfigError
-from bertjax.models import BertConfig, is_modern
-from bertjax.models.modern import ModernBertModel, ModernConfig, num_params
+from bertjax.models import BertConfig, architecture
+from bertjax.models.modernbert import ModernBertModel, ModernConfig, num_params
 from bertjax.tasks.pretraining import checks, rules
 from experiments import pretrain
 
@@ -74,7 +74,8 @@ def test_checkpoint_directory_of_an_encoder_only_modern_model(tmp_path):
                                              tmp_path / "vocab.txt")
     assert summary["initialised"] == ["head", "decoder_bias"]
     loaded, params, tokenizer = checkpoint_dir.load_pretrained(tmp_path / "ckpt")
-    assert is_modern(loaded) and loaded == cfg and tokenizer.vocab_size == 40
+    assert architecture(loaded).name == "modernbert"
+    assert loaded == cfg and tokenizer.vocab_size == 40
     flat = flax.traverse_util.flatten_dict(params["model"])
     for key, value in flax.traverse_util.flatten_dict(nn.unbox(encoder)).items():
         np.testing.assert_array_equal(flat[key], np.asarray(value))
@@ -125,7 +126,7 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
     assert evaluation["mlm_accuracy"] > 0.1 and "nsp_accuracy" not in evaluation
 
     config, params, tokenizer = checkpoint_dir.load_pretrained(workdir / "export")
-    assert is_modern(config) and config.global_rope_theta == 160_000
+    assert architecture(config).name == "modernbert" and config.global_rope_theta == 160_000
     assert (config.pad_token_id, config.cls_token_id, config.sep_token_id) == (0, 2, 3)
     assert config.vocab_size == vocab_size == tokenizer.vocab_size
     stored = final_params(str(workdir), total)

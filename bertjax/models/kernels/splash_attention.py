@@ -65,8 +65,8 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from bertjax.errors import ConfigError
-from bertjax.models import flash_attention as flash
-from bertjax.models.config import heads_per_tile
+from bertjax.models.kernels import flash_attention as flash
+from bertjax.models.kernels.flash_attention import heads_per_tile
 
 BLOCKS = (512, 256, 128)  # preferred first; all multiples of the kernels' 128 lanes
 PAD = int(np.iinfo(np.int32).max)  # padding's segment in the kernels: above every document
@@ -603,8 +603,8 @@ def splash_attention(
     num_heads: int | None = None,
     rope: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
-    """Attention through the splash kernels, the values of `modern.einsum_attention` under
-    `modern.attention_masks` on every real query (padding queries: see the module docstring).
+    """Attention through the splash kernels, the values of `attention.einsum_attention` under
+    `modernbert.attention_masks` on every real query (padding queries: see the module docstring).
 
     query/key/value: [batch, seq, heads, head_dim], or [batch, seq, heads·head_dim] (each
     token's heads side by side, the kernels' own layout: nothing is transposed) with

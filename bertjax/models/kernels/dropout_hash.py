@@ -30,7 +30,7 @@ def _mix(x):
 def position_hash(seed, row, position):
     """int32 hash bits of `position` keyed by (`row`, `seed`) (int32 arrays that broadcast):
     two murmur3 finalisers, one of the salted row, one of the position mixed with it. The
-    hidden dropout's draws on TPU (bert.hashed_words)."""
+    hidden dropout's draws on TPU (layers.hashed_words)."""
     return _mix(position ^ _mix(row * _u32(0x9E3779B9) + seed))
 
 

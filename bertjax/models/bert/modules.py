@@ -13,11 +13,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax.models import attention as attn_lib
-from bertjax.models import dropout_attention, dropout_hash
-from bertjax.models import flash_attention as flash_lib
-from bertjax.models.config import BertConfig
+from bertjax.models.bert.config import BertConfig
 from bertjax.models.dense import Dense
+from bertjax.models.kernels import attention as attn_lib
+from bertjax.models.kernels import dropout_attention
+from bertjax.models.kernels import flash_attention as flash_lib
+from bertjax.models.layers import Dropout, maybe_remat
 
 Array = jax.Array
 
@@ -51,12 +52,6 @@ def layer_norm(config: BertConfig, name: str) -> nn.LayerNorm:
     )
 
 
-def sequence_rows(x: Array | None) -> Array | None:
-    """[batch, k, seq] → [batch * k, seq]: each of a row's k sequences (multiple-choice
-    endings, an embedding row's texts) encoded as its own sequence."""
-    return None if x is None else x.reshape(-1, x.shape[-1])
-
-
 def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str,
           truncated: bool = True):
     """A dense layer of `features` outputs, kernel drawn with stddev initializer_range
@@ -71,64 +66,6 @@ def dense(config: BertConfig, features: int, axes: tuple[str | None, str | None]
         truncated=truncated,
         name=name,
     )
-
-
-def dropout_keep_mask(rng: Array, shape: tuple[int, ...], rate: float) -> tuple[Array, float]:
-    """(keep mask of `shape`, its keep probability) for dropout at `rate`, from 16-bit draws.
-
-    On CPU each 32-bit threefry output yields two draws, its halves side by side
-    (`interleaved_halves`: half the PRNG work of `nn.Dropout`). Where the step is compiled for
-    a TPU each element's draw is the top half of a counter hash of its position
-    (`hashed_words`): elementwise from iotas, so it is computed inside the fusion that applies
-    the mask, where threefry's twenty rounds were the costliest vector work of a layer
-    (docs/tpu_aot.md, "Levers"). The drop rate is rounded to a multiple of 2^-16 (0.1 →
-    0.100006). An odd last axis takes 32-bit threefry draws and the exact rate.
-    """
-    if shape[-1] % 2:
-        return jax.random.bernoulli(rng, 1.0 - rate, shape), 1.0 - rate
-    threshold = round(rate * 65536)
-    words = shape[:-1] + (shape[-1] // 2,)
-    draws = jax.lax.platform_dependent(
-        rng, cpu=lambda key: interleaved_halves(jax.random.bits(key, words, jnp.uint32)),
-        default=lambda key: (hashed_words(key, shape) >> 16).astype(jnp.uint16))
-    return draws >= threshold, 1.0 - threshold / 65536
-
-
-def hashed_words(rng: Array, shape: tuple[int, ...]) -> Array:
-    """uint32 draws of `shape`: `dropout_hash.position_hash` of each element's position
-    within its leading-axis row, keyed by the row and a 32-bit seed drawn from `rng`."""
-    seed = jax.lax.bitcast_convert_type(jax.random.bits(rng, (), jnp.uint32), jnp.int32)
-    grid = shape if len(shape) > 1 else (1, *shape)
-    row = jax.lax.broadcasted_iota(jnp.int32, grid, 0)
-    position = jnp.zeros(grid, jnp.int32)
-    for axis in range(1, len(grid)):
-        position = position * grid[axis] + jax.lax.broadcasted_iota(jnp.int32, grid, axis)
-    bits = dropout_hash.position_hash(seed, row, position)
-    return jax.lax.bitcast_convert_type(bits, jnp.uint32).reshape(shape)
-
-
-def interleaved_halves(words: Array) -> Array:
-    """uint32 [..., n] → uint16 [..., 2n], each word's halves side by side: a free bitcast on
-    CPU."""
-    return jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*words.shape[:-1], -1)
-
-
-class Dropout(nn.Module):
-    """Inverted dropout (kept values scaled by 1 / keep probability) with `dropout_keep_mask`."""
-
-    rate: float
-
-    def keep_mask(self, shape: tuple[int, ...]) -> tuple[Array, float]:
-        """(keep mask of `shape`, keep probability) from this module's dropout stream: what
-        `__call__` applies, for callers that scale elsewhere (einsum_attention)."""
-        return dropout_keep_mask(self.make_rng("dropout"), shape, self.rate)
-
-    @nn.compact
-    def __call__(self, x: Array, deterministic: bool) -> Array:
-        if deterministic or self.rate == 0.0:
-            return x
-        keep, keep_prob = self.keep_mask(x.shape)
-        return jnp.where(keep, x / jnp.asarray(keep_prob, x.dtype), jnp.zeros_like(x))
 
 
 class Embeddings(nn.Module):
@@ -292,23 +229,6 @@ class _ScannedLayer(nn.Module):
         layer_cls = maybe_remat(EncoderLayer, self.config.remat_policy, scanned=True)
         x = layer_cls(self.config, self.deterministic, name="layer")(x, mask)
         return x, (x if self.collect else None)
-
-
-def maybe_remat(module_cls, policy: str, scanned: bool = False,
-                static_argnums: tuple[int, ...] = ()):
-    """module_cls rematerialised under `policy` (REMAT_POLICIES), or as it is for "none"."""
-    if policy == "none":
-        return module_cls
-    saveable = {
-        "full": None,  # save nothing, recompute the whole layer in the backward pass
-        # save matmul outputs; the bf16 dense layer is a custom VJP the dot policy cannot see
-        "dots": jax.checkpoint_policies.save_from_both_policies(
-            jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-            jax.checkpoint_policies.save_only_these_names("dense")),
-    }[policy]
-    # Inside scan, XLA cannot CSE across iterations, so prevent_cse is unnecessary there.
-    return nn.remat(module_cls, policy=saveable, prevent_cse=not scanned,
-                    static_argnums=static_argnums)
 
 
 class Encoder(nn.Module):

@@ -22,6 +22,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,15 @@ from jax.experimental.pallas.ops.tpu import flash_attention as tpu_flash
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bertjax.errors import ConfigError
+
+TILE_LANES = 128  # a TPU vector register's lanes
+
+
+def heads_per_tile(num_heads: int, head_dim: int) -> int:
+    """Heads side by side in one tile of the flash kernel: as many as fill its 128 lanes (2
+    for head_dim 64) and divide the heads."""
+    return math.gcd(num_heads, max(1, TILE_LANES // head_dim))
+
 
 MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)  # a masked score (finite: no NaN)
 PAD_SEGMENT = -1  # packing ids and the 0 of unpacked input are >= 0

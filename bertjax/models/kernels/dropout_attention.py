@@ -31,10 +31,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
-from bertjax.models import dropout_attention_gpu as gpu
-from bertjax.models import flash_attention as flash
-from bertjax.models.config import heads_per_tile
-from bertjax.models.dropout_hash import _mix, keep_bits, keep_probability, threshold
+from bertjax.models.kernels import dropout_attention_gpu as gpu
+from bertjax.models.kernels import flash_attention as flash
+from bertjax.models.kernels.dropout_hash import _mix, keep_bits, keep_probability, threshold
+from bertjax.models.kernels.flash_attention import heads_per_tile
 
 LANES = flash.LANES
 SUBLANES = flash.SUBLANES

@@ -9,22 +9,11 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import dense as dense_lib
-from bertjax.models.bert import BertModel, activation, dense, layer_norm, zeros_init
-from bertjax.models.config import BertConfig
+from bertjax.models.bert.config import BertConfig
+from bertjax.models.bert.modules import BertModel, activation, dense, layer_norm, zeros_init
+from bertjax.models.layers import gather_positions
 
 Array = jax.Array
-
-
-def gather_positions(sequence: Array, positions: Array) -> Array:
-    """sequence: [batch, seq, hidden], positions: [batch, n] → [batch, n, hidden].
-
-    A one-hot matmul rather than a gather: it partitions cleanly under every mesh (XLA's SPMD
-    partitioner mis-compiled the backward pass of gather + tied projection on a 2x2x2
-    data/fsdp/tensor mesh), and it costs 2·n·seq·hidden FLOPs per sequence, < 0.1% of a step.
-    HIGHEST precision keeps the selection exact where f32 matmuls default to bf16 passes (TPU).
-    """
-    one_hot = jax.nn.one_hot(positions, sequence.shape[1], dtype=sequence.dtype)
-    return jnp.einsum("bns,bsh->bnh", one_hot, sequence, precision=jax.lax.Precision.HIGHEST)
 
 
 class MaskedLMHead(nn.Module):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from typing import Any
 
 from bertjax.errors import ConfigError  # noqa: F401  (re-exported: models.config.ConfigError)
+from bertjax.models.kernels.flash_attention import TILE_LANES, heads_per_tile
+from bertjax.models.layers import REMAT_POLICIES
 
 # (num_layers, hidden_size, num_heads); intermediate size is 4H for every preset.
 # tiny..medium are the "small BERTs" released with the paper's code; base and large are Table 1.
@@ -21,17 +22,9 @@ PRESETS: dict[str, tuple[int, int, int]] = {
 }
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu")
-TILE_LANES = 128  # a TPU vector register's lanes
-
-
-def heads_per_tile(num_heads: int, head_dim: int) -> int:
-    """Heads side by side in one tile of the flash kernel: as many as fill its 128 lanes (2
-    for head_dim 64) and divide the heads."""
-    return math.gcd(num_heads, max(1, TILE_LANES // head_dim))
 
 
 ATTENTION_IMPLS = ("auto", "einsum", "xla", "cudnn", "flash", "flash_jax")
-REMAT_POLICIES = ("none", "full", "dots")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -60,7 +53,7 @@ class BertConfig:
     # which the fused kernels cannot apply; "einsum": the plain reference path;
     # "xla" / "cudnn": force that dot_product_attention implementation; "flash": this
     # project's Pallas TPU kernel (interpreted off TPU), attention dropout drawn inside it
-    # (bertjax.models.dropout_attention); "flash_jax": JAX's Pallas flash-attention kernels,
+    # (bertjax.models.kernels.dropout_attention); "flash_jax": JAX's Pallas flash-attention kernels,
     # without attention dropout.
     attention_impl: str = "auto"
     causal: bool = False  # left-to-right attention (the LTR ablation)
@@ -136,6 +129,8 @@ class BertConfig:
     def from_dict(cls, values: Any) -> BertConfig:
         """From a dict or ConfigDict; an unknown key is named in the error."""
         values = dict(values)
+        if values.get("model_type") == "bert":
+            del values["model_type"]
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

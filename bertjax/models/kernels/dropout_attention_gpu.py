@@ -26,8 +26,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from bertjax.models.dropout_hash import keep_bits, keep_probability, threshold
-from bertjax.models.flash_attention import MASK_VALUE, PAD_SEGMENT
+from bertjax.models.kernels.dropout_hash import keep_bits, keep_probability, threshold
+from bertjax.models.kernels.flash_attention import MASK_VALUE, PAD_SEGMENT
 
 BLOCK = 64  # queries (keys, in the dk/dv kernel) per program
 
