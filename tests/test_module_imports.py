@@ -224,3 +224,11 @@ def test_the_library_on_a_cpu_writes_nothing_to_stderr(first):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "cpu"
     assert done.stderr == ""
+
+
+def test_no_library_file_is_over_600_lines():
+    """A module that long holds several things to find apart (the house's rule)."""
+    long = {str(path.relative_to(ROOT)): n for package in ("bertjax", "data_pipeline")
+            for path in (ROOT / package).rglob("*.py")
+            if (n := len(path.read_text().splitlines())) > 600}
+    assert long == {}

@@ -40,15 +40,12 @@ only while it is the newest (`_LatestN`), so it never takes the place of one kep
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
 import os
 import re
-import signal
 import sys
-import threading
 import warnings
 import weakref
 from collections.abc import Callable
@@ -81,6 +78,7 @@ def short_reason(error: BaseException) -> str:
         text = f"{os_error[1].strip()}, errno {os_error[2]}" + (f": {failed[1]}" if failed else "")
     else:
         text = text.split("\n")[0].split(" [tensorstore_spec")[0]
+        text = text.split(" See full TensorStore details")[0]  # then its whole spec
         files = re.findall(r'local file "([^"]+)"', text)
         if files:  # tensorstore's chain "opening ...: reading ...: <cause>": cause and file
             text = f"{text.rsplit(chr(34) + ': ', 1)[-1]}: {files[-1]}"
@@ -297,57 +295,13 @@ class Checkpointer:
         self._pending: _Pending | None = None
         self._failed = False
         self._abandoned = False
-        self._sigterm = False
-        self._ctrl_c = False
-        self._previous_handler = None
-        if jax.process_count() == 1:
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum, frame):
-        self._sigterm = True
-
-    def _on_sigint(self, signum, frame):
-        if self._ctrl_c:  # the second: quit now, unsaved
-            raise KeyboardInterrupt
-        self._ctrl_c = True
-
-    @contextlib.contextmanager
-    def ctrl_c_saves(self):
-        """Within: the first Ctrl-C (SIGINT) asks for a save and a stop at the next step, as
-        SIGTERM does; a second raises KeyboardInterrupt at once. The previous handler comes
-        back after (the library runs in notebooks, whose interrupt is SIGINT). Only on a single
-        process, from the main thread: SIGINT reaches only the process it is sent to, and the
-        others would wait for it in the step's collectives (a multi-process run stops on
-        SIGTERM, `reached_preemption`; Ctrl-C there stays Python's KeyboardInterrupt)."""
-        if jax.process_count() > 1 or threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = signal.signal(signal.SIGINT, self._on_sigint)
-        try:
-            yield
-        finally:
-            # None: a handler not set from Python; Python's own is the nearest to it.
-            signal.signal(signal.SIGINT, signal.default_int_handler if previous is None
-                          else previous)
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
 
-    @property
-    def sigterm_received(self) -> bool:
-        """SIGTERM seen by this (single) process; no collective call, safe at any moment."""
-        return self._sigterm
-
-    @property
-    def ctrl_c_received(self) -> bool:
-        """Ctrl-C seen within `ctrl_c_saves`; like `sigterm_received`."""
-        return self._ctrl_c
-
-    def stop_requested(self) -> bool:
-        return self._sigterm or self._ctrl_c
-
     def reached_preemption(self, step: int) -> bool:
-        return self.stop_requested() or self.manager.reached_preemption(step)
+        """orbax's preemption sync point (a multi-process run's SIGTERM; a collective)."""
+        return self.manager.reached_preemption(step)
 
     def _save_error(self, step: int | None, error: BaseException) -> CheckpointError:
         self._failed = True
@@ -555,7 +509,6 @@ class Checkpointer:
         not raised again (it would hide the first report)."""
         if self._abandoned:
             logging.getLogger("absl").removeFilter(self._log_filter)
-            self._restore_sigterm()
             return
         try:
             if not self._failed:
@@ -567,12 +520,6 @@ class Checkpointer:
                 if not self._failed:
                     raise
             logging.getLogger("absl").removeFilter(self._log_filter)
-            self._restore_sigterm()
-
-    def _restore_sigterm(self) -> None:
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
 
 
 def read_params(workdir: str, step: int) -> Any:

@@ -56,6 +56,7 @@ from bertjax.train import sharding as sharding_lib
 from bertjax.train import step as step_lib
 from bertjax.train import workdir as workdir_lib
 from bertjax.train.checkpoints import DEFAULT_TIMEOUT_S, Checkpointer
+from bertjax.train.signals import StopSignals
 
 DEFAULT_INPUT_TIMEOUT_S = 600.0
 SIGTERM_GRACE_S = 5.0  # after SIGTERM (or Ctrl-C), how long a pending batch may still take
@@ -311,6 +312,7 @@ class _Run:
     abstract: Any
     state_sharding: Any
     checkpointer: Checkpointer
+    signals: StopSignals
     writer: metrics_lib.MetricsWriter
     profiler: profiling.StepProfiler
     history: list[dict[str, float]] = dataclasses.field(default_factory=list)
@@ -351,9 +353,9 @@ class _Run:
 
     def run_stage(self, stage: Stage, state, inputs, peak: float) -> tuple[Any, str]:
         """Trains `stage` from the state's step to its end; (state, "done" | "preempted")."""
-        config, checkpointer = self.config, self.checkpointer
+        config = self.config
         timeout = float(config.get("train", {}).get("input_timeout_s", DEFAULT_INPUT_TIMEOUT_S))
-        watch = InputWatch(inputs, timeout, checkpointer.stop_requested)
+        watch = InputWatch(inputs, timeout, self.signals.requested)
         throughput = metrics_lib.Throughput(stage.flops_per_example, peak)
         step = first = int(state.step)
         throughput.reset(step)
@@ -369,7 +371,7 @@ class _Run:
         try:
             while step < stage.end:
                 if step == first + 1:  # compiled: Ctrl-C saves from here (before, it quits)
-                    ctrl_c.enter_context(checkpointer.ctrl_c_saves())
+                    ctrl_c.enter_context(self.signals.ctrl_c_saves())
                 try:
                     batch, stalled = watch.next(), False
                 except _InputStalled:
@@ -386,7 +388,7 @@ class _Run:
                     # The input has moved on (its batch is pending): its position would not fit.
                     line = (f"while waiting for the input of step {step + 1}: exiting without "
                             f"saving (last checkpoint: {_kept(self.last_saved)})")
-                    if not checkpointer.sigterm_received:
+                    if not self.signals.sigterm_received:
                         raise Interrupted(f"Ctrl-C {line}", None)
                     self.log(f"SIGTERM {line}")
                     return state, "preempted"
@@ -429,7 +431,7 @@ class _Run:
         at_end = step == stage.end
         log_now = step % config.log_every_steps == 0 or at_end
         eval_now = bool(stage.eval_every) and (step % stage.eval_every == 0 or at_end)
-        preempted = checkpointer.reached_preemption(step)
+        preempted = self.signals.requested() or checkpointer.reached_preemption(step)
         kept = step % config.checkpoint.every_steps == 0 or at_end or eval_now or preempted
         save_now = kept or save_due
         if log_now or save_now:
@@ -456,7 +458,8 @@ class _Run:
             self.history.append({"step": step, **results})
             self.log(f"eval at step {step}: " + json.dumps(
                 {k: round(v, 4) for k, v in results.items()}))
-        ctrl_c = preempted and checkpointer.ctrl_c_received and not checkpointer.sigterm_received
+        signals = self.signals
+        ctrl_c = preempted and signals.ctrl_c_received and not signals.sigterm_received
         path = checkpointer.directory / str(step)
         if ctrl_c:
             self.log(f"Ctrl-C: saving step {step} to {path} (Ctrl-C again to quit without "
@@ -528,7 +531,7 @@ def train(job: Job, config, workdir: str, log=print) -> dict[str, Any]:
                Checkpointer(workdir, ckpt.max_to_keep, ckpt.get("async_save", True),
                             job.best_metric, ckpt.get("timeout_s", DEFAULT_TIMEOUT_S),
                             multihost.distributed_timeout_s(config)),
-               metrics_lib.MetricsWriter(workdir),
+               StopSignals(), metrics_lib.MetricsWriter(workdir),
                profiling.StepProfiler(profiling.steps_of(config), workdir, log))
     try:
         # Nothing in the workdir changes until the resume is known to work.
@@ -552,7 +555,7 @@ def train(job: Job, config, workdir: str, log=print) -> dict[str, Any]:
         run.checkpointer.wait()
         return run.finish(state)
     except KeyboardInterrupt as e:
-        if run.checkpointer.ctrl_c_received and not isinstance(e, Interrupted):
+        if run.signals.ctrl_c_received and not isinstance(e, Interrupted):
             run.checkpointer.abandon()  # a second Ctrl-C: quit without finishing the save
         raise
     except Exception as e:
@@ -562,4 +565,5 @@ def train(job: Job, config, workdir: str, log=print) -> dict[str, Any]:
     finally:
         run.profiler.stop()
         run.checkpointer.close()
+        run.signals.restore()
         run.writer.close()

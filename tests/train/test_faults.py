@@ -111,6 +111,32 @@ def test_corrupt_latest_checkpoint_falls_back_and_ends_like_a_run_resumed_there(
     assert steps_on_disk(corrupt) == ["2", "4", "6"]
 
 
+@pytest.mark.slow
+def test_the_pretrain_command_says_one_line_for_a_truncated_latest_checkpoint(tmp_path):
+    """As a user meets it: `python -m bertjax.pretrain` resumed over a latest checkpoint whose
+    largest array file was cut in half says so in one line (the file's step, moved aside,
+    resuming from the one before) and finishes; none of the checkpoint library's logged
+    tracebacks reach the terminal."""
+    from subprocess_runs import pretrain_args
+
+    workdir = tmp_path / "run"
+    first = subprocess.run([sys.executable, *pretrain_args(workdir, 4, every=2)], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr[-2000:]
+    arrays = [p for p in (workdir / "checkpoints" / "4" / "state").rglob("*") if p.is_file()]
+    largest = max(arrays, key=lambda p: p.stat().st_size)
+    os.truncate(largest, largest.stat().st_size // 2)
+    done = subprocess.run([sys.executable, *pretrain_args(workdir, 6, every=2)], cwd=ROOT,
+                          capture_output=True, text=True)
+    lines = (done.stdout + done.stderr).splitlines()
+    assert done.returncode == 0, lines[-20:]
+    (report,) = [line for line in lines if "unreadable" in line]
+    assert report.endswith("resuming from step 2") and "TensorStore({" not in report, report
+    assert not [line for line in lines if "Traceback" in line or "ERROR" in line], lines[:20]
+    # The resume line, the steps, the phase and end lines: nothing else.
+    assert len(lines) <= 12, lines
+
+
 def test_read_params_gives_the_saved_params_alone(four_steps):
     """The params of checkpoints 2 and 4 equal an independent replay of Adam on the job's
     batches; nothing of the optimizer state comes with them."""

@@ -67,6 +67,12 @@ from jax.experimental.pallas import tpu as pltpu
 from bertjax.errors import ConfigError
 from bertjax.models.kernels import flash_attention as flash
 from bertjax.models.kernels.flash_attention import heads_per_tile
+from bertjax.models.kernels.splash_costs import (  # noqa: F401  (its costs, as attributes)
+    ROPE_ELEMENTWISE,
+    WINDOW_ELEMENTWISE,
+    backward_costs,
+    forward_cost,
+)
 
 BLOCKS = (512, 256, 128)  # preferred first; all multiples of the kernels' 128 lanes
 PAD = int(np.iinfo(np.int32).max)  # padding's segment in the kernels: above every document
@@ -535,62 +541,6 @@ def _splash_bwd(static, residuals, d_out):
 
 
 _splash.defvjp(_splash_fwd, _splash_bwd)
-
-
-# ---------------------------------------------------------------------------------------------
-# Costs
-
-
-# Elementwise FLOPs per score of the window's mask in a local layer (positions from iotas,
-# their distance, its absolute value, the comparison, the conjunction).
-WINDOW_ELEMENTWISE = 5
-# Per rotated element of q or k (two rolls, a negation, a choice, two products, a sum), whose
-# cos and sin are read too.
-ROPE_ELEMENTWISE = 7
-
-
-def forward_cost(shape: flash.Shape, computed: int, block: int, group: int = 1,
-                 windowed: bool = False) -> pl.CostEstimate:
-    """The forward kernel. computed: scores computed over the batch and heads (computed blocks
-    · block²). q·kᵀ and p·v are 4·D FLOPs per score on the group's whole tile width (`group`
-    heads side by side: 4·D·group), one exp each, and the elementwise work
-    (WINDOW_ELEMENTWISE more in a local layer, `windowed`); it reads q and the query segment
-    ids ([seq, 128] int32) once per head group, a key and a value block and its key segment
-    ids ([8, block]) per computed block, and writes o and the log-sum-exp ([seq, 128]
-    float32)."""
-    s = shape
-    fetched = computed // block  # key rows fetched: `block` of them per computed block
-    return pl.CostEstimate(
-        flops=(4 * computed * s.head_dim * group
-               + (flash.FORWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
-        transcendentals=computed,
-        bytes_accessed=(2 * s.qkv_bytes + 2 * fetched * s.head_dim * s.itemsize
-                        + 2 * s.lane_bytes + fetched * SUBLANES * 4))
-
-
-def backward_costs(shape: flash.Shape, computed: int, block: int, group: int = 1,
-                   windowed: bool = False) -> tuple[pl.CostEstimate, pl.CostEstimate]:
-    """(dk/dv kernel, dq kernel), over the computed blocks as `forward_cost` (matmuls on the
-    group's tile width). dk/dv recomputes kᵀ·q, then p·do, v·doᵀ, ds·q (8·D FLOPs per
-    score), reading k and v once and a q, do,
-    log-sum-exp, di and query-id block per computed block, writing dk, dv; dq recomputes kᵀ·q
-    and v·doᵀ, then dsᵀ·k (6·D), reading q, do, the key-id column and its rows once and a k, v
-    and key-id block per computed block, writing dq. One exp per score each."""
-    s = shape
-    fetched = computed // block
-    rows = 2 * fetched * s.head_dim * s.itemsize  # two [block, head_dim] operands per block
-    ids = fetched * SUBLANES * 4
-    vectors = 2 * SUBLANES * s.vector_bytes  # log-sum-exp and di as [8, seq] rows
-
-    def cost(matmuls, bytes_accessed):
-        return pl.CostEstimate(
-            flops=(2 * matmuls * computed * s.head_dim * group
-                   + (flash.BACKWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
-            transcendentals=computed, bytes_accessed=bytes_accessed)
-
-    dkv = cost(4, 4 * s.qkv_bytes + rows + 2 * fetched * SUBLANES * 4 + ids + s.lane_bytes)
-    dq = cost(3, 2 * s.qkv_bytes + rows + vectors + ids + s.lane_bytes)
-    return dkv, dq
 
 
 def splash_attention(
