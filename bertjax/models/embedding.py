@@ -71,9 +71,11 @@ def pool(tokens: Array, input_mask: Array, mode: str) -> Array:
 
 
 def l2_normalize(vectors: Array, eps: float = 1e-12) -> Array:
-    """[..., hidden] → the same at unit length (a zero vector stays zero)."""
-    norm = jnp.sqrt(jnp.sum(jnp.square(vectors), axis=-1, keepdims=True))
-    return vectors / jnp.maximum(norm, eps)
+    """[..., hidden] → the same at unit length (a zero vector stays zero, and so does its
+    gradient: the norm is floored before the square root, whose derivative at 0 is infinite
+    and would make a filler row's zero vector NaN every gradient of its batch)."""
+    norm = jnp.sqrt(jnp.maximum(jnp.sum(jnp.square(vectors), axis=-1, keepdims=True), eps * eps))
+    return vectors / norm
 
 
 class BertForEmbedding(nn.Module):

@@ -423,6 +423,31 @@ class _Run:
         return ([i for i, s in enumerate(shared) if s.split()[0] == "stalled"],
                 shared[0].endswith(" save"))
 
+    def check_finite(self, host: dict[str, float], stage: Stage, step: int) -> None:
+        """TrainingError where the step's loss or gradient norm is NaN or infinite: its
+        parameters are then lost, so nothing is saved."""
+        bad = {k: host[k] for k in ("loss", "grad_norm")
+               if k in host and not math.isfinite(host[k])}
+        if bad:
+            what = " and ".join(f"{k} is {v}" for k, v in bad.items())
+            raise TrainingError(
+                f"{what} at step {step} ({stage.name}'s batch {step - stage.start} of "
+                f"{stage.end - stage.start}); stopping without saving (last good checkpoint: "
+                f"{_kept(self.last_saved)}); a batch whose rows the loss cannot take (e.g. "
+                "its epoch's last, partial one) or too high a config.optimizer.learning_rate")
+
+    def save_before_failing(self, stage: Stage, step: int, state, inputs, error) -> None:
+        """A failed evaluation must not cost the trained state: saved (as a checkpoint without
+        metrics) before the error goes on, and the log says where."""
+        path = self.checkpointer.directory / str(step)
+        self.checkpointer.save(step, state, {"stage": stage.name, "history": self.history},
+                               inputs, metrics=None, stopgap=False)
+        self.checkpointer.wait()
+        self.last_saved = step
+        self.log(f"evaluation at step {step} failed ({type(error).__name__}: {error}); the "
+                 f"trained state is saved in {path}: rerun the same command to resume there "
+                 "and evaluate again")
+
     def after_step(self, stage: Stage, step: int, state, metrics, inputs, throughput,
                    save_due: bool = False) -> bool:
         """Logging, evaluation and checkpointing after `step`; True once preempted (saved).
@@ -436,11 +461,7 @@ class _Run:
         save_now = kept or save_due
         if log_now or save_now:
             host = _host_metrics(metrics)
-            if not math.isfinite(host["loss"]):
-                raise TrainingError(
-                    f"loss is {host['loss']} at step {step}; stopping without saving "
-                    f"(last good checkpoint: {_kept(self.last_saved)}); lower "
-                    "config.optimizer.learning_rate")
+            self.check_finite(host, stage, step)
         if log_now:
             host.update(throughput.measure(step, step_lib.stage_batch(job, stage)[0],
                                            stage.tokens_per_example))
@@ -452,7 +473,11 @@ class _Run:
                                                host.get("steps_per_second")))
         results = None
         if eval_now:
-            results = job.evaluate(state.params, stage, step, self.runner)
+            try:
+                results = job.evaluate(state.params, stage, step, self.runner)
+            except Exception as e:
+                self.save_before_failing(stage, step, state, inputs, e)
+                raise
             multihost.write_from_main(functools.partial(self.writer.write, step, results,
                                                         split="eval"))
             self.history.append({"step": step, **results})

@@ -12,6 +12,7 @@ compiles in well under a second); the loop never looks inside a job, so pre-trai
 fine-tuning take the same paths. The SIGTERM and file-system-layer tests start a subprocess.
 """
 
+import dataclasses
 import errno
 import json
 import os
@@ -135,6 +136,51 @@ def test_the_pretrain_command_says_one_line_for_a_truncated_latest_checkpoint(tm
     assert not [line for line in lines if "Traceback" in line or "ERROR" in line], lines[:20]
     # The resume line, the steps, the phase and end lines: nothing else.
     assert len(lines) <= 12, lines
+
+
+class NanGradientJob(RegressionJob):
+    """A finite loss whose gradient is NaN: the square root of a zero that depends on w."""
+
+    def loss(self, params, batch, rng):
+        loss, metrics = super().loss(params, batch, rng)
+        return loss + 0.0 * jnp.sqrt(jnp.sum(params["w"] * 0.0)), metrics
+
+
+def test_a_nan_gradient_stops_the_run_and_names_the_batch(tmp_path):
+    with pytest.raises(TrainingError, match=r"^grad_norm is nan at step 1 \(main's batch 1 of "
+                                            r"4\); stopping without saving \(last good "
+                                            r"checkpoint: none\); a batch whose rows"):
+        loop.train(NanGradientJob(4), make_config(), str(tmp_path / "run"), log=lambda _: None)
+    assert not os.path.isdir(tmp_path / "run" / "checkpoints") or not steps_on_disk(
+        tmp_path / "run")
+
+
+class FailingEvaluationJob(RegressionJob):
+    """Evaluates every 2 steps; the evaluation at step 4 fails (a bad dev file, say)."""
+
+    def __init__(self, total_steps):
+        super().__init__(total_steps)
+        self.stages = [dataclasses.replace(self.stages[0], eval_every=2)]
+
+    def evaluate(self, params, stage, step, runner):
+        if step == 4:
+            raise DataError("dev.jsonl:3: no label")
+        return {"score": float(step)}
+
+
+def test_a_failed_evaluation_keeps_the_trained_state_and_a_rerun_resumes_there(tmp_path):
+    lines = []
+    with pytest.raises(DataError, match="dev.jsonl:3: no label"):
+        loop.train(FailingEvaluationJob(6), make_config(every=100), str(tmp_path / "run"),
+                   log=lines.append)
+    assert steps_on_disk(tmp_path / "run") == ["2", "4"]
+    (said,) = [line for line in lines if "evaluation at step 4 failed" in line]
+    assert f"saved in {tmp_path / 'run' / 'checkpoints' / '4'}" in said
+    resumed = []
+    summary = loop.train(RegressionJob(6), make_config(every=100), str(tmp_path / "run"),
+                         log=resumed.append)
+    assert summary["status"] == "done"
+    assert f"Resumed from {tmp_path / 'run' / 'checkpoints' / '4'} at step 4" in resumed
 
 
 def test_read_params_gives_the_saved_params_alone(four_steps):

@@ -90,6 +90,11 @@ def search(queries, corpus, k: int, similarity: str = "cosine", chunk_rows: int 
     if queries.ndim != 2 or corpus.ndim != 2 or queries.shape[1] != corpus.shape[1]:
         raise ValueError(f"queries {queries.shape} and corpus {corpus.shape} must be "
                          "[rows, hidden] with equal hidden")
+    for name, vectors in (("queries", queries), ("corpus", corpus)):
+        if not np.isfinite(vectors).all():
+            bad = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+            raise ValueError(f"{name} row {bad}: its vector is not finite (NaN or inf): the "
+                             "model's parameters or its input are")
     num_queries, n = len(queries), len(corpus)
     k = min(k, n)
     if k == 0 or num_queries == 0:

@@ -46,20 +46,46 @@ def test_in_batch_loss_and_gradients_equal_multiple_negatives_ranking_loss(colum
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
-def test_filler_rows_are_neither_anchors_nor_candidates(symmetric):
-    """A batch of 6 real rows padded with 2 weight-0 rows has the loss and gradients of the 6."""
+@pytest.mark.parametrize("filler", ["random", "zeros"])
+@pytest.mark.parametrize("weights", [[1, 1, 1, 0, 1, 1, 1, 0], [1, 0, 0, 0, 0, 0, 0, 0]])
+def test_filler_rows_are_neither_anchors_nor_candidates(symmetric, filler, weights):
+    """A batch of real rows padded with weight-0 rows has the loss and gradients of the real
+    rows alone: finite, also where the filler rows' vectors are zeros (what mean pooling makes
+    of a row with no token: an epoch's partial last batch) and for a batch of one pair."""
     v = vectors(8, 3, seed=1)
-    weights = jnp.array([1, 1, 1, 0, 1, 1, 1, 0], jnp.float32)
+    weights = jnp.array(weights, jnp.float32)
     real = np.flatnonzero(np.asarray(weights))
+    if filler == "zeros":
+        v[np.asarray(weights) == 0] = 0.0
 
     def loss(x, w):
         return losses.in_batch_loss(x, w, 20.0, symmetric)[0]
 
     padded, padded_grad = jax.value_and_grad(loss)(jnp.asarray(v), weights)
     alone, alone_grad = jax.value_and_grad(loss)(jnp.asarray(v[real]), jnp.ones(len(real)))
+    assert np.isfinite(padded) and np.all(np.isfinite(padded_grad))
     np.testing.assert_allclose(padded, alone, rtol=1e-6)
     np.testing.assert_allclose(padded_grad[real], alone_grad, rtol=1e-5, atol=1e-7)
     assert not np.any(padded_grad[np.asarray(weights) == 0])
+
+
+def test_scored_pair_losses_take_zero_filler_rows():
+    """CoSENT and cosine losses over a batch whose filler rows are zero vectors: finite values
+    and gradients, those of the real rows alone."""
+    v = vectors(6, 2, seed=3)
+    v[4:] = 0.0
+    scores = jnp.array([0.1, 0.9, 0.5, 0.3, 0.0, 0.0])
+    weights = jnp.array([1, 1, 1, 1, 0, 0], jnp.float32)
+    for fn in (losses.cosent_loss, losses.cosine_loss):
+        def loss(x, s, w, fn=fn):
+            return fn(x, s, w)[0]
+
+        padded, padded_grad = jax.value_and_grad(loss)(jnp.asarray(v), scores, weights)
+        alone, alone_grad = jax.value_and_grad(loss)(jnp.asarray(v[:4]), scores[:4],
+                                                     weights[:4])
+        assert np.all(np.isfinite(padded_grad)), fn.__name__
+        np.testing.assert_allclose(padded, alone, rtol=1e-6)
+        np.testing.assert_allclose(padded_grad[:4], alone_grad, rtol=1e-5, atol=1e-7)
 
 
 def test_cosent_loss_and_gradients_equal_sentence_transformers():

@@ -146,3 +146,23 @@ def test_sts_matches_scipy(seed, ties):
 
     assert got["spearman"] == pytest.approx(scipy.stats.spearmanr(gold, cosines)[0], abs=1e-9)
     assert got["pearson"] == pytest.approx(scipy.stats.pearsonr(gold, cosines)[0], abs=1e-9)
+
+
+def test_search_over_a_corpus_smaller_than_k_and_over_tied_or_broken_vectors():
+    """A corpus of 3 documents asked for the top 100: 3 each, every document once; equal
+    vectors tie to the lower row; a NaN vector (a model whose parameters went NaN) is named,
+    never ranked."""
+    rng = np.random.default_rng(0)
+    corpus = rng.normal(size=(3, 8)).astype(np.float32)
+    corpus[2] = corpus[1]  # a tie
+    queries = rng.normal(size=(4, 8)).astype(np.float32)
+    scores, indices = metrics.search(queries, corpus, k=100)
+    assert indices.shape == (4, 3) and all(sorted(row) == [0, 1, 2] for row in indices.tolist())
+    for row in indices.tolist():
+        assert row.index(1) < row.index(2)
+    ranked = metrics.rank_ids(indices, ["a", "b", "c", "d"], ["d0", "d1", "d2"])
+    qrels = {q: {"d1": 1} for q in "abcd"}
+    assert metrics.retrieval_metrics(ranked, qrels)["recall@100"] == 1.0
+    corpus[0, 3] = np.nan
+    with pytest.raises(ValueError, match="corpus row 0: its vector is not finite"):
+        metrics.search(queries, corpus, k=100)
