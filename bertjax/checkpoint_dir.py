@@ -51,6 +51,8 @@ VOCAB_FILE = "vocab.txt"
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CONVERSION_FILE = "conversion.json"
+SENTENCE_TRANSFORMERS = "sentence_transformers"  # conversion.json: what from_hf read there
+DEFAULT_MAX_SEQ_LENGTH = 128  # tokens per text where a model says nothing of its own
 
 def optional_groups(config: ModelConfig) -> tuple[str, ...]:
     """Parameter groups a source may lack entirely (encoder-only or MLM-only checkpoints):
@@ -420,6 +422,26 @@ def load_pooling(directory: str | epath.Path) -> Pooling | None:
         return Pooling.from_dict(fields)
     except (ConfigError, TypeError) as e:
         raise CheckpointError(f"{path}: {e}") from None
+
+
+def own_max_seq_length(directory: str | epath.Path) -> int | None:
+    """The tokens per text a converted sentence-transformers model was built to embed (its
+    sentence_bert_config.json max_seq_length, kept in conversion.json), or None."""
+    path = epath.Path(directory) / CONVERSION_FILE
+    if not path.exists():
+        return None
+    record = paths.read_json_object(path, CheckpointError).get(SENTENCE_TRANSFORMERS) or {}
+    length = record.get("max_seq_length")
+    return int(length) if isinstance(length, int) and length > 0 else None
+
+
+def max_seq_length(directory: str | epath.Path, given: int | None,
+                   max_positions: int) -> int:
+    """Tokens per text for a model at `directory`: `given` (a flag or config) where there is
+    one, else the model's own (`own_max_seq_length`), else DEFAULT_MAX_SEQ_LENGTH; at most its
+    positions."""
+    length = given or own_max_seq_length(directory) or DEFAULT_MAX_SEQ_LENGTH
+    return min(length, max_positions)
 
 
 def load_params(directory: str | epath.Path, config: ModelConfig) -> dict[str, Any]:

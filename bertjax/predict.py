@@ -85,8 +85,9 @@ def define_flags() -> None:
                         "directory.")
     flags.DEFINE_integer("top_k", None, "fill_mask: candidates per [MASK] (default 5); "
                          "search: hits per query (default 10).")
-    flags.DEFINE_integer("max_seq_length", 128, "fill_mask, and embed / search with "
-                         "--checkpoint: tokens per text.")
+    flags.DEFINE_integer("max_seq_length", None, "fill_mask, and embed / search with "
+                         "--checkpoint: tokens per text (default: the model's own, a "
+                         "converted sentence-transformers model's max_seq_length, else 128).")
     flags.DEFINE_enum("pooling", None, ["mean", "cls", "max"], "embed, search with "
                       "--checkpoint: pooling (default: the checkpoint's pooling.json, else mean).")
     flags.DEFINE_bool("normalize", None, "embed, search with --checkpoint: unit-length vectors "
@@ -109,7 +110,7 @@ def fill_mask(texts: Sequence[str]) -> None:
     from bertjax.serving.fill_mask import FillMask
     from bertjax.train import multihost
 
-    filler = FillMask.from_checkpoint(f.checkpoint, f.max_seq_length, dtype=f.dtype)
+    filler = FillMask.from_checkpoint(f.checkpoint, f.max_seq_length or 128, dtype=f.dtype)
     results = filler(list(texts), top_k=top_k)  # every process: the batches are collective
     if not multihost.is_main():
         return

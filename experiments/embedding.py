@@ -14,7 +14,7 @@ on scored pairs (STS), from your own CSV / TSV / JSONL files.
 positive and hard negatives in the global batch are an anchor's negatives, across every
 device and host), batch 64, 1 epoch. scored: CoSENT (only the order of the scores matters),
 batch 16, 4 epochs. Pooling: "auto" takes a converted sentence-transformers model's own
-(pooling.json), else mean pooling.
+(pooling.json), else mean pooling; max_seq_length 0 its own length, else 128.
 """
 
 import ml_collections
@@ -44,6 +44,9 @@ def get_config(arg: str = "pairs") -> ml_collections.ConfigDict:
     config.data.update(dict(columns="anchor,positive", text_a="sentence1", text_b="sentence2",
                             score="score", beir="", beir_split="dev"))
     config.eval.at_start = True  # the starting checkpoint's score, for comparison
+    # Tokens per text: 0 is the init checkpoint's own (a converted sentence-transformers
+    # model's max_seq_length), else 128.
+    config.max_seq_length = 0
     if arg == "pairs":
         config.train.batch_size, config.train.num_epochs = 64, 1.0
     else:

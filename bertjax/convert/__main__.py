@@ -60,7 +60,7 @@ from bertjax.models import architecture as architecture_of
 from bertjax.models.embedding import POOLING_FILE, Pooling
 from bertjax.train import multihost
 
-SENTENCE_TRANSFORMERS = "sentence_transformers"  # conversion.json: what from_hf read there
+SENTENCE_TRANSFORMERS = checkpoint_dir.SENTENCE_TRANSFORMERS
 GROUP_NAMES = {
     "bert/pooler": "the pooler (bert/pooler)",
     "mlm": "the masked-LM head (mlm: cls/predictions)",
@@ -363,13 +363,8 @@ def _report_sentence_transformers(args, pooling: Pooling | None, notes: list[str
 def _sentence_max_seq_length(directory: epath.Path, config: ModelConfig) -> int:
     """The max_seq_length a converted sentence-transformers model had (conversion.json), else
     the position embeddings' length."""
-    path = directory / checkpoint_dir.CONVERSION_FILE
-    try:
-        record = json.loads(path.read_text()).get(SENTENCE_TRANSFORMERS) or {}
-        length = int(record["max_seq_length"])
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return config.max_position_embeddings
-    return min(length, config.max_position_embeddings)
+    own = checkpoint_dir.own_max_seq_length(directory)
+    return min(own or config.max_position_embeddings, config.max_position_embeddings)
 
 
 def _wrote(args, architecture: str, source, notes: list[str] | None) -> None:

@@ -48,15 +48,18 @@ def checkpoint_config(pooling: Pooling, max_seq_length: int, batch_size: int
         logical_axis_rules=DATA_PARALLEL_RULES))
 
 
-def load_checkpoint(directory: str, max_seq_length: int = 128, pooling: Pooling | None = None,
-                    batch_size: int = 64, dtype: str | None = None) -> TrainedModel:
+def load_checkpoint(directory: str, max_seq_length: int | None = None,
+                    pooling: Pooling | None = None, batch_size: int = 64,
+                    dtype: str | None = None) -> TrainedModel:
     """A bertjax checkpoint directory as an embedding model: `pooling`, else its pooling.json,
-    else mean pooling without normalisation; texts cut to `max_seq_length` tokens, at most
-    the model's positions."""
+    else mean pooling without normalisation; texts cut to `max_seq_length` tokens, else the
+    model's own (a converted sentence-transformers model's), else 128; at most the model's
+    positions."""
     pooling = pooling or checkpoint_dir.load_pooling(directory) or Pooling()
     model_config, params, tokenizer = checkpoint_dir.load_pretrained(
         directory, dtype=configs.compute_dtype(dtype or "auto"))
-    max_seq_length = min(max_seq_length, model_config.max_position_embeddings)
+    max_seq_length = checkpoint_dir.max_seq_length(directory, max_seq_length,
+                                                   model_config.max_position_embeddings)
     config = checkpoint_config(pooling, max_seq_length, batch_size)
     task = get_task(config)
     task.restore({"kind": "pairs", "pooling": pooling.to_dict(), "columns": 1})
@@ -88,7 +91,7 @@ class Embedder:
         return cls(load_export(directory, dtype), batch_size, devices)
 
     @classmethod
-    def from_checkpoint(cls, directory: str, max_seq_length: int = 128,
+    def from_checkpoint(cls, directory: str, max_seq_length: int | None = None,
                         pooling: Pooling | None = None, batch_size: int | None = None,
                         dtype: str | None = None, devices=None) -> Embedder:
         return cls(load_checkpoint(directory, max_seq_length, pooling, batch_size or 64, dtype),

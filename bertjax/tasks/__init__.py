@@ -18,6 +18,7 @@ import dataclasses
 import math
 from typing import Any
 
+from bertjax import checkpoint_dir
 from bertjax.errors import ConfigError
 from bertjax.models import architecture
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
@@ -55,14 +56,25 @@ def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
     Returns {"status", "best_step", "best": dev metrics of the best checkpoint,
     "primary_metric", "history", "total_steps"}.
     """
+    own_max_seq_length(config)
     checks.check(config, workdir)  # before the data is read or anything is written
     job = FineTuningJob(get_task(config), config, log=log)
     return loop.train(job, config, workdir, log=log)
 
 
+def own_max_seq_length(config) -> None:
+    """config.max_seq_length 0 ("auto", the embedding configs' default) becomes the init
+    checkpoint's own (a converted sentence-transformers model embeds as it was built to),
+    else 128, before anything reads it; the run's config records the number."""
+    if config.get("max_seq_length") == 0 and config.get("init_checkpoint"):
+        config.max_seq_length = (checkpoint_dir.own_max_seq_length(config.init_checkpoint)
+                                 or checkpoint_dir.DEFAULT_MAX_SEQ_LENGTH)
+
+
 def dry_run_job(config, log=print):
     """The job of `config` for `--dry_run` (its data and checkpoint are read, nothing is
     trained), with the model FLOPs of its stage for MFU: 3 × the encoder's forward pass."""
+    own_max_seq_length(config)
     checks.check(config, None)
     job = FineTuningJob(get_task(config), config, log=log)
     stage = job.stages[0]

@@ -109,6 +109,29 @@ def test_vectors_match_sentence_transformers(converted):
         np.testing.assert_allclose(np.linalg.norm(ours, axis=-1), 1.0, rtol=1e-6)
 
 
+def test_the_converted_model_embeds_at_its_own_length_unless_told(converted):
+    """The model's max_seq_length (16 here, below its 64 positions) travels with it: the
+    Embedder, `predict embed` and embedding fine-tuning cut texts there by default, so the long
+    sentence's vector is sentence-transformers' own; a length given still wins."""
+    from bertjax.serving.embedder import Embedder
+    from bertjax.tasks import own_max_seq_length
+    from experiments.embedding import get_config
+
+    source, ckpt, _ = converted
+    reference = _reference(source)
+    np.testing.assert_allclose(Embedder.from_checkpoint(str(ckpt))(SENTENCES), reference,
+                               rtol=1e-5, atol=1e-5)
+    longer = Embedder.from_checkpoint(str(ckpt), max_seq_length=64)(SENTENCES)
+    assert np.abs(longer[3] - reference[3]).max() > 1e-3  # the long one, no longer cut
+    config = get_config("pairs")
+    config.init_checkpoint = str(ckpt)
+    own_max_seq_length(config)
+    assert config.max_seq_length == MAX_SEQ_LENGTH
+    config.max_seq_length = 32  # given: kept
+    own_max_seq_length(config)
+    assert config.max_seq_length == 32
+
+
 def test_to_hf_writes_a_directory_sentence_transformers_loads(converted, tmp_path, capsys):
     source, ckpt, pooling = converted
     convert("to_hf", "--input", ckpt, "--output", tmp_path / "hf")
