@@ -112,6 +112,27 @@ def test_pairs_with_hard_negatives_raise_ndcg_above_the_starting_checkpoint(tmp_
                                atol=1e-5)
 
 
+def test_an_epoch_with_a_partial_last_batch_and_repeated_texts_trains_to_the_end(tmp_path):
+    """As users' files are: 75 pairs (not a multiple of the batch of 32) whose passages repeat,
+    so that the no-duplicates batches come out partial, with filler rows; every step's loss and
+    gradient norm is finite and the run finishes with finite parameters and a dev score."""
+    rows = [json.loads(x) for x in open(data.write_pairs(tmp_path / "p.jsonl", 75))]
+    for i, row in enumerate(rows):
+        row["passage"] = rows[i % 20]["passage"]  # 20 distinct passages
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = config_for(tmp_path, train=str(tmp_path / "p.jsonl"),
+                        columns="query,passage", beir=data.write_beir(tmp_path / "beir"))
+    config.train.num_epochs = 1
+    config.log_every_steps = 1
+    summary = tasks.train_and_evaluate(config, str(tmp_path / "run"), log=lambda *_: None)
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text()
+               .splitlines() if '"train"' in x]
+    assert summary["status"] == "done" and len(records) == summary["total_steps"] >= 4
+    for record in records:
+        assert np.isfinite(record["loss"]) and np.isfinite(record["grad_norm"]), record
+    assert np.isfinite(summary["best"]["ndcg@10"])
+
+
 @pytest.mark.slow
 def test_scored_pairs_raise_the_sts_spearman_with_cosent(tmp_path):
     config = config_for(tmp_path, "scored", train=data.write_scored(tmp_path / "t.csv", 480),
