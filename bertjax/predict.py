@@ -204,6 +204,9 @@ def search(args: Sequence[str]) -> None:
     top_k = 10 if f.top_k is None else f.top_k
     if top_k < 1:
         sys.exit(f"error: --top_k={top_k} must be positive")
+    for name in ("corpus", "queries"):  # before the model loads and the corpus is embedded
+        if not paths.exists(f[name].value):
+            sys.exit(f"error: --{name}={f[name].value}: no such file")
     model = embedder()
 
     def embedded(path):
@@ -213,8 +216,9 @@ def search(args: Sequence[str]) -> None:
             vectors.append(chunk)
         return ids, np.concatenate(vectors)
 
-    corpus_ids, corpus = embedded(f.corpus)
+    # The queries first: a bad queries file stops the run before the (larger) corpus is embedded.
     query_ids, queries = embedded(f.queries)
+    corpus_ids, corpus = embedded(f.corpus)
     scores, rows = model.search(queries, corpus, top_k)
 
     def write():

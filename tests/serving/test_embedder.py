@@ -67,6 +67,25 @@ def test_search_command_gives_the_brute_force_nearest_rows(checkpoint, tmp_path)
         np.testing.assert_allclose([x["score"] for x in hit["hits"]], row[best], atol=1e-5)
 
 
+def test_search_checks_the_queries_before_it_embeds_the_corpus(checkpoint, tmp_path):
+    """A missing or bad --queries file stops `search` with one line naming it, before the
+    corpus (here bad too, and in a real run the long part) is read or embedded."""
+    bad_corpus = tmp_path / "corpus.jsonl"
+    bad_corpus.write_text(json.dumps({"body": "x"}) + "\n")
+    bad_queries = tmp_path / "queries.jsonl"
+    bad_queries.write_text(json.dumps({"question": "y"}) + "\n")
+    for queries, expected in ((tmp_path / "none.jsonl", f"error: --queries={tmp_path}/none"
+                               ".jsonl: no such file"),
+                              (bad_queries, f"error: {bad_queries}:1: no column 'text'")):
+        result = run_python(["-m", "bertjax.predict", "search", f"--checkpoint={checkpoint}",
+                             f"--corpus={bad_corpus}", f"--queries={queries}",
+                             f"--output={tmp_path / 'hits.jsonl'}", "--max_seq_length=32"])
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 1 and len(lines) == 1, result.stderr[-2000:]
+        assert lines[0].startswith(expected), lines[0]
+    assert not (tmp_path / "hits.jsonl").exists()
+
+
 def test_pooling_comes_from_pooling_json_unless_overridden(checkpoint, tmp_path):
     import shutil
 
