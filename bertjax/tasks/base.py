@@ -406,27 +406,28 @@ class FineTuningJob(Job):
         checkpoint = self.config.init_checkpoint
         if "://" not in checkpoint:
             checkpoint = os.path.abspath(checkpoint)
-        head = architecture_head(self.task.hf_head(), self.model)
+        head = architecture_head(self.task.hf_head(), self.model, self.model_config)
         return {**head, "model": self.model_config.to_dict(), "vocab": vocab,
                 "do_lower_case": self.do_lower_case, "init_checkpoint": checkpoint,
                 "task": self.task.state()}
 
 
-def architecture_head(head: dict[str, Any], model) -> dict[str, Any]:
-    """A task's export record (`hf_head`, written with BERT's class names) for its `model`'s
-    architecture: a BERT's as it is, none for an architecture without a conversion module;
-    another's transformers class (`Architecture.hf_class`) and the head's config.json fields
-    (classifier_pooling, classifier_dropout: what ModernBertConfig calls them)."""
-    record = architecture(model.config)
+def architecture_head(head: dict[str, Any], model, model_config) -> dict[str, Any]:
+    """A task's export record (`hf_head`, written with BERT's class names) for its `model` of
+    `model_config`'s architecture: a BERT's as it is, none for an architecture without a
+    conversion module; another's transformers class (`Architecture.hf_class`) and the head's
+    config.json fields (classifier_pooling, classifier_dropout: what ModernBertConfig calls
+    them)."""
     if head.get("architecture") is None:
         return head
+    record = architecture(model_config)
     if record.conversion is None:
         return unexportable(f"{record.title} has no transformers class")
     if not record.hf_classes:  # BERT's own names
         return head
     extra = {"classifier_pooling": getattr(model, "classifier_pooling", "cls"),
              "classifier_dropout": heads.head_dropout(
-                 model.config, getattr(model, "classifier_dropout", None)),
+                 model_config, getattr(model, "classifier_dropout", None)),
              **head.get("extra_config", {})}
     return {**head, "architecture": record.hf_class(head["architecture"]),
             "extra_config": extra}
