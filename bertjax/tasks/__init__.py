@@ -19,35 +19,13 @@ import math
 from typing import Any
 
 from bertjax import checkpoint_dir
-from bertjax.errors import ConfigError
 from bertjax.models import architecture
 from bertjax.models.classification import BertForMultipleChoice, BertForSequenceClassification
 from bertjax.tasks import checks
 from bertjax.tasks.base import FineTuningJob, Splits, Task
 from bertjax.tasks.classification.task import SequenceTask, classification_loss, regression_loss
+from bertjax.tasks.families import FAMILIES, get_task, task_class  # noqa: F401  (the registry)
 from bertjax.train import loop
-
-# config.task.family → "module:Task class" (imported when used).
-FAMILIES: dict[str, str] = {
-    "glue": "bertjax.tasks.classification.task:SequenceTask",
-    "swag": "bertjax.tasks.classification.task:SequenceTask",
-    "files": "bertjax.tasks.classification.task:SequenceTask",
-    "squad": "bertjax.tasks.squad.task:SquadTask",
-    "token_classification": "bertjax.tasks.tagging.task:TokenClassificationTask",
-    "feature_based": "bertjax.tasks.tagging.feature_based:FeatureBasedTask",
-    "embedding": "bertjax.tasks.embedding.task:EmbeddingTask",
-}
-
-
-def get_task(config) -> Task:
-    """The task plug-in for config.task.family, built from the config."""
-    import importlib
-
-    family = config.task.family
-    if family not in FAMILIES:
-        raise ConfigError(f"config.task.family={family!r} is not one of {' | '.join(FAMILIES)}")
-    module, name = FAMILIES[family].split(":")
-    return getattr(importlib.import_module(module), name)(config)
 
 
 def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:

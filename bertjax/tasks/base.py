@@ -101,6 +101,11 @@ class TrainingTask:
     metric_names: tuple[str, ...] = ()
     primary_metric: str = ""
     pooled_only: bool = False  # the head reads the pooled token alone (model FLOPs)
+    # config.task.kind values whose training batches can be packed (config.data.pack); whether
+    # the head pools one token of each example (a causal BERT's is its last, which packed rows
+    # do not mark).
+    packed_kinds: tuple[str, ...] = ()
+    pools_one_token: bool = False
 
     # Whether the task's head starts from a ModernBERT checkpoint's MLM prediction head
     # ("head": dense, activation, norm), as transformers' ModernBertFor* classes do.

@@ -13,6 +13,7 @@ from bertjax.checkpoint_dir import check_sizes
 from bertjax.errors import ConfigError
 from bertjax.models import heads
 from bertjax.tasks.base import model_overrides
+from bertjax.tasks.families import FAMILIES, task_class
 from bertjax.validate import (
     check_checkpoint_vocab,
     check_common,
@@ -53,35 +54,29 @@ def check(config, workdir: str | None) -> None:
     check_packing(config, model)
 
 
-# config.task.family → the config.task.kind values whose training batches can be packed
-# (config.data.pack: data_pipeline/packed_finetune.py, bertjax/tasks/packing.py): the pooled
-# sequence heads, and token tagging's per-token head.
-PACKED_KINDS = {"glue": ("classification", "regression"),
-                "files": ("classification", "regression"),
-                "token_classification": ("tagging",)}
-# The families whose head pools one token of each example (a causal BERT's is its last).
-POOLED_FAMILIES = ("glue", "files")
 
 
 def check_packing(config, model) -> None:
     """config.data.pack for a task and model whose head reads each example of a packed row
-    apart: a pooled vector per example, or a score per token."""
+    apart (the Task class's `packed_kinds`: a pooled vector per example, or a score per
+    token)."""
     if not (config.get("data") or {}).get("pack", False):
         return
     task = config.get("task") or {}
     family, kind = task.get("family"), task.get("kind") or ""
+    cls = task_class(family)
     what = None
-    if kind not in PACKED_KINDS.get(family, ()):
+    if kind not in cls.packed_kinds:
         what = f"config.task.family={family!r}" + (f", kind={kind!r}" if kind else "")
     elif int(task.get("bilstm_units") or 0):
         # Its recurrence would run from one packed example into the next.
         what = "the + BiLSTM head (config.task.bilstm_units)"
-    elif family in POOLED_FAMILIES and getattr(model, "causal", False):
-        what = "a causal (left-to-right) BERT"
+    elif cls.pools_one_token and getattr(model, "causal", False):
+        what = "a causal (left-to-right) BERT"  # its pooled token is the last one
     if what:
-        raise ConfigError(f"config.data.pack=True packs classification and regression (glue, "
-                          f"files) and token tagging (token_classification) only; {what} is "
-                          "not packed yet: set config.data.pack=False")
+        kinds = sorted({k for name in FAMILIES for k in task_class(name).packed_kinds})
+        raise ConfigError(f"config.data.pack=True packs config.task.kind {', '.join(kinds)} "
+                          f"only; {what} is not packed yet: set config.data.pack=False")
 
 
 def check_head(config, model) -> None:

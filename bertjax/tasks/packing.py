@@ -6,7 +6,7 @@ their outputs are each example's as the unpacked run computes them).
 `pack`, `grad_accum_steps`, `max_seq_length` (in encode) and `train_batch_size`, and gives
 `packed_batch` (features, rows, shape, process_index, process_count) → a global batch's rows
 and `packed_label_spec(shape)`, the shapes of its label arrays. Checked by
-bertjax/tasks/checks.py (PACKED_KINDS).
+bertjax/tasks/checks.py against the Task class's `packed_kinds`.
 """
 
 from __future__ import annotations

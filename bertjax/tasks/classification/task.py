@@ -98,6 +98,9 @@ class SequenceTask(PackedTraining, Task):
     """config.task.family: glue (config.task.name: cola ... wnli) | swag | files
     (config.task.kind: classification | regression | multiple_choice)."""
 
+    packed_kinds = ("classification", "regression")
+    pools_one_token = True
+
     def __init__(self, config):
         super().__init__(config)
         self.family, self.name = config.task.family, config.task.name

@@ -135,6 +135,8 @@ class FeatureCache:
 class FeatureBasedTask(TokenClassificationTask):
     """Token classification on cached frozen-BERT features (config.feature_based)."""
 
+    packed_kinds = ()  # its BiLSTM would run from one packed example into the next
+
     def __init__(self, config):
         super().__init__(config)
         self.fb = config.feature_based

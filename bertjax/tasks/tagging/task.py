@@ -81,6 +81,8 @@ def token_loss(logits: Array, labels: Array, weights: Array,
 class TokenClassificationTask(PackedTraining, Task):
     """config.task.family = token_classification; config.task.name: conll2003 | files."""
 
+    packed_kinds = ("tagging",)
+
     def __init__(self, config):
         super().__init__(config)
         self.config = config
