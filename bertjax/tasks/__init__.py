@@ -44,9 +44,10 @@ def own_max_seq_length(config) -> None:
     """config.max_seq_length 0 ("auto", the embedding configs' default) becomes the init
     checkpoint's own (a converted sentence-transformers model embeds as it was built to),
     else 128, before anything reads it; the run's config records the number."""
-    if config.get("max_seq_length") == 0 and config.get("init_checkpoint"):
-        config.max_seq_length = (checkpoint_dir.own_max_seq_length(config.init_checkpoint)
-                                 or checkpoint_dir.DEFAULT_MAX_SEQ_LENGTH)
+    if config.get("max_seq_length") == 0:  # without a checkpoint, the checks name that
+        own = config.get("init_checkpoint") and checkpoint_dir.own_max_seq_length(
+            config.init_checkpoint)
+        config.max_seq_length = own or checkpoint_dir.DEFAULT_MAX_SEQ_LENGTH
 
 
 def dry_run_job(config, log=print):
