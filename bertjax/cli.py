@@ -12,11 +12,14 @@ status 1; `--verbose` or BERTJAX_TRACEBACK=1 shows its traceback instead (for bu
 from __future__ import annotations
 
 import json
+import logging as std_logging
 import os
 import re
 import shlex
 import subprocess
 import sys
+import threading
+import traceback
 from collections.abc import Callable, Sequence
 
 from absl import app, flags, logging
@@ -218,6 +221,51 @@ def report_errors(fn: Callable[[], object], known: tuple[type[BaseException], ..
         sys.exit(error_line(e))
 
 
+def _ours(filename: str) -> bool:
+    return os.sep + "bertjax" + os.sep in filename and "site-packages" not in filename
+
+
+class _OneLineLibraryReports(std_logging.Filter):
+    """A library's log record that carries a traceback prints its message alone: under load, a
+    failed checkpoint read's abandoned reads report late, each with a traceback, though the
+    failure itself was already said in one line."""
+
+    def filter(self, record: std_logging.LogRecord) -> bool:
+        if record.exc_info and not _ours(record.pathname) and not show_tracebacks():
+            error = record.exc_info[1]
+            record.msg = f"{record.getMessage()} ({type(error).__name__}: {error})"
+            record.args, record.exc_info, record.exc_text = None, None, None
+        return True
+
+
+def _library_frames_only(tb) -> bool:
+    """No frame of bertjax's own in `tb` (none at all: a callback from native code)."""
+    return not any(_ours(frame.filename) for frame in traceback.extract_tb(tb))
+
+
+def quiet_library_reports() -> None:
+    """Reports that libraries print with a traceback when their own background work fails
+    (log records, an exception in one of their threads, one ignored in a finalizer) print as
+    one line instead; --verbose or BERTJAX_TRACEBACK=1 keeps them whole. bertjax's own code
+    is never shortened."""
+    logging.get_absl_handler().addFilter(_OneLineLibraryReports())
+    previous_thread_hook, previous_unraisable_hook = threading.excepthook, sys.unraisablehook
+
+    def thread_hook(args):
+        if show_tracebacks() or not _library_frames_only(args.exc_traceback):
+            return previous_thread_hook(args)
+        name = args.thread.name if args.thread is not None else "a thread"
+        print(f"warning: {name}: {args.exc_type.__name__}: {args.exc_value}", file=sys.stderr)
+
+    def unraisable_hook(unraisable):
+        if show_tracebacks() or not _library_frames_only(unraisable.exc_traceback):
+            return previous_unraisable_hook(unraisable)
+        error = unraisable.exc_value
+        print(f"warning: ignored {type(error).__name__}: {error}", file=sys.stderr)
+
+    threading.excepthook, sys.unraisablehook = thread_hook, unraisable_hook
+
+
 def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | None = None
         ) -> None:
     """absl's app.run with our flag parser; library INFO logs (orbax, jax) stay quiet, and a
@@ -238,6 +286,7 @@ def run(main: Callable[[list[str]], None], define_flags: Callable[[], None] | No
 
     def quiet_main(argv):
         logging.set_verbosity(logging.WARNING)  # they would drown the progress line
+        quiet_library_reports()
         try:
             return main(argv)
         except SystemExit as e:

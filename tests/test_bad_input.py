@@ -910,3 +910,47 @@ def test_a_failed_save_and_a_truncated_checkpoint_end_in_exactly_one_line(world,
         (line,) = result.stderr.splitlines()
         assert line.startswith(f"error: {checkpoint}/params is unreadable or incomplete"), line
     assert not os.path.exists(f"{tmp_path}/hf") and not os.path.exists(f"{tmp_path}/out.jsonl")
+
+
+# Reports a library makes of its own background failures (a logged exception, a thread's, one
+# ignored in a finalizer), as a failed checkpoint read's abandoned reads make them under load.
+LIBRARY_REPORTS_COMMAND = """
+import logging, threading
+from bertjax import cli
+
+
+class Finalized:
+    def __del__(self):
+        raise RuntimeError("Event loop is gone")
+
+
+def main(argv):
+    try:
+        raise ValueError("late read")
+    except ValueError:
+        logging.getLogger("somelib").exception("read %s failed", "d/4c77")
+    thread = threading.Thread(target=lambda: 1 / 0, name="reader")
+    thread.start()
+    thread.join()
+    Finalized()
+    print("done")
+
+
+cli.run(main)
+"""
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_library_background_failures_are_one_line_each_unless_verbose(verbose):
+    result = run_python(["-c", LIBRARY_REPORTS_COMMAND],
+                        env={"BERTJAX_TRACEBACK": "1" if verbose else "0"})
+    assert result.returncode == 0 and result.stdout == "done\n", result.stderr
+    tracebacks = result.stderr.count("Traceback (most recent call last)")
+    if verbose:
+        assert tracebacks == 3, result.stderr
+        return
+    lines = result.stderr.splitlines()
+    assert tracebacks == 0 and len(lines) == 3, lines
+    assert lines[0].endswith("read d/4c77 failed (ValueError: late read)"), lines
+    assert lines[1:] == ["warning: reader: ZeroDivisionError: division by zero",
+                         "warning: ignored RuntimeError: Event loop is gone"], lines
