@@ -42,7 +42,7 @@ def main(argv):
     # (a different one is refused), in the dry run too: it fixes the embedding's rows.
     given = "model.vocab_size" in config_flags.get_override_values(flags.FLAGS["config"])
     if flags.FLAGS.dry_run:
-        checks.check(config, workdir=None, vocab_size_given=given, log=log)
+        checks.check(config, None, checks.resolve(config, given, log))
     if dry_run.from_flags(pretraining.make_job, config):
         return
     workdir = cli.require(_WORKDIR.value, "--workdir", "runs/base (or gs://bucket/run)")

@@ -135,9 +135,14 @@ def finetune_config(world, kind="classification", **overrides):
     return config
 
 
+def _pretrain_checks(config, workdir):
+    """The pre-training command's path up to training: the config completed, then checked."""
+    pretraining_checks.check(config, workdir, pretraining_checks.resolve(config))
+
+
 def _pretrain(world, workdir="run", **overrides):
     config = pretrain_config(world, **overrides)
-    return lambda: pretraining_checks.check(config, os.path.join(world["root"], workdir))
+    return lambda: _pretrain_checks(config, os.path.join(world["root"], workdir))
 
 
 def _finetune(world, workdir="ft", kind="classification", **overrides):
@@ -156,11 +161,10 @@ def _finetune(world, workdir="ft", kind="classification", **overrides):
 
 def test_the_good_inputs_pass(world):
     """The cases below spoil one thing each: the unspoiled inputs are accepted."""
-    pretraining_checks.check(pretrain_config(world), f"{world['root']}/run")
-    pretraining_checks.check(pretrain_config(world, **{"phases.phase1.data": world["data"],
-                                                   "vocab": world["vocab"]}),
-                         f"{world['root']}/run")
-    pretraining_checks.check(pretrain_config(world, **{
+    _pretrain_checks(pretrain_config(world), f"{world['root']}/run")
+    _pretrain_checks(pretrain_config(world, **{"phases.phase1.data": world["data"],
+                                               "vocab": world["vocab"]}), f"{world['root']}/run")
+    _pretrain_checks(pretrain_config(world, **{
         "phases.phase1.data": world["static"], "masking.dynamic": False}), f"{world['root']}/run")
     _finetune(world)()
     assert not os.path.exists(f"{world['root']}/run")  # validation writes nothing
@@ -708,13 +712,13 @@ def _(w, t):
 @case("workdir", "is_a_file", "--workdir=", "is a file, not a directory")
 def _(w, t):
     _write(f"{t}/run", "not a directory")
-    return lambda: pretraining_checks.check(pretrain_config(w), f"{t}/run")
+    return lambda: _pretrain_checks(pretrain_config(w), f"{t}/run")
 
 
 @case("workdir", "parent_is_a_file", "--workdir=", "is a file, not a directory")
 def _(w, t):
     _write(f"{t}/file", "x")
-    return lambda: pretraining_checks.check(pretrain_config(w), f"{t}/file/run")
+    return lambda: _pretrain_checks(pretrain_config(w), f"{t}/file/run")
 
 
 @case("workdir", "finetune_is_a_file", "--workdir=", "is a file, not a directory")
@@ -729,7 +733,7 @@ def _(w, t):
 def _(w, t):
     os.makedirs(f"{t}/ro")
     os.chmod(f"{t}/ro", 0o555)
-    return lambda: pretraining_checks.check(pretrain_config(w), f"{t}/ro/run")
+    return lambda: _pretrain_checks(pretrain_config(w), f"{t}/ro/run")
 
 
 @pytest.mark.parametrize("area,make,needles,known", CASES)

@@ -201,7 +201,7 @@ def vocab_size(config) -> None:
     the run sets them."""
     from bertjax.tasks.pretraining import checks
 
-    checks.vocab_size(config)
+    checks.resolve(config, log=lambda _: None)
 
 
 if __name__ == "__main__":

@@ -94,7 +94,7 @@ def pretrain_cell(config, workdir: str, export_steps: list[int], log) -> dict | 
                           "which needs its vocabulary")
     if config.train.num_train_steps == 0:
         return random_weights_cell(config, workdir)
-    checks.check(config, workdir, log=log)
+    checks.check(config, workdir, checks.resolve(config, log=log))
     job = pretraining.make_job(config)
     summary = loop.train(job, config, workdir, log=log)
     if summary["status"] != "done":

@@ -24,14 +24,32 @@ from bertjax.validate import (
 from data_pipeline import metadata, tfrecords
 
 
-def check(config, workdir: str | None, vocab_size_given: bool = False, log=print) -> None:
-    """Everything a pre-training run can check before step 0 (workdir None: a dry run, which
-    writes nothing, but whose sizes must be the run's). config.model.vocab_size may be set
-    from config.vocab here (`vocab_size`; logged)."""
+def resolve(config, vocab_size_given: bool = False, log=print):
+    """Completes config.model from config.vocab, the one place a pre-training config is filled
+    in rather than checked: its vocabulary size (`vocab_size`; logged) and the architecture's
+    vocabulary fields. Returns the tokenizer, read once for the checks (None without
+    config.vocab)."""
     model_config(config.model)  # its own fields first, then their agreement with config.vocab
-    taken = vocab_size(config, vocab_size_given)
+    if not config.get("vocab"):
+        return None
+    tokenizer = load_vocab(config.vocab)
+    record = architecture(config.model)
+    if record.vocab_fields is not None:  # e.g. a ModernBERT's special ids
+        config.model.update(record.vocab_fields(tokenizer))
+    taken = vocab_size(config, tokenizer, vocab_size_given)
     if taken:
         log(f"config.model.vocab_size={taken}: the entries of config.vocab={config.vocab}")
+    return tokenizer
+
+
+def check(config, workdir: str | None, tokenizer=None) -> None:
+    """Everything a pre-training run can check before step 0 (workdir None: a dry run, which
+    writes nothing, but whose sizes must be the run's); changes nothing. tokenizer: config.vocab's,
+    as `resolve` returned it (read here otherwise)."""
+    if tokenizer is None and config.get("vocab"):
+        tokenizer = load_vocab(config.vocab)
+    if tokenizer is not None:
+        vocab_size(config, tokenizer, given=True)  # equal, or refused: nothing is set here
     model = model_config(config.model)
     check_common(config)
 
@@ -43,8 +61,7 @@ def check(config, workdir: str | None, vocab_size_given: bool = False, log=print
         return
     check_workdir(workdir)
     vocab_hash = None
-    if config.get("vocab"):
-        tokenizer = load_vocab(config.vocab)
+    if tokenizer is not None:
         vocab_hash = metadata.vocab_hash(
             tokenizer.convert_ids_to_tokens(list(range(tokenizer.vocab_size))))
     check_data(config, model, vocab_hash)
@@ -70,20 +87,14 @@ def check_architecture(config, model) -> None:
                                   f"field (config.model.model_type={record.name!r})")
 
 
-def vocab_size(config, given: bool = False) -> int | None:
-    """config.model.vocab_size against config.vocab, before anything is compiled: the export
-    needs one word-embedding row per entry, so any other size trains a model that can never
-    be saved (nor resumed with the right size). Not `given` (on the command line) and still
-    the presets' size: set to the vocabulary's entries, which are returned; otherwise they
-    must be equal. Without config.vocab: nothing to check (None)."""
-    path = config.get("vocab")
-    if not path:
-        return None
-    tokenizer = load_vocab(path)
+def vocab_size(config, tokenizer, given: bool = False) -> int | None:
+    """config.model.vocab_size against config.vocab's `tokenizer`, before anything is compiled:
+    the export needs one word-embedding row per entry, so any other size trains a model that
+    can never be saved (nor resumed with the right size). Not `given` (on the command line) and
+    still the presets' size: set to the vocabulary's entries, which are returned; otherwise
+    they must be equal."""
     entries = tokenizer.vocab_size
     record = architecture(config.model)
-    if record.vocab_fields is not None:
-        config.model.update(record.vocab_fields(tokenizer))
     size = config.model.get("vocab_size")
     if size == entries:
         return None
@@ -91,9 +102,10 @@ def vocab_size(config, given: bool = False) -> int | None:
     if not given and size == preset_size:  # the presets' size: left as it came
         config.model.vocab_size = entries
         return entries
-    raise ConfigError(f"config.vocab={path} has {entries} entries but config.model.vocab_size="
-                      f"{size} (the exported model needs one embedding row per entry); pass "
-                      f"--config.model.vocab_size={entries} or leave it out")
+    raise ConfigError(f"config.vocab={config.vocab} has {entries} entries but "
+                      f"config.model.vocab_size={size} (the exported model needs one "
+                      f"embedding row per entry); pass --config.model.vocab_size={entries} or "
+                      "leave it out")
 
 
 def load_vocab(path: str, field: str = "config.vocab"):

@@ -161,9 +161,10 @@ def make_job(config) -> PretrainingJob:
 
 
 def train(config, workdir: str, vocab_size_given: bool = False, log=print) -> dict[str, Any]:
-    """Pre-trains (or resumes) in `workdir` after checking everything it can before step 0
-    (checks.check: a bad phase-2 pattern must not surface after all of phase 1); exports the
-    final model to workdir/export when config.vocab is set. Returns the loop's summary
-    ({"status", ...}, bertjax.train.loop.train)."""
-    checks.check(config, workdir, vocab_size_given, log)
+    """Pre-trains (or resumes) in `workdir` after completing the config (checks.resolve) and
+    checking everything it can before step 0 (checks.check: a bad phase-2 pattern must not
+    surface after all of phase 1); exports the final model to workdir/export when config.vocab
+    is set. Returns the loop's summary ({"status", ...}, bertjax.train.loop.train)."""
+    tokenizer = checks.resolve(config, vocab_size_given, log)
+    checks.check(config, workdir, tokenizer)
     return loop.train(make_job(config), config, workdir, log=log)

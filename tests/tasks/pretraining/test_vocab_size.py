@@ -54,15 +54,21 @@ def pretrain_config(**overrides):
 def test_left_at_the_preset_it_is_taken_from_the_vocabulary(vocab):
     config = pretrain_config(vocab=vocab)
     assert config.model.vocab_size == 30522
-    assert pretraining_checks.vocab_size(config) == len(KEYWORD_VOCAB)
-    assert config.model.vocab_size == len(KEYWORD_VOCAB)
-    assert pretraining_checks.vocab_size(config) is None  # now they agree: nothing more to take
-    pretraining_checks.check(config, workdir=None)  # the dry run's validation accepts it
+    logged = []
+    tokenizer = pretraining_checks.resolve(config, log=logged.append)
+    assert config.model.vocab_size == len(KEYWORD_VOCAB) == tokenizer.vocab_size
+    assert logged == [f"config.model.vocab_size={len(KEYWORD_VOCAB)}: the entries of "
+                      f"config.vocab={vocab}"]
+    assert pretraining_checks.resolve(config, log=logged.append)  # now they agree: no news
+    assert len(logged) == 1
+    before = config.to_json()
+    pretraining_checks.check(config, None, tokenizer)  # the dry run's validation accepts it
+    assert config.to_json() == before  # and, a check, changes nothing
 
 
 def test_without_a_vocabulary_nothing_changes():
     config = pretrain_config()
-    assert pretraining_checks.vocab_size(config) is None
+    assert pretraining_checks.resolve(config) is None
     assert config.model.vocab_size == 30522
 
 
@@ -72,7 +78,7 @@ def test_an_explicit_other_size_is_refused_in_one_line(vocab, size, given):
     config file: never silently replaced."""
     config = pretrain_config(vocab=vocab, **{"model.vocab_size": size})
     with pytest.raises(ConfigError) as info:
-        pretraining_checks.vocab_size(config, given)
+        pretraining_checks.resolve(config, given)
     message = str(info.value)
     assert len(message.splitlines()) == 1
     assert f"config.vocab={vocab} has {len(KEYWORD_VOCAB)} entries" in message
