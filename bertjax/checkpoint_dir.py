@@ -462,7 +462,8 @@ def load_params(directory: str | epath.Path, config: ModelConfig) -> dict[str, A
 
 
 def load_pretrained(
-    directory: str | epath.Path, *, do_lower_case: bool | None = None, **config_overrides: Any
+    directory: str | epath.Path, *, do_lower_case: bool | None = None,
+    stored: ModelConfig | None = None, tokenizer: Any = None, **config_overrides: Any
 ) -> tuple[ModelConfig, dict[str, Any], Any]:
     """(config, params, tokenizer) from a checkpoint directory.
 
@@ -471,13 +472,17 @@ def load_pretrained(
       attention_impl.
     params: host NumPy arrays (place them with jax.device_put(params, shardings)).
     tokenizer: bertjax.tokenization.load_tokenizer(directory, do_lower_case).
+    stored, tokenizer: the directory's config.json and tokenizer where the caller has read
+      them already (a fine-tuning run's checks): not read again.
     """
-    stored = load_config(directory)
+    stored = stored or load_config(directory)
     config = model_config({**stored.to_dict(), **config_overrides})
     params = load_params(directory, config)
     from bertjax.tokenization import load_tokenizer
 
-    tokenizer = load_tokenizer(str(directory), do_lower_case=do_lower_case)
+    if tokenizer is None or (do_lower_case is not None
+                             and do_lower_case != tokenizer.do_lower_case):
+        tokenizer = load_tokenizer(str(directory), do_lower_case=do_lower_case)
     ids = tokenizer.vocab.values()
     if ids and max(ids) >= config.vocab_size:
         raise CheckpointError(

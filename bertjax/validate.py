@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 
 from bertjax import models, paths
-from bertjax.checkpoint_dir import check_sizes, count_vocab, load_config, vocab_path
-from bertjax.errors import CheckpointError, ConfigError
+from bertjax.checkpoint_dir import check_sizes, load_config, vocab_path
+from bertjax.errors import CheckpointError, ConfigError, DataError
 from bertjax.train import optimizer, profiling
 from bertjax.train import step as step_lib
 
@@ -127,17 +127,26 @@ def check_init_checkpoint(directory: str, model=None, field: str = "config.init_
     return loaded
 
 
-def check_checkpoint_vocab(directory: str, loaded, field: str = "config.init_checkpoint"):
-    """The checkpoint's own vocabulary (the fine-tuning tokenizer) fits its word embeddings:
-    fewer entries than rows is what bertjax.load_pretrained accepts (ids index the rows), more
-    would index past them. Checked here so the job stops before its data is read."""
+def checkpoint_tokenizer(directory: str, loaded, field: str = "config.init_checkpoint"):
+    """The checkpoint's own tokenizer (the fine-tuning one, read here once for the job), which
+    must fit its word embeddings: fewer entries than rows is what bertjax.load_pretrained
+    accepts (ids index the rows), more would index past them. Checked here so the job stops
+    before its data is read. None without a single vocabulary there (load_pretrained names
+    what it lacks)."""
+    from bertjax.tokenization import load_tokenizer
+
     try:
-        entries = count_vocab(vocab_path(directory))
+        vocab_path(directory)
     except CheckpointError:
-        return  # no single vocabulary there: load_pretrained names what it lacks
-    if entries > loaded.vocab_size:
+        return None
+    try:
+        tokenizer = load_tokenizer(directory)
+    except DataError as e:  # VocabError: the message names the file
+        raise CheckpointError(f"{field}: {e}") from None
+    if tokenizer.vocab_size > loaded.vocab_size:
         raise CheckpointError(f"{field}={directory}: its vocabulary {vocab_path(directory)} "
-                              f"has {entries} entries but the model has {loaded.vocab_size} "
-                              "word-embedding rows (model.vocab_size)")
+                              f"has {tokenizer.vocab_size} entries but the model has "
+                              f"{loaded.vocab_size} word-embedding rows (model.vocab_size)")
+    return tokenizer
 
 

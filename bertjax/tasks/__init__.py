@@ -35,8 +35,8 @@ def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
     "primary_metric", "history", "total_steps"}.
     """
     own_max_seq_length(config)
-    checks.check(config, workdir)  # before the data is read or anything is written
-    job = FineTuningJob(get_task(config), config, log=log)
+    init = checks.check(config, workdir)  # before the data is read or anything is written
+    job = FineTuningJob(get_task(config), config, log=log, init=init)
     return loop.train(job, config, workdir, log=log)
 
 
@@ -54,8 +54,8 @@ def dry_run_job(config, log=print):
     """The job of `config` for `--dry_run` (its data and checkpoint are read, nothing is
     trained), with the model FLOPs of its stage for MFU: 3 × the encoder's forward pass."""
     own_max_seq_length(config)
-    checks.check(config, None)
-    job = FineTuningJob(get_task(config), config, log=log)
+    init = checks.check(config, None)
+    job = FineTuningJob(get_task(config), config, log=log, init=init)
     stage = job.stages[0]
     tokens = stage.batch_spec.get("input_ids")
     sequences = 1 if tokens is None else int(math.prod(tokens.shape[1:-1]))  # choices

@@ -53,7 +53,7 @@ import functools
 import json
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -62,7 +62,7 @@ from etils import epath
 
 from bertjax import checkpoint_dir
 from bertjax.errors import CheckpointError, ConfigError
-from bertjax.models import architecture, heads
+from bertjax.models import ModelConfig, architecture, heads
 from bertjax.tasks import chunks
 from bertjax.train import configs, multihost
 from bertjax.train.loop import Job, Stage
@@ -302,14 +302,22 @@ def model_overrides(fields, stored) -> dict[str, Any]:
     return architecture(stored).model_overrides(dict(fields or {}))
 
 
-def load_pretrained_model(config):
+class InitCheckpoint(NamedTuple):
+    """config.init_checkpoint's model config (its config.json) and tokenizer as the checks
+    read them (bertjax.tasks.checks.check), handed to the job: each file is read once."""
+    config: ModelConfig
+    tokenizer: Any | None  # None: the checkpoint has no single vocabulary (load names it)
+
+
+def load_pretrained_model(config, init: InitCheckpoint | None = None):
     """(model config with config.model overrides and the dtype policy, host params, tokenizer)
-    of config.init_checkpoint."""
-    stored = checkpoint_dir.load_config(config.init_checkpoint)
+    of config.init_checkpoint; `init`: its config and tokenizer, already read."""
+    stored = init.config if init else checkpoint_dir.load_config(config.init_checkpoint)
     overrides = model_overrides(config.model, stored)
     overrides["dtype"] = configs.compute_dtype(overrides.get("dtype", "auto"))
     try:
-        return checkpoint_dir.load_pretrained(config.init_checkpoint, **overrides)
+        return checkpoint_dir.load_pretrained(config.init_checkpoint, stored=stored,
+                                              tokenizer=init and init.tokenizer, **overrides)
     except CheckpointError as e:
         raise CheckpointError(f"config.init_checkpoint: {e}") from None
 
@@ -318,10 +326,10 @@ class FineTuningJob(Job):
     """A task on the shared loop (bertjax.train.loop.train), of a config that passed
     bertjax.tasks.checks.check."""
 
-    def __init__(self, task: Task, config, log=print):
+    def __init__(self, task: Task, config, log=print, init: InitCheckpoint | None = None):
         self.task, self.config = task, config
         self.splits = task.read(config)
-        self.model_config, pretrained, tokenizer = load_pretrained_model(config)
+        self.model_config, pretrained, tokenizer = load_pretrained_model(config, init)
         self.do_lower_case = tokenizer.do_lower_case
         self._pretrained = task.initial_params(self.model_config, pretrained)
         max_len = config.max_seq_length

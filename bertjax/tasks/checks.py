@@ -12,21 +12,22 @@ from bertjax import paths
 from bertjax.checkpoint_dir import check_sizes
 from bertjax.errors import ConfigError
 from bertjax.models import heads
-from bertjax.tasks.base import model_overrides
+from bertjax.tasks.base import InitCheckpoint, model_overrides
 from bertjax.tasks.families import FAMILIES, task_class
 from bertjax.validate import (
-    check_checkpoint_vocab,
     check_common,
     check_init_checkpoint,
     check_ranges,
     check_workdir,
+    checkpoint_tokenizer,
     model_config,
     number,
 )
 
 
-def check(config, workdir: str | None) -> None:
-    """Raises ConfigError / CheckpointError naming the field (workdir None: a dry run)."""
+def check(config, workdir: str | None) -> InitCheckpoint:
+    """Raises ConfigError / CheckpointError naming the field (workdir None: a dry run).
+    Returns the init checkpoint's config and tokenizer as read here, for the job."""
     check_common(config)
     check_ranges(config, {"max_seq_length": 3, "seed": 0, "min_bucket_length": 1},
                  positive=("train.num_epochs",))
@@ -45,13 +46,14 @@ def check(config, workdir: str | None) -> None:
     # The checkpoint fixes the sizes (its params and its vocabulary): an override of one
     # would fail on the params' shapes after the data is read.
     check_sizes(loaded, model, f"config.init_checkpoint={config.init_checkpoint}")
-    check_checkpoint_vocab(config.init_checkpoint, loaded)
+    tokenizer = checkpoint_tokenizer(config.init_checkpoint, loaded)
     if config.max_seq_length > model.max_position_embeddings:
         raise ConfigError(f"config.max_seq_length={config.max_seq_length} exceeds the model's "
                           f"{model.max_position_embeddings} positions "
                           f"({config.init_checkpoint})")
     check_head(config, model)
     check_packing(config, model)
+    return InitCheckpoint(loaded, tokenizer)
 
 
 

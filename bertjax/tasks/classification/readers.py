@@ -389,17 +389,18 @@ def first_record(path: str, encoding: str = paths.DEFAULT_ENCODING) -> dict[str,
 
 def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str = "label",
               choices: Sequence[str] = (), labels: Sequence[str] | None = None,
-              labelled: bool = True, id_column: str = "", encoding: str = paths.DEFAULT_ENCODING
-              ) -> list[Example] | list[ChoiceExample]:
+              labelled: bool = True, id_column: str = "", encoding: str = paths.DEFAULT_ENCODING,
+              rows=None) -> list[Example] | list[ChoiceExample]:
     """Examples of `kind` (classification | regression | multiple_choice) from a user file.
 
     classification: `labels` are the label names (ids follow their order); multiple_choice:
     `text_a` is the context, `choices` the ending columns, and `label` the 0-based index of
     the right one. Unlabelled files (test sets) need no label column. Each example's `index`
-    is its `id_column` value where the row has one, else its 0-based row number.
+    is its `id_column` value where the row has one, else its 0-based row number. rows: the
+    file's (line, record) pairs where the caller has read them (`records`).
     """
     examples = []
-    for line, record in records(path, encoding):
+    for line, record in records(path, encoding) if rows is None else rows:
         where = f"{path}:{line}"
         row_id = record.get(id_column) if id_column else None
         index = str(len(examples)) if row_id is None or row_id == "" else str(row_id)
@@ -429,11 +430,12 @@ def read_file(path: str, kind: str, *, text_a: str, text_b: str = "", label: str
     return examples
 
 
-def infer_labels(path: str, label: str, encoding: str = paths.DEFAULT_ENCODING
+def infer_labels(path: str, label: str, encoding: str = paths.DEFAULT_ENCODING, rows=None
                  ) -> tuple[str, ...]:
-    """The sorted distinct values of column `label` (numeric order when all are integers)."""
+    """The sorted distinct values of column `label` (numeric order when all are integers);
+    rows: as for `read_file`."""
     values = set()
-    for line, record in records(path, encoding):
+    for line, record in records(path, encoding) if rows is None else rows:
         value = str(get_field(record, label, path, line, "label")).strip()
         if not value:  # would become a class of its own
             raise DataError(f"{path}:{line}: empty label in column {label!r}")

@@ -153,9 +153,10 @@ class SequenceTask(PackedTraining, Task):
         if kind == "multiple_choice" and len(choices) < 2:
             raise ConfigError("config.data.choices must name at least two columns, e.g. a,b,c,d")
         labels = None
+        train_rows = list(readers.records(data.train, encoding))  # for the labels too: read once
         if kind == "classification":
             labels = (tuple(x for x in data.labels.split(",") if x) if data.labels
-                      else readers.infer_labels(data.train, data.label, encoding))
+                      else readers.infer_labels(data.train, data.label, rows=train_rows))
         read = functools.partial(readers.read_file, kind=kind, text_a=data.text_a,
                                  text_b=data.text_b, label=data.label, choices=choices,
                                  labels=labels, encoding=encoding)
@@ -165,7 +166,7 @@ class SequenceTask(PackedTraining, Task):
         if kind == "classification" and len(labels) == 2:
             metric_names = ("accuracy", "f1", "matthews_corrcoef")
         self._declare(kind, tuple(label_names), metric_names)
-        return Splits(read(data.train), {"dev": read(data.validation)},
+        return Splits(read(data.train, rows=train_rows), {"dev": read(data.validation)},
                       {"test": read(data.test, labelled=False)} if data.test else {})
 
     def _declare(self, kind: str, label_names, metric_names) -> None:
