@@ -41,7 +41,7 @@ from etils import epath
 from bertjax import paths
 from bertjax.errors import CheckpointError, ConfigError
 from bertjax.models import ModelConfig, architecture, model_config
-from bertjax.models.embedding import POOLING_FILE, Pooling
+from bertjax.models.embedding import POOLING_FILE, Pooling, Prompts
 from bertjax.models.layout import to_layout
 from bertjax.train import multihost
 
@@ -424,15 +424,37 @@ def load_pooling(directory: str | epath.Path) -> Pooling | None:
         raise CheckpointError(f"{path}: {e}") from None
 
 
+def sentence_record(directory: str | epath.Path) -> dict[str, Any]:
+    """What from_hf kept of a converted sentence-transformers model (conversion.json's
+    SENTENCE_TRANSFORMERS record: pooling, max_seq_length, prompts, default_prompt_name,
+    include_prompt, do_lower_case); {} for any other checkpoint directory."""
+    path = epath.Path(directory) / CONVERSION_FILE
+    if not path.exists():
+        return {}
+    record = paths.read_json_object(path, CheckpointError).get(SENTENCE_TRANSFORMERS)
+    return record if isinstance(record, dict) else {}
+
+
 def own_max_seq_length(directory: str | epath.Path) -> int | None:
     """The tokens per text a converted sentence-transformers model was built to embed (its
     sentence_bert_config.json max_seq_length, kept in conversion.json), or None."""
-    path = epath.Path(directory) / CONVERSION_FILE
-    if not path.exists():
-        return None
-    record = paths.read_json_object(path, CheckpointError).get(SENTENCE_TRANSFORMERS) or {}
-    length = record.get("max_seq_length")
+    length = sentence_record(directory).get("max_seq_length")
     return int(length) if isinstance(length, int) and length > 0 else None
+
+
+def own_prompts(directory: str | epath.Path) -> Prompts:
+    """The prompts a converted sentence-transformers model came with (its
+    config_sentence_transformers.json's, kept in conversion.json); none for another model."""
+    try:
+        return Prompts.from_dict(sentence_record(directory))
+    except ConfigError as e:
+        raise CheckpointError(f"{epath.Path(directory) / CONVERSION_FILE}: {e}") from None
+
+
+def own_lower_case(directory: str | epath.Path) -> bool:
+    """Whether a converted sentence-transformers model lower-cases its texts before the
+    tokenizer (sentence_bert_config.json's do_lower_case, kept in conversion.json)."""
+    return sentence_record(directory).get("do_lower_case") is True
 
 
 def max_seq_length(directory: str | epath.Path, given: int | None,

@@ -13,6 +13,8 @@ masked-word predictions of a pre-trained checkpoint.
       --output=vectors.npy [--text_a=text --id=id] [--chunk_rows=100000]
   python -m bertjax.predict search --workdir=runs/qa_embed --corpus=passages.jsonl \
       --queries=questions.jsonl --output=hits.jsonl [--top_k=10]
+  python -m bertjax.predict mine --checkpoint=checkpoints/minilm --pairs=train.jsonl \
+      --output=mined.jsonl [--corpus=more.jsonl] [--num_negatives=3] [--relative_margin=0.05]
 
 --input: .csv / .tsv / .jsonl rows (classification, regression, multiple choice; field flags
 as the users'-files configs, default the run's config.data), SQuAD-layout .json or .jsonl
@@ -35,11 +37,26 @@ by the mean of its tokens; --pooling / --normalize override). embed writes the v
 float32 .npy [rows, hidden] and their ids beside it (NAME.ids.jsonl, one JSON string a line;
 the --id column, else the row number). search embeds --corpus and --queries (the same
 --text_a / --id columns) and writes, per query, {id, hits: [{id, score}]}, the --top_k corpus
-rows of highest cosine, by exact search.
+rows of highest cosine, by exact search. Prompts apply as sentence-transformers applies them:
+embed prepends the model's default prompt (encode's; --prompt_name=NAME: one of its prompts,
+--prompt=TEXT: that text, "" none), search the model's "query" prompt to the queries and its
+"document" prompt to the corpus (encode_query / encode_document's; --query_prompt_name,
+--query_prompt, --corpus_prompt_name, --corpus_prompt say otherwise).
+
+mine (the same models) adds hard negatives to (anchor, positive) rows: --pairs, columns
+--text_a / --text_b (default anchor, positive). Per anchor, the --num_negatives texts nearest
+to it by exact search (sharded over every device) among the positives and the --corpus
+file's `text` column, each text once, but not its positives or itself, none above --max_score
+or within --margin / --relative_margin of its lowest positive score, after the first
+--range_min, among the first --range_max (sentence-transformers' mine_hard_negatives; the
+anchors take the model's query prompt, the texts its document prompt). It writes the rows
+with columns negative_1 .. negative_N (.jsonl / .csv / .tsv as --output), what the pairs
+config reads; the rows of an anchor left with too few negatives are dropped.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Sequence
 
@@ -94,6 +111,30 @@ def define_flags() -> None:
                       "(default: the checkpoint's pooling.json, else no).")
     flags.DEFINE_string("corpus", None, "search: the texts searched (.csv | .tsv | .jsonl).")
     flags.DEFINE_string("queries", None, "search: the query texts (.csv | .tsv | .jsonl).")
+    flags.DEFINE_string("pairs", None, "mine: (anchor, positive) rows (.csv | .tsv | .jsonl; "
+                        "columns --text_a, --text_b, default anchor, positive); --corpus: "
+                        "more texts to search (column text).")
+    flags.DEFINE_integer("num_negatives", 3, "mine: hard negatives a row.")
+    flags.DEFINE_integer("range_min", 0, "mine: skip this many of the nearest candidates left.")
+    flags.DEFINE_integer("range_max", None, "mine: candidates among this many nearest texts "
+                         "(the anchor's positives aside; default range_min + num_negatives, "
+                         "10 a negative with a margin or --max_score).")
+    flags.DEFINE_float("margin", None, "mine: drop candidates scoring above the anchor's "
+                       "lowest positive score minus this.")
+    flags.DEFINE_float("relative_margin", None, "mine: drop candidates scoring above positive "
+                       "- |positive| * this (0.05 is NV-Retriever's TopK-PercPos 95%).")
+    flags.DEFINE_float("max_score", None, "mine: drop candidates scoring above this.")
+    flags.DEFINE_string("prompt_name", None, "embed: the model's prompt of this name before "
+                        "each text (default: its default prompt, as sentence-transformers' "
+                        "encode).")
+    flags.DEFINE_string("prompt", None, "embed: this text before each text, instead of the "
+                        "model's prompts (\"\": none).")
+    for side, role in (("query", "query"), ("corpus", "document")):
+        flags.DEFINE_string(f"{side}_prompt_name", None, f"search, mine (anchors are its "
+                            f"queries): the model's prompt of this name before each {side} text "
+                            f"(default: its \"{role}\" prompt, as encode_{role}).")
+        flags.DEFINE_string(f"{side}_prompt", None, f"search, mine: this text before each "
+                            f"{side} text, instead of the model's prompts (\"\": none).")
     cli.define_distributed_flags()
 
 
@@ -150,6 +191,32 @@ def embedder():
     return Embedder.from_export(f.export, f.batch_size, f.dtype, devices)
 
 
+# Each command's prompt flags (--NAME_name: one of the model's prompts, --NAME: the text).
+PROMPT_FLAGS = {"embed": ("prompt",), "search": ("query_prompt", "corpus_prompt"),
+                "mine": ("query_prompt", "corpus_prompt")}  # mine: anchors are its queries
+
+
+def check_prompt_flags(command: str) -> None:
+    """Before the model loads: no other command's prompt flag, no name and text together."""
+    f = flags.FLAGS
+    for other, names in PROMPT_FLAGS.items():
+        given = [f"--{n}{end}" for n in names for end in ("_name", "")
+                 if n not in PROMPT_FLAGS[command] and f[n + end].value is not None]
+        if given:
+            sys.exit(f"error: {command}: {given[0]} is a flag of {other}")
+    for flag in PROMPT_FLAGS[command]:
+        if f[flag + "_name"].value is not None and f[flag].value is not None:
+            sys.exit(f"error: give --{flag}_name or --{flag}, not both")
+
+
+def prompt_text(model, flag: str, role: str | None) -> str:
+    """The text to prepend to each text: --FLAG, else the model's prompt --FLAG_name, else
+    the model's own for `role` (None: its default prompt), as sentence-transformers."""
+    f = flags.FLAGS
+    return model.prompts.text(f[flag + "_name"].value, f[flag].value, role,
+                              where=f"--{flag}_name")
+
+
 def text_fields() -> dict:
     f = flags.FLAGS
     return {"text_a": f.text_a, "id": f.id, "encoding": f.encoding}
@@ -169,12 +236,14 @@ def embed(args: Sequence[str]) -> None:
     if f.chunk_rows < 0:
         sys.exit(f"error: --chunk_rows={f.chunk_rows} must be 0 or positive")
     check_vectors_path(f.output)  # before the model is loaded
+    check_prompt_flags("embed")
     if not paths.exists(f.input):
         sys.exit(f"error: --input={f.input}: no such file")
     model = embedder()
+    prompt = prompt_text(model, "prompt", None)
     out = multihost.write_from_main(lambda: VectorFile(f.output))
     try:
-        for ids, vectors in model.embed_file(f.input, text_fields(), f.chunk_rows):
+        for ids, vectors in model.embed_file(f.input, text_fields(), f.chunk_rows, prompt):
             multihost.write_from_main(lambda ids=ids, vectors=vectors: out.write(ids, vectors))
     except BaseException:
         if out is not None:
@@ -185,7 +254,7 @@ def embed(args: Sequence[str]) -> None:
         print(f"wrote {out.rows} vectors [{out.rows}, {out.hidden}] to {f.output}, their ids "
               f"to {ids_path(f.output)} ({model.pooling.mode} pooling"
               f"{', normalised' if model.pooling.normalize else ''}; "
-              f"{model.engine.trained.workdir})")
+              f"{f'prompt {prompt!r}; ' if prompt else ''}{model.engine.trained.workdir})")
 
 
 def search(args: Sequence[str]) -> None:
@@ -204,21 +273,24 @@ def search(args: Sequence[str]) -> None:
     top_k = 10 if f.top_k is None else f.top_k
     if top_k < 1:
         sys.exit(f"error: --top_k={top_k} must be positive")
+    check_prompt_flags("search")
     for name in ("corpus", "queries"):  # before the model loads and the corpus is embedded
         if not paths.exists(f[name].value):
             sys.exit(f"error: --{name}={f[name].value}: no such file")
     model = embedder()
+    query_prompt = prompt_text(model, "query_prompt", "query")
+    corpus_prompt = prompt_text(model, "corpus_prompt", "document")
 
-    def embedded(path):
+    def embedded(path, prompt):
         ids, vectors = [], []
-        for chunk_ids, chunk in model.embed_file(path, text_fields(), f.chunk_rows):
+        for chunk_ids, chunk in model.embed_file(path, text_fields(), f.chunk_rows, prompt):
             ids += chunk_ids
             vectors.append(chunk)
         return ids, np.concatenate(vectors)
 
     # The queries first: a bad queries file stops the run before the (larger) corpus is embedded.
-    query_ids, queries = embedded(f.queries)
-    corpus_ids, corpus = embedded(f.corpus)
+    query_ids, queries = embedded(f.queries, query_prompt)
+    corpus_ids, corpus = embedded(f.corpus, corpus_prompt)
     scores, rows = model.search(queries, corpus, top_k)
 
     def write():
@@ -232,6 +304,48 @@ def search(args: Sequence[str]) -> None:
     if multihost.is_main():
         print(f"wrote the top {min(top_k, len(corpus_ids))} of {len(corpus_ids)} corpus rows "
               f"for {len(query_ids)} queries to {f.output}")
+
+
+def mine(args: Sequence[str]) -> None:
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh
+
+    from bertjax import paths
+    from bertjax.tasks.embedding import mining
+    from bertjax.train import multihost
+
+    f = flags.FLAGS
+    if args:
+        sys.exit(f"error: mine: unexpected arguments {list(args)}; give --pairs=FILE")
+    for name in ("pairs", "output"):
+        if not f[name].value:
+            sys.exit(f"error: mine: --{name} is required")
+    if f.top_k is not None:
+        sys.exit("error: mine: --top_k is search's; --range_max sets how deep mine searches")
+    if f.chunk_rows < 0:
+        sys.exit(f"error: --chunk_rows={f.chunk_rows} must be 0 or positive")
+    # Before the model loads: the settings, the output's format, the files.
+    mining.check_settings(f.num_negatives, f.range_min, f.range_max)
+    mining.check_output(f.output)
+    for name in ("pairs", "corpus"):
+        if f[name].value and not paths.exists(f[name].value):
+            sys.exit(f"error: --{name}={f[name].value}: no such file")
+    encoding = paths.check_encoding(f.encoding or paths.DEFAULT_ENCODING, "--encoding")
+    check_prompt_flags("mine")
+    model = embedder()
+    anchor_prompt = prompt_text(model, "query_prompt", "query")
+    corpus_prompt = prompt_text(model, "corpus_prompt", "document")
+    summary = mining.mine_file(
+        functools.partial(model, prompt=anchor_prompt), f.pairs, f.output, f.num_negatives,
+        corpus_path=f.corpus, anchor_column=f.text_a or "anchor",
+        positive_column=f.text_b or "positive", encoding=encoding,
+        embed_corpus=functools.partial(model, prompt=corpus_prompt), embed_rows=f.chunk_rows,
+        range_min=f.range_min, range_max=f.range_max, margin=f.margin,
+        relative_margin=f.relative_margin, max_score=f.max_score,
+        mesh=Mesh(np.array(jax.devices()), ("corpus",)))
+    if multihost.is_main():
+        print(summary.line(f.output))
 
 
 def dry_run() -> None:
@@ -305,7 +419,7 @@ def main(argv: Sequence[str]) -> None:
     cli.initialize_distributed()  # before anything touches a JAX backend
     if not flags.FLAGS.dry_run:  # a dry run's TPU programs cannot be read back on this host
         cli.use_compilation_cache()
-    commands = {"fill_mask": fill_mask, "embed": embed, "search": search}
+    commands = {"fill_mask": fill_mask, "embed": embed, "search": search, "mine": mine}
     if len(argv) > 1 and argv[1] in commands:
         return commands[argv[1]](argv[2:])
     if len(argv) > 1:

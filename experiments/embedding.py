@@ -14,7 +14,9 @@ on scored pairs (STS), from your own CSV / TSV / JSONL files.
 positive and hard negatives in the global batch are an anchor's negatives, across every
 device and host), batch 64, 1 epoch. scored: CoSENT (only the order of the scores matters),
 batch 16, 4 epochs. Pooling: "auto" takes a converted sentence-transformers model's own
-(pooling.json), else mean pooling; max_seq_length 0 its own length, else 128.
+(pooling.json), else mean pooling; max_seq_length 0 its own length, else 128; prompts "auto"
+its own (encode_query's for the anchors, encode_document's for the positives and negatives,
+encode's for scored pairs), e.g. --config.task.query_prompt="query: " to set one ("" none).
 """
 
 import ml_collections
@@ -38,9 +40,14 @@ def get_config(arg: str = "pairs") -> ml_collections.ConfigDict:
     # passage with several questions would be its own copies' false negative).
     # matryoshka_dims: e.g. "384,256,128,64": the loss is also that of each leading slice of
     # the vectors (Matryoshka), so that truncated vectors still rank ("": full size only).
+    # query_prompt (anchors, BEIR queries), document_prompt (positives, negatives, the BEIR
+    # corpus), prompt (scored / STS pairs): text prepended before tokenizing, as
+    # sentence-transformers' trainer prompts= does; "auto" is the init checkpoint's own
+    # (bertjax/tasks/embedding/prompts.py), "" none. The export keeps them as its prompts.
     config.task.update(dict(pooling="auto", normalize="auto", loss="auto", scale=20.0,
                             symmetric=False, cache_chunk_rows=0, no_duplicates=True,
-                            matryoshka_dims=""))
+                            matryoshka_dims="", prompt="auto", query_prompt="auto",
+                            document_prompt="auto"))
     config.data.update(dict(columns="anchor,positive", text_a="sentence1", text_b="sentence2",
                             score="score", beir="", beir_split="dev"))
     config.eval.at_start = True  # the starting checkpoint's score, for comparison

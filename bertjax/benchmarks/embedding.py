@@ -2,6 +2,7 @@ r"""Sentence embeddings: `predict embed` against sentence-transformers' encode, 
 contrastive training step with global negatives.
 
   python -m bertjax.benchmarks.embedding [--rows=1000] [--repeats=3] [--batch_size=64]
+      [--mining_rows=1000000] [--mining_anchors=1000] [--noencode --notrain_step]
 
 The model: a sentence-transformers directory written here (random weights of
 all-MiniLM-L6-v2's shape: 6 layers, 384 wide, mean pooling then normalised; a WordPiece
@@ -20,6 +21,13 @@ parallel; 64 pairs at 64 tokens, dropout 0.1, AdamW): the in-batch-negatives los
 global batch (every device's rows are every anchor's negatives) and its cached mode
 (GradCache, 16 rows a chunk), against the same step with a loss of each pair alone (the
 cosine loss: no row sees another; the baseline, what the global negatives cost).
+
+Hard-negative mining (bertjax/tasks/embedding/mining.py, in a subprocess, the CPU split into
+devices as `predict mine` splits it, the search sharded over them): `mining_anchors` anchors
+against a corpus of `mining_rows` random float32 vectors of 384 (1,000,000 of them: 1.5 GB),
+3 negatives, relative margin 0.05. Its wall time, and its peak RSS (ru_maxrss) against the
+corpus's own bytes and against what one [anchors, corpus] float32 score matrix would take:
+the search scores a chunk of the corpus at a time, so the peak stays near the corpus's size.
 
 Sentences/s are the median of `repeats` passes after a first pass (compiles); run it on a
 quiet machine, the figures are comparable within one run only.
@@ -51,7 +59,12 @@ def define_flags() -> None:
     flags.DEFINE_integer("batch_size", 64, "sentence-transformers' rows per batch (bertjax "
                          "batches as `predict embed` does by default).")
     flags.DEFINE_string("corpus", "data/demo_corpus.txt", "Sentences, one a line.")
+    flags.DEFINE_bool("encode", True, "Time the sentence vectors against "
+                      "sentence-transformers.")
     flags.DEFINE_bool("train_step", True, "Also time the training step on 4 CPU devices.")
+    flags.DEFINE_integer("mining_rows", 1_000_000, "Corpus vectors of the hard-negative "
+                         "mining measurement (0: none).")
+    flags.DEFINE_integer("mining_anchors", 1000, "Anchors of the mining measurement.")
 
 
 def read_rows(path: str, count: int) -> list[str]:
@@ -224,15 +237,68 @@ def train_table(repeats: int) -> None:
               f"{first[name]:>9.1f} {seconds['pairs'] / seconds[name]:>6.2f}")
 
 
+MINING_SCRIPT = r"""
+import json, resource, sys, time
+from bertjax import runtime
+runtime.split_cpu()  # as `python -m bertjax.predict mine`, before JAX starts
+import jax, numpy as np
+from jax.sharding import Mesh
+from bertjax.tasks.embedding import mining
+
+def peak_rss() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+
+rows, anchors = int(sys.argv[1]), int(sys.argv[2])
+jax.numpy.zeros(1).block_until_ready()  # the backend started: its memory is not the search's
+before = peak_rss()
+rng = np.random.default_rng(0)
+corpus = rng.standard_normal((rows, 384), dtype=np.float32)
+queries = corpus[:anchors] + rng.standard_normal((anchors, 384), dtype=np.float32)
+loaded = peak_rss()
+mesh = Mesh(np.array(jax.devices()), ("corpus",))
+start = time.perf_counter()
+mined = mining.mine_hard_negatives(queries, corpus, [[i] for i in range(anchors)], 3,
+                                   relative_margin=0.05, mesh=mesh)
+seconds = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "before": before, "loaded": loaded, "peak": peak_rss(),
+                  "corpus": corpus.nbytes, "devices": len(jax.devices()),
+                  "complete": int(mined.complete.sum())}))
+"""
+
+
+def mining_table(rows: int, anchors: int) -> None:
+    import json
+    import subprocess
+
+    result = subprocess.run([sys.executable, "-c", MINING_SCRIPT, str(rows), str(anchors)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"error: the mining benchmark failed: {result.stderr[-2000:]}")
+    m = json.loads(result.stdout.strip().splitlines()[-1])
+    gb = 1e9
+    matrix = anchors * rows * 4  # one float32 score per (anchor, corpus row)
+    print(f"Hard-negative mining: {anchors} anchors over {rows} x 384 float32 vectors "
+          f"({m['corpus'] / gb:.2f} GB), 3 negatives, relative margin 0.05, exact search on "
+          f"{m['devices']} CPU device(s):")
+    print(f"  {'wall s':>7} {'peak RSS GB':>12} {'above the vectors GB':>21} "
+          f"{'[anchors, corpus] matrix GB':>28} {'anchors mined':>14}")
+    print(f"  {m['seconds']:>7.1f} {m['peak'] / gb:>12.2f} {(m['peak'] - m['loaded']) / gb:>21.2f} "
+          f"{matrix / gb:>28.2f} {m['complete']:>14}")
+    print(f"  (before the vectors: {m['before'] / gb:.2f} GB; with them {m['loaded'] / gb:.2f} "
+          "GB: the search adds what is above them)")
+
+
 def main(argv) -> None:
     del argv
     f = flags.FLAGS
     runtime.split_cpu()  # as `python -m bertjax.predict` does, before JAX starts
-    rows = read_rows(f.corpus, f.rows)
     start = time.time()
-    encode_table(rows, f.batch_size, f.repeats)
+    if f.encode:
+        encode_table(read_rows(f.corpus, f.rows), f.batch_size, f.repeats)
     if f.train_step:
         train_table(f.repeats)
+    if f.mining_rows:
+        mining_table(f.mining_rows, f.mining_anchors)
     print(f"({time.time() - start:.0f} s)")
 
 

@@ -31,10 +31,12 @@ A sentence-transformers directory (modules.json: a BERT or ModernBERT Transforme
 cls | max Pooling, an optional Normalize) is read by from_hf as its Transformer's weights (a
 ModernBERT's with its vocab.txt or tokenizer.json) plus the pooling, kept as pooling.json
 beside them (`BertForEmbedding(config, pooling)`, `Embedder.from_checkpoint` and `predict embed
---checkpoint` compute its vectors; its max_seq_length is reported and kept in
-conversion.json). to_hf writes a checkpoint directory that has pooling.json as a BertModel (a
-ModernBERT's: ModernBertModel) with the sentence-transformers modules, so that
-`SentenceTransformer(DIR)` loads it. Other modules (Dense, ...) stop with one line.
+--checkpoint` compute its vectors; its max_seq_length, prompts, default prompt name and
+do_lower_case are reported and kept in conversion.json, where they apply as
+sentence-transformers applies them). to_hf writes a checkpoint directory that has pooling.json
+as a BertModel (a ModernBERT's: ModernBertModel) with the sentence-transformers modules and
+those settings, so that `SentenceTransformer(DIR)` loads it. Other modules (Dense, ...) stop
+with one line.
 
 from_tf and from_hf also take --do_lower_case/--nodo_lower_case, --seed and --overwrite;
 to_hf takes --dtype and --overwrite. Every source tensor is either converted or listed as
@@ -57,7 +59,7 @@ from bertjax.convert import sentence_transformers
 from bertjax.convert.mapping import ConversionError
 from bertjax.models import ModelConfig
 from bertjax.models import architecture as architecture_of
-from bertjax.models.embedding import POOLING_FILE, Pooling
+from bertjax.models.embedding import POOLING_FILE, Pooling, Prompts
 from bertjax.train import multihost
 
 SENTENCE_TRANSFORMERS = checkpoint_dir.SENTENCE_TRANSFORMERS
@@ -134,9 +136,7 @@ def _import(args, config: ModelConfig, params, vocab, source: str, skipped, note
     # save_pretrained initialises (and reports) the head groups the source lacks.
     provenance = {"source": source, "skipped": skipped, "notes": notes}
     if sentence_model is not None:
-        provenance[SENTENCE_TRANSFORMERS] = {
-            "pooling": sentence_model.pooling.to_dict(),
-            "max_seq_length": sentence_model.max_seq_length}
+        provenance[SENTENCE_TRANSFORMERS] = sentence_model.record()
     if do_lower_case is None:
         do_lower_case = args.do_lower_case
     summary = checkpoint_dir.save_pretrained(
@@ -158,6 +158,14 @@ def _import(args, config: ModelConfig, params, vocab, source: str, skipped, note
         print(f"pooling: {_describe(sentence_model.pooling)} "
               f"(max_seq_length={sentence_model.max_seq_length}); wrote "
               f"{epath.Path(args.output) / POOLING_FILE}")
+        if any(sentence_model.prompts.texts.values()):
+            print(f"prompts: {_describe_prompts(sentence_model.prompts)}; kept in "
+                  f"{epath.Path(args.output) / checkpoint_dir.CONVERSION_FILE}")
+
+
+def _describe_prompts(prompts) -> str:
+    named = ", ".join(f"{name} {text!r}" for name, text in prompts.texts.items())
+    return f"{named} (default: {prompts.default_name or 'none'})"
 
 
 def _describe(pooling) -> str:
@@ -211,7 +219,7 @@ def _from_sentence_transformers(args, directory: epath.Path) -> None:
     import tempfile
 
     found = sentence_transformers.read_directory(directory)
-    notes = list(found.notes)
+    notes = list(found.notes) + _lower_case_note(found)
     read = _st_modern if found.model_type == "modernbert" else _st_bert
     with tempfile.TemporaryDirectory() as scratch:
         config, params, vocab, skipped, do_lower_case = read(args, found, notes,
@@ -220,18 +228,15 @@ def _from_sentence_transformers(args, directory: epath.Path) -> None:
                 notes, do_lower_case=do_lower_case, sentence_model=found)
 
 
-def _st_lower_case(args, found, notes: list[str]) -> bool | None:
-    """--do_lower_case, else True where sentence_bert_config.json lower-cases the texts (a
-    note says so), else None (the vocabulary's own say)."""
-    from bertjax.convert import sentence_transformers
-
-    if args.do_lower_case is not None or not found.do_lower_case:
-        return args.do_lower_case
-    notes.append(f"do_lower_case=True: "
-                 f"{found.transformer_directory / sentence_transformers.SBERT_CONFIG_FILE} "
-                 "lower-cases the texts (bertjax also strips accents, as uncased BERT "
-                 "tokenizers do)")
-    return True
+def _lower_case_note(found) -> list[str]:
+    """sentence-transformers' do_lower_case: the texts, not the tokenizer (whose own casing
+    stays, accents included), as sentence-transformers lower-cases them."""
+    if not found.do_lower_case:
+        return []
+    return [f"{found.transformer_directory / sentence_transformers.SBERT_CONFIG_FILE}: "
+            "do_lower_case=true lower-cases the texts before the tokenizer; kept in "
+            "conversion.json: the Embedder, predict embed / search and embedding fine-tuning "
+            "do it too"]
 
 
 def _st_bert(args, found, notes: list[str], scratch: epath.Path) -> tuple:
@@ -243,7 +248,7 @@ def _st_bert(args, found, notes: list[str], scratch: epath.Path) -> tuple:
 
     weights = found.transformer_directory
     config = huggingface.read_config(weights)
-    do_lower_case = _st_lower_case(args, found, notes)
+    do_lower_case = args.do_lower_case
     tokenizer_json = weights / "tokenizer.json"
     if args.vocab:
         vocab = _vocab_file(args.vocab, "--vocab")
@@ -267,11 +272,7 @@ def _st_bert(args, found, notes: list[str], scratch: epath.Path) -> tuple:
 def _st_modern(args, found, notes: list[str], scratch: epath.Path) -> tuple:
     """(config, params, vocab, skipped, do_lower_case) of a sentence-transformers ModernBERT:
     its encoder (as from_hf reads it) and its tokenizer (--vocab, else vocab.txt /
-    *.model / tokenizer.json). A tokenizer.json lower-cases by its own normalizer, which must
-    then agree with sentence_bert_config.json's do_lower_case: bertjax cannot lower-case the
-    texts before it as sentence-transformers does."""
-    from bertjax.tokenization import load_tokenizer
-
+    *.model / tokenizer.json; a tokenizer.json lower-cases by its own normalizer)."""
     del scratch  # the tokenizer.json is kept as it is
     weights = found.transformer_directory
     vocab = _vocab_file(args.vocab or str(weights), "--vocab" if args.vocab else "--input")
@@ -280,12 +281,7 @@ def _st_modern(args, found, notes: list[str], scratch: epath.Path) -> tuple:
     config, params, skipped = modernbert.read_model(weights)
     notes.append(f"vocabulary: {vocab}")
     if not checkpoint_dir.is_tokenizer_json(vocab):
-        return config, params, vocab, skipped, _st_lower_case(args, found, notes)
-    if found.do_lower_case and not load_tokenizer(str(vocab)).do_lower_case:
-        raise ConversionError(
-            f"{weights / sentence_transformers.SBERT_CONFIG_FILE}: do_lower_case=true but "
-            f"{vocab}'s normalizer does not lower-case; bertjax tokenizes with the "
-            "tokenizer.json alone")
+        return config, params, vocab, skipped, args.do_lower_case
     return config, params, vocab, skipped, None  # the tokenizer's normalizer decides
 
 
@@ -311,13 +307,19 @@ def to_hf(args) -> None:
     vocab = checkpoint_dir.vocab_path(directory)
     do_lower_case = checkpoint_dir.load_do_lower_case(directory)
     max_seq_length = _sentence_max_seq_length(directory, config)
+    # A converted model's own text settings, as it came (include_prompt too: bertjax ignores
+    # it, sentence-transformers gets it back); read before anything is written.
+    prompts, lower_case = (checkpoint_dir.own_prompts(directory),
+                           checkpoint_dir.own_lower_case(directory))
+    include_prompt = checkpoint_dir.sentence_record(directory).get("include_prompt") is not False
 
     def write():
         notes = _write_model(args, config, params, vocab, do_lower_case, architecture,
                              config.max_position_embeddings)
         if pooling is not None:
             sentence_transformers.write_modules(args.output, pooling, max_seq_length,
-                                                do_lower_case, config.hidden_size)
+                                                lower_case, config.hidden_size, prompts,
+                                                include_prompt)
         return notes
 
     notes = multihost.write_from_main(write)
@@ -403,6 +405,8 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     task = task_record(workdir, ConversionError, "--input")
     pooling = Pooling.from_dict(record["pooling"]) if record.get("pooling") else None
     max_seq_length = int(task["config"]["max_seq_length"])
+    state = task["task"] or {}  # an embedding run's: the prompts it trained with, lower_case
+    prompts = Prompts.from_dict(state) if pooling is not None else None
     vocab = run_vocab(workdir, record)
 
     def write():
@@ -415,8 +419,9 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
         if architecture != encoder or pooling is not None:
             (epath.Path(args.output) / TASK_FILE).write_text(json.dumps(task, indent=2) + "\n")
         if pooling is not None:
-            sentence_transformers.write_modules(args.output, pooling, max_seq_length,
-                                                record["do_lower_case"], config.hidden_size)
+            sentence_transformers.write_modules(
+                args.output, pooling, max_seq_length, state.get("lower_case") is True,
+                config.hidden_size, prompts)
         return notes
 
     notes = multihost.write_from_main(write)

@@ -11,10 +11,12 @@ Anything else (Dense, several pooling modes at once, weightedmean / lasttoken /
 mean_sqrt_len_tokens, another transformer type) stops with one line naming the file. The
 pooling becomes the checkpoint directory's pooling.json (`bertjax.models.embedding.Pooling`).
 
-Prompts (config_sentence_transformers.json) are text that encode() prepends when asked to;
-they are not part of the weights, so they are not carried over: a default prompt, which
-changes what a plain encode() computes, is reported as a note, as is a Pooling that leaves
-prompt tokens out (include_prompt=false).
+The text settings travel too (conversion.json, beside max_seq_length): the prompts of
+config_sentence_transformers.json (`Prompts`: the text encode() prepends, by name, and the
+default one), sentence_bert_config.json's do_lower_case (the texts lower-cased before the
+tokenizer, whatever its own casing) and the Pooling's include_prompt. bertjax pools every
+token, prompt included: a Pooling that leaves the prompt's tokens out (include_prompt=false)
+is kept for to_hf and reported as a note.
 
 Reads both layouts: sentence-transformers 6's (`pooling_mode`, module types under
 sentence_transformers.base/...) and the older one (`pooling_mode_*_tokens` flags,
@@ -32,7 +34,8 @@ from etils import epath
 
 from bertjax import paths
 from bertjax.convert.mapping import ConversionError
-from bertjax.models.embedding import MODES, Pooling
+from bertjax.errors import ConfigError
+from bertjax.models.embedding import MODES, Pooling, Prompts
 
 MODULES_FILE = "modules.json"
 SBERT_CONFIG_FILE = "sentence_bert_config.json"  # the Transformer module's settings
@@ -67,9 +70,20 @@ class SentenceTransformerDir:
     transformer_directory: epath.Path  # the Transformer module's config.json + weights
     pooling: Pooling
     max_seq_length: int  # texts are cut to this many tokens ([CLS] and [SEP] included)
-    do_lower_case: bool  # sentence_bert_config.json: lower-case before the tokenizer
+    # sentence_bert_config.json: lower-case the texts before the tokenizer. (sentence-
+    # transformers 6 saves it as a Lowercase step of tokenizer.json's normalizer, which
+    # transformers' BertTokenizer drops on loading: it is then lost to both.)
+    do_lower_case: bool
     notes: tuple[str, ...] = ()
     model_type: str = "bert"  # the Transformer's config.json model_type (TRANSFORMER_TYPES)
+    prompts: Prompts = Prompts()
+    include_prompt: bool = True  # the Pooling pools the prompt's tokens too
+
+    def record(self) -> dict[str, Any]:
+        """What conversion.json keeps (checkpoint_dir.sentence_record)."""
+        return {"pooling": self.pooling.to_dict(), "max_seq_length": self.max_seq_length,
+                **self.prompts.to_dict(), "include_prompt": self.include_prompt,
+                "do_lower_case": self.do_lower_case}
 
 
 def is_sentence_transformers(directory: str | epath.Path) -> bool:
@@ -164,30 +178,24 @@ def _transformer_settings(directory: epath.Path, bert: dict[str, Any]) -> tuple[
     return min(int(length), positions), bool(fields.get("do_lower_case", False))
 
 
-def _prompt_notes(directory: epath.Path, include_prompt: bool) -> list[str]:
+def _prompts(directory: epath.Path) -> Prompts:
+    """config_sentence_transformers.json's prompts and default prompt name (none without it)."""
     path = directory / ST_CONFIG_FILE
     fields = _optional_json(path)
     model_type = fields.get("model_type", "SentenceTransformer")
     if model_type != "SentenceTransformer":
         raise ConversionError(f"{path}: model_type {model_type!r} is not supported (a "
                               "SentenceTransformer is)")
-    prompts = {name: text for name, text in (fields.get("prompts") or {}).items() if text}
-    if not prompts:
-        return []
-    notes = []
-    default = fields.get("default_prompt_name")
-    if default in prompts:
-        notes.append(f"{path}: encode() prepends the default prompt {default!r} "
-                     f"({prompts[default]!r}) to every text; bertjax does not, so prepend it "
-                     "to the texts yourself")
-    others = sorted(set(prompts) - {default})
-    if others:
-        notes.append(f"{path}: prompts {', '.join(map(repr, others))} are not kept; prepend "
-                     "one to the texts where encode(prompt_name=...) would")
-    if not include_prompt:
-        notes.append("the Pooling module leaves prompt tokens out (include_prompt=false); "
-                     "bertjax pools every token, prompt included")
-    return notes
+    try:
+        return Prompts.from_dict(fields)
+    except ConfigError as e:
+        raise ConversionError(f"{path}: {e}") from None
+
+
+def _include_prompt_note(pooling_path: epath.Path) -> str:
+    return (f"{pooling_path}: include_prompt=false leaves the prompt's tokens out of the "
+            "pooling; bertjax pools every token, so a text embedded with a prompt differs from "
+            "sentence-transformers' vector (kept for to_hf)")
 
 
 def read_directory(directory: str | epath.Path) -> SentenceTransformerDir:
@@ -233,9 +241,11 @@ def read_directory(directory: str | epath.Path) -> SentenceTransformerDir:
             normalize = True
             continue
         raise unsupported(i, "is not supported after the Pooling")
-    notes = _prompt_notes(directory, bool(pooling_fields.get("include_prompt", True)))
+    include_prompt = pooling_fields.get("include_prompt", True) is not False
+    notes = () if include_prompt else (_include_prompt_note(pooling_path),)
     return SentenceTransformerDir(transformer, Pooling(mode, normalize), max_seq_length,
-                                  do_lower_case, tuple(notes), model_type)
+                                  do_lower_case, notes, model_type, _prompts(directory),
+                                  include_prompt)
 
 
 def read_modules(directory: str | epath.Path) -> tuple[epath.Path, Pooling]:
@@ -284,14 +294,19 @@ def write_modules(
     max_seq_length: int,
     do_lower_case: bool,
     embedding_dimension: int | None = None,
+    prompts: Prompts | None = None,
+    include_prompt: bool = True,
 ) -> list[str]:
     """Makes a Hugging Face BertModel directory (config.json, weights, vocab.txt,
     tokenizer_config.json at its root, as `to_hf` writes it) a sentence-transformers one:
-    `SentenceTransformer(output_directory)` then computes BertForEmbedding(config, pooling).
+    `SentenceTransformer(output_directory)` then computes BertForEmbedding(config, pooling),
+    with `prompts` (encode's prompt_name, its default prompt; default none), texts cut to
+    max_seq_length tokens and, with do_lower_case, lower-cased before the tokenizer.
 
     embedding_dimension: the hidden size (default: config.json's hidden_size). Returns the
     files written, relative to the directory."""
     output = epath.Path(output_directory)
+    prompts = prompts or Prompts()
     if embedding_dimension is None:
         embedding_dimension = int(_json(output / "config.json")["hidden_size"])
     modules = [{"idx": 0, "name": "0", "path": "", "type": MODULE_TYPES["Transformer"]},
@@ -301,14 +316,15 @@ def write_modules(
                         "type": MODULE_TYPES["Normalize"]})
     pooling_config = {"word_embedding_dimension": embedding_dimension,
                       **{key: mode == pooling.mode for key, mode in LEGACY_MODES.items()},
-                      "include_prompt": True}
+                      "include_prompt": bool(include_prompt)}
     files = {
         MODULES_FILE: modules,
         f"{POOLING_DIR}/config.json": pooling_config,
         SBERT_CONFIG_FILE: {"max_seq_length": int(max_seq_length),
                             "do_lower_case": bool(do_lower_case)},
-        ST_CONFIG_FILE: {"model_type": "SentenceTransformer", "prompts": {},
-                         "default_prompt_name": None, "similarity_fn_name": "cosine"},
+        ST_CONFIG_FILE: {"model_type": "SentenceTransformer", "prompts": prompts.loaded,
+                         "default_prompt_name": prompts.default_name,
+                         "similarity_fn_name": "cosine"},
     }
     if pooling.normalize:
         files[f"{NORMALIZE_DIR}/config.json"] = {}

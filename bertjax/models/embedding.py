@@ -5,7 +5,9 @@ Pooling reads real tokens only (input_mask): "mean" (sentence-transformers' defa
 (the final [CLS] vector, not the NSP pooler's tanh layer) or "max"; `normalize` scales each
 vector to unit length, so a dot product is the cosine. `Pooling` is the record a checkpoint
 directory keeps beside its weights (POOLING_FILE), read from a sentence-transformers
-directory's modules.json and 1_Pooling/config.json by `bertjax.convert from_hf`.
+directory's modules.json and 1_Pooling/config.json by `bertjax.convert from_hf`; `Prompts`,
+the text sentence-transformers prepends to the inputs (its config_sentence_transformers.json),
+is kept beside it in conversion.json.
 
 Given a `ModernConfig`, `BertForEmbedding` pools a ModernBertModel's final hidden states
 (params {"model"}), as sentence-transformers does over a ModernBERT Transformer module.
@@ -52,6 +54,65 @@ class Pooling:
         if unknown:
             raise ConfigError(f"unknown pooling field(s): {', '.join(sorted(unknown))}")
         return cls(**fields)
+
+
+# What a SentenceTransformer's prompts always hold (empty where its config says nothing), so
+# encode_query always takes the "query" prompt and encode_document the "document" one: never
+# the default prompt, and never encode_document's later candidates "passage" and "corpus".
+ROLES = ("query", "document")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompts:
+    """Text that sentence-transformers' encode() prepends to every input, by name
+    (config_sentence_transformers.json's `prompts`), and the name encode() uses when it is
+    given none (`default_prompt_name`)."""
+
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)
+    default_name: str | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.texts, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.texts.items())):
+            raise ConfigError(f"prompts={self.texts!r} is not an object of names to texts")
+        if self.default_name is not None and self.default_name not in self.loaded:
+            raise ConfigError(f"default_prompt_name={self.default_name!r} is not one of the "
+                              f"prompts ({', '.join(self.loaded)})")
+
+    @property
+    def loaded(self) -> dict[str, str]:
+        """The prompts as a SentenceTransformer holds them once loaded (ROLES always)."""
+        return {**{role: "" for role in ROLES}, **self.texts}
+
+    def text(self, name: str | None = None, prompt: str | None = None,
+             role: str | None = None, where: str = "prompt_name") -> str:
+        """What sentence-transformers prepends: `prompt` where given (even ""), else the
+        prompt called `name`, else for role "query" / "document" that role's prompt
+        (encode_query / encode_document), else the default prompt (encode), else "".
+        `where` names the setting that gave `name`, for the error of an unknown name."""
+        if prompt is not None:
+            return prompt
+        prompts = self.loaded
+        name = name if name is not None else role if role is not None else self.default_name
+        if name is None:
+            return ""
+        if name not in prompts:
+            raise ConfigError(f"{where}={name!r} is not one of the model's prompts "
+                              f"({', '.join(prompts)})")
+        return prompts[name]
+
+    def to_dict(self) -> dict[str, Any]:
+        """sentence-transformers' own keys: `prompts`, `default_prompt_name`."""
+        return {"prompts": dict(self.texts), "default_prompt_name": self.default_name}
+
+    @classmethod
+    def from_dict(cls, fields: dict[str, Any]) -> Prompts:
+        """From a record with sentence-transformers' keys (others ignored; none: no prompts).
+        A null prompt is empty, as a SentenceTransformer loads it."""
+        texts = fields.get("prompts") or {}
+        if isinstance(texts, dict):
+            texts = {name: "" if text is None else text for name, text in texts.items()}
+        return cls(texts, fields.get("default_prompt_name"))
 
 
 def pool(tokens: Array, input_mask: Array, mode: str) -> Array:

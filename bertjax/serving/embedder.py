@@ -1,10 +1,17 @@
 """`bertjax.Embedder`: sentence vectors and exact search, from a finished embedding run, its
 export, or any bertjax checkpoint directory (a converted sentence-transformers model keeps
-its pooling in pooling.json; another BERT is mean-pooled).
+its pooling in pooling.json, its prompts and lower-casing in conversion.json; another BERT is
+mean-pooled).
 
     embedder = bertjax.Embedder.from_checkpoint("checkpoints/minilm")
     vectors = embedder(["a sentence", ...])                  # [n, hidden] float32
-    scores, rows = embedder.search(query_vectors, vectors, k=10)
+    queries = embedder.embed_queries(["a question", ...])    # the model's query prompt
+    passages = embedder.embed_documents(["a passage", ...])  # its document prompt
+    scores, rows = embedder.search(queries, passages, k=10)
+
+Prompts apply as sentence-transformers' encode / encode_query / encode_document apply them:
+`prompt` (the text itself) wins, else `prompt_name` (one of the model's prompts), else the
+model's default prompt (encode) or its "query" / "document" prompt.
 
 Texts run through the serving engine (length buckets, a mesh or CPU devices in turn), so a
 text's vector does not depend on the texts it is batched with.
@@ -27,11 +34,12 @@ from etils import epath
 from bertjax import checkpoint_dir, paths
 from bertjax.errors import ConfigError, DataError
 from bertjax.models import heads
-from bertjax.models.embedding import Pooling
+from bertjax.models.embedding import Pooling, Prompts
 from bertjax.serving.engine import DATA_PARALLEL_MESH, DATA_PARALLEL_RULES, Engine
 from bertjax.serving.runs import TrainedModel, load_export, load_workdir
 from bertjax.tasks import get_task
 from bertjax.tasks.embedding import metrics
+from bertjax.tasks.embedding.prompts import with_prompts
 from bertjax.train import configs
 
 
@@ -54,7 +62,7 @@ def load_checkpoint(directory: str, max_seq_length: int | None = None,
     """A bertjax checkpoint directory as an embedding model: `pooling`, else its pooling.json,
     else mean pooling without normalisation; texts cut to `max_seq_length` tokens, else the
     model's own (a converted sentence-transformers model's), else 128; at most the model's
-    positions."""
+    positions; the model's own prompts and lower-casing (a converted one's, else none)."""
     pooling = pooling or checkpoint_dir.load_pooling(directory) or Pooling()
     model_config, params, tokenizer = checkpoint_dir.load_pretrained(
         directory, dtype=configs.compute_dtype(dtype or "auto"))
@@ -62,7 +70,9 @@ def load_checkpoint(directory: str, max_seq_length: int | None = None,
                                                    model_config.max_position_embeddings)
     config = checkpoint_config(pooling, max_seq_length, batch_size)
     task = get_task(config)
-    task.restore({"kind": "pairs", "pooling": pooling.to_dict(), "columns": 1})
+    task.restore({"kind": "pairs", "pooling": pooling.to_dict(), "columns": 1,
+                  **checkpoint_dir.own_prompts(directory).to_dict(),
+                  "lower_case": checkpoint_dir.own_lower_case(directory)})
     group = heads.encoder_name(model_config)  # "bert", a ModernBERT's "model"
     return TrainedModel(str(directory), config, task, model_config, {group: params[group]},
                         tokenizer, 0)
@@ -101,12 +111,33 @@ class Embedder:
     def pooling(self) -> Pooling:
         return self.task.pooling
 
-    def _vectors(self, examples: list) -> np.ndarray:
-        _, predictions, _ = self.engine.run(examples)
+    @property
+    def prompts(self) -> Prompts:
+        """The model's prompts (a converted model's own, or those a run trained with)."""
+        return self.task.prompts
+
+    def _vectors(self, examples: list, prompt: str) -> np.ndarray:
+        _, predictions, _ = self.engine.run(with_prompts(examples, (prompt,)))
         return np.stack([np.asarray(v)[0] for v in predictions["vectors"]]).astype(np.float32)
 
-    def __call__(self, texts: Sequence[str]) -> np.ndarray:
-        return self._vectors(self.task.examples(list(texts)))
+    def __call__(self, texts: Sequence[str], prompt_name: str | None = None,
+                 prompt: str | None = None) -> np.ndarray:
+        """[len(texts), hidden]: sentence-transformers' encode (the default prompt unless
+        `prompt_name` or `prompt` says otherwise)."""
+        return self._vectors(self.task.examples(list(texts)),
+                             self.prompts.text(prompt_name, prompt))
+
+    def embed_queries(self, texts: Sequence[str], prompt_name: str | None = None,
+                      prompt: str | None = None) -> np.ndarray:
+        """As encode_query: the model's "query" prompt unless told otherwise."""
+        return self._vectors(self.task.examples(list(texts)),
+                             self.prompts.text(prompt_name, prompt, role="query"))
+
+    def embed_documents(self, texts: Sequence[str], prompt_name: str | None = None,
+                        prompt: str | None = None) -> np.ndarray:
+        """As encode_document: the model's "document" prompt unless told otherwise."""
+        return self._vectors(self.task.examples(list(texts)),
+                             self.prompts.text(prompt_name, prompt, role="document"))
 
     def _fields(self, fields: dict[str, Any] | None) -> dict[str, Any]:
         merged = {**dict(self.trained.config.get("data", {})),
@@ -115,16 +146,20 @@ class Embedder:
         return merged
 
     def embed_file(self, path: str, fields: dict[str, Any] | None = None,
-                   chunk_rows: int = 0) -> Iterator[tuple[list[str], np.ndarray]]:
+                   chunk_rows: int = 0, prompt: str | None = None
+                   ) -> Iterator[tuple[list[str], np.ndarray]]:
         """(ids, vectors [rows, hidden]) of a .csv / .tsv / .jsonl file's texts (column
         fields["text_a"], ids fields["id"] else row numbers), `chunk_rows` rows at a time (0:
-        the whole file at once); the same vectors either way."""
+        the whole file at once); the same vectors either way. prompt: the text prepended to
+        each (default: the model's default prompt, as encode; `prompts.text` resolves a
+        name or a role)."""
         if not paths.exists(path):
             raise DataError(f"{path}: no such file")
         fields = self._fields(fields)
+        prompt = self.prompts.text(prompt=prompt)
         if not chunk_rows:
             examples, _ = self.task.read_inputs(path, fields)
-            yield [e.index for e in examples], self._vectors(examples)
+            yield [e.index for e in examples], self._vectors(examples, prompt)
             return
         with tempfile.TemporaryDirectory() as directory:
             for chunk, start in self.task.input_chunks(path, chunk_rows, fields, directory):
@@ -136,7 +171,7 @@ class Embedder:
                         lambda m, start=start: f"{path}: row {start + int(m.group(1))}",
                         str(e))) from None
                 # The chunks carry every row's id (its row number in `path` where it has none).
-                yield [e.index for e in examples], self._vectors(examples)
+                yield [e.index for e in examples], self._vectors(examples, prompt)
                 os.remove(chunk)
 
     def search(self, queries: np.ndarray, corpus: np.ndarray, k: int = 10

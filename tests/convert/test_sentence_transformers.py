@@ -7,24 +7,13 @@ import shutil
 import numpy as np
 import pytest
 from convert_cli import convert_main
+from st_models import MAX_SEQ_LENGTH, H, save_sentence_transformer, st
 
 from bertjax import checkpoint_dir
 from bertjax.convert.sentence_transformers import read_modules
 from bertjax.errors import CheckpointError
 from bertjax.models.embedding import POOLING_FILE, BertForEmbedding, Pooling
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-st = pytest.importorskip("sentence_transformers")
-st_modules = pytest.importorskip("sentence_transformers.sentence_transformer.modules")
-
-L, H, A, FFN, P = 2, 32, 4, 37, 64
-MAX_SEQ_LENGTH = 16  # below the position embeddings: the long sentence is cut there
-WORDS = ["the", "a", "cat", "dog", "sat", "on", "mat", "ran", "to", "house", "cafe", "big",
-         "small", "red", "blue", "is", "was", "and", "quick", "brown", "fox", "jump", "over",
-         "lazy", "run", "play", "##s", "##ed", "##ing", "##er", "##ly", ".", ",", "!", "?", "'"]
-TOKENS = (["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
-          + [f"w{i}" for i in range(100 - 5 - len(WORDS))])
 SENTENCES = [
     "The cat sat.",
     "A big, RED dog ran to the house!",
@@ -41,38 +30,12 @@ def convert(*args):
     convert_main([str(a) for a in args])
 
 
-def _save_sentence_transformer(root, mode, normalize):
-    """A BERT saved by transformers, wrapped in sentence-transformers modules, saved by
-    SentenceTransformer.save (transformers 5 keeps tokenizer.json, not vocab.txt)."""
-    bert_dir = root / "bert"
-    bert_dir.mkdir()
-    (bert_dir / "vocab.txt").write_text("".join(t + "\n" for t in TOKENS))
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=len(TOKENS), hidden_size=H, num_hidden_layers=L, num_attention_heads=A,
-        intermediate_size=FFN, max_position_embeddings=P, hidden_act="gelu")
-    model = transformers.BertModel(config).eval()
-    with torch.no_grad():  # non-trivial biases and LayerNorm parameters too
-        for param in model.parameters():
-            param.add_(0.1 * torch.randn_like(param))
-    model.save_pretrained(bert_dir)
-    transformers.BertTokenizer(str(bert_dir / "vocab.txt"), do_lower_case=True).save_pretrained(
-        bert_dir)
-    modules = [st_modules.Transformer(str(bert_dir), max_seq_length=MAX_SEQ_LENGTH),
-               st_modules.Pooling(H, pooling_mode=mode)]
-    if normalize:
-        modules.append(st_modules.Normalize())
-    out = root / "st"
-    st.SentenceTransformer(modules=modules, device="cpu").save(str(out))
-    return out
-
-
 @pytest.fixture(scope="module", params=CASES, ids=lambda c: f"{c[0]}{'_normalized' * c[1]}")
 def converted(request, tmp_path_factory):
     """(sentence-transformers dir, bertjax checkpoint converted from it, the report)."""
     mode, normalize = request.param
     root = tmp_path_factory.mktemp(f"st_{mode}")
-    source = _save_sentence_transformer(root, mode, normalize)
+    source = save_sentence_transformer(root, mode, normalize)
     convert("from_hf", "--input", source, "--output", root / "ckpt")
     return source, root / "ckpt", Pooling(mode, normalize)
 
@@ -182,7 +145,7 @@ BAD_CASES = {
 
 @pytest.fixture(scope="module")
 def mean_source(tmp_path_factory):
-    return _save_sentence_transformer(tmp_path_factory.mktemp("st_bad"), "mean", False)
+    return save_sentence_transformer(tmp_path_factory.mktemp("st_bad"), "mean", False)
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CASES))
@@ -211,19 +174,3 @@ def test_malformed_pooling_json_is_one_line_naming_it(tmp_path):
     with pytest.raises(CheckpointError, match="invalid JSON"):
         checkpoint_dir.load_pooling(tmp_path)
     assert checkpoint_dir.load_pooling(tmp_path / "none") is None
-
-
-def test_prompts_are_reported_not_kept(mean_source, tmp_path, capsys):
-    source = tmp_path / "prompted"
-    shutil.copytree(mean_source, source)
-    _edit_json(source / "config_sentence_transformers.json", lambda c: c.update(
-        prompts={"query": "query: ", "passage": "passage: ", "empty": ""},
-        default_prompt_name="query"))
-    _edit_json(source / "1_Pooling/config.json", lambda c: c.update(include_prompt=False))
-    convert("from_hf", "--input", source, "--output", tmp_path / "ckpt")
-    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
-    assert any("prepends the default prompt 'query' ('query: ') to every text" in n
-               for n in notes), notes
-    assert any("prompts 'passage' are not kept" in n for n in notes), notes
-    assert any("include_prompt=false" in n for n in notes), notes
-    assert checkpoint_dir.load_pooling(tmp_path / "ckpt") == Pooling("mean", False)

@@ -117,10 +117,10 @@ def test_predict_embed_reads_the_converted_modernbert(converted, tmp_path):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_a_tokenizer_json_that_keeps_case_under_do_lower_case_is_one_line(converted,
-                                                                            tmp_path):
-    """sentence-transformers lower-cases before the tokenizer; bertjax tokenizes with the
-    tokenizer.json alone, so a normalizer that keeps case would give other vectors."""
+def test_do_lower_case_over_a_tokenizer_json_that_keeps_case(converted, tmp_path):
+    """sentence-transformers lower-cases the texts before a tokenizer.json whose normalizer
+    keeps case (sentence_bert_config.json do_lower_case=true); so does bertjax, and to_hf
+    says so again."""
     source = tmp_path / "cased"
     shutil.copytree(converted[0], source)
     tokenizer = json.loads((source / "tokenizer.json").read_text())
@@ -129,9 +129,13 @@ def test_a_tokenizer_json_that_keeps_case_under_do_lower_case_is_one_line(conver
     config = json.loads((source / "sentence_bert_config.json").read_text())
     (source / "sentence_bert_config.json").write_text(json.dumps({**config,
                                                                   "do_lower_case": True}))
-    with pytest.raises(SystemExit) as exc:
-        convert("from_hf", "--input", source, "--output", tmp_path / "out")
-    message = str(exc.value)
-    assert message.startswith(f"error: {source / 'sentence_bert_config.json'}: do_lower_case="
-                              "true but ") and "\n" not in message, message
-    assert not (tmp_path / "out").exists()
+    convert("from_hf", "--input", source, "--output", tmp_path / "ckpt")
+    upper = [t.upper() for t in SENTENCES]
+    reference = st.SentenceTransformer(str(source), device="cpu").encode(upper)
+    ours = Embedder.from_checkpoint(str(tmp_path / "ckpt"))
+    np.testing.assert_allclose(ours(upper), reference, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ours(upper), ours(SENTENCES), rtol=1e-6, atol=1e-6)
+    convert("to_hf", "--input", tmp_path / "ckpt", "--output", tmp_path / "hf")
+    np.testing.assert_allclose(
+        st.SentenceTransformer(str(tmp_path / "hf"), device="cpu").encode(upper), reference,
+        rtol=1e-5, atol=1e-5)

@@ -11,8 +11,7 @@ import sys
 import pytest
 from conftest import KEYWORD_VOCAB, filler_sentence, write_tiny_checkpoint
 
-from bertjax import cli
-from bertjax import tasks
+from bertjax import cli, tasks
 
 _OPENED: list[str] | None = None
 

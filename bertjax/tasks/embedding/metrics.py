@@ -12,6 +12,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from bertjax.errors import DataError
 from bertjax.models.embedding import l2_normalize
@@ -43,27 +45,49 @@ def sts(vectors_a, vectors_b, scores) -> dict[str, float]:
     }
 
 
-@functools.partial(jax.jit, static_argnames=("k", "similarity"))
-def _search_chunk(best_scores, best_indices, queries, chunk, offset, rows, *, k, similarity):
-    """Merge one corpus chunk into the running top k.
+@functools.cache
+def _search_step(mesh: Mesh, k: int, similarity: str):
+    """The jitted merge of one corpus chunk into the running top k, the chunk's rows split
+    evenly over the devices of `mesh` in their order:
 
-    best_scores [block, k] float32, best_indices [block, k] int32: the top k so far, best
-    first; queries [block, hidden]; chunk [chunk_rows, hidden], of which the first `rows` are
-    real and start at corpus row `offset`."""
-    if similarity == "cosine":
-        queries, chunk = l2_normalize(queries), l2_normalize(chunk)
-    # Full float32 products: the default precision of TPUs (and TF32 GPUs) would reorder
-    # near-equal neighbours.
-    scores = jnp.matmul(queries, chunk.T, precision=jax.lax.Precision.HIGHEST)
-    # Padding rows score -inf, below every real row, so they are never among the top k.
-    scores = jnp.where(jnp.arange(chunk.shape[0]) < rows, scores, -jnp.inf)
-    chunk_scores, positions = jax.lax.top_k(scores, min(k, chunk.shape[0]))
-    # The running top k comes first and holds lower corpus rows, and top_k puts the lower
-    # index first among equals: ties go to the lower corpus row.
-    scores = jnp.concatenate([best_scores, chunk_scores], axis=1)
-    indices = jnp.concatenate([best_indices, positions + offset], axis=1)
-    best_scores, picked = jax.lax.top_k(scores, k)
-    return best_scores, jnp.take_along_axis(indices, picked, axis=1)
+      (best_scores [block, k] float32, best_indices [block, k] int32: the top k so far, best
+      first; queries [block, hidden]; chunk [devices * rows, hidden], its row i corpus row
+      offset + i; n: the corpus's rows, those past it padding) → the new (best_scores,
+      best_indices).
+
+    Everything but the chunk is replicated; so are the results."""
+    axes = tuple(mesh.axis_names)
+
+    def merge(best_scores, best_indices, queries, shard, offset, n):
+        # This device's rows of the chunk start at chunk row device * shard_rows.
+        start = offset + jax.lax.axis_index(axes) * shard.shape[0]
+        if similarity == "cosine":
+            queries, shard = l2_normalize(queries), l2_normalize(shard)
+        # Full float32 products: the default precision of TPUs (and TF32 GPUs) would reorder
+        # near-equal neighbours.
+        scores = jnp.matmul(queries, shard.T, precision=jax.lax.Precision.HIGHEST)
+        # Padding rows score -inf, below every real row, so they are never among the top k.
+        rows = start + jnp.arange(shard.shape[0])
+        scores = jnp.where(rows < n, scores, -jnp.inf)
+        local_scores, positions = jax.lax.top_k(scores, min(k, shard.shape[0]))
+        # Every device's candidates, in device order: lower devices hold lower corpus rows.
+        gathered = [jax.lax.all_gather(x, axes, axis=1, tiled=True)
+                    for x in (local_scores, positions + start)]
+        # The running top k comes first and holds lower corpus rows, each device's candidates
+        # put the lower row first among equals, and top_k the lower position: ties go to the
+        # lower corpus row.
+        scores = jnp.concatenate([best_scores, gathered[0]], axis=1)
+        indices = jnp.concatenate([best_indices, gathered[1]], axis=1)
+        best_scores, picked = jax.lax.top_k(scores, k)
+        return best_scores, jnp.take_along_axis(indices, picked, axis=1)
+
+    replicated = P()
+    # check_vma off: the all-gathered candidates are the same on every device, which the
+    # type checker cannot tell, and the merge of them is replicated.
+    return jax.jit(jax.shard_map(
+        merge, mesh=mesh, in_specs=(replicated, replicated, replicated, P(axes, None),
+                                    replicated, replicated),
+        out_specs=(replicated, replicated), check_vma=False))
 
 
 def _rows(array: np.ndarray, start: int, size: int) -> np.ndarray:
@@ -72,15 +96,28 @@ def _rows(array: np.ndarray, start: int, size: int) -> np.ndarray:
     return np.pad(block, ((0, size - len(block)), (0, 0))) if len(block) < size else block
 
 
+def _put(array: np.ndarray, sharding: NamedSharding) -> jax.Array:
+    """A host array as a global array of `sharding`: each process sends only its own devices'
+    pieces (every process holds the same `array`)."""
+    return jax.make_array_from_callback(array.shape, sharding, lambda index: array[index])
+
+
 def search(queries, corpus, k: int, similarity: str = "cosine", chunk_rows: int = 16384,
-           query_rows: int = 1024) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k search of each query over the corpus, on the default device.
+           query_rows: int = 1024, mesh: Mesh | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k search of each query over the corpus, on device.
 
     queries [q, hidden], corpus [n, hidden] → (scores [q, k] float32, indices [q, k] int64),
     best first; k is capped at n. similarity: "cosine" (of the L2-normalised vectors) or
-    "dot". Equal scores rank the lower corpus row first. The corpus is sent `chunk_rows` rows
-    at a time and the queries are taken `query_rows` at a time; the last chunk and block are
-    padded so that one shape compiles."""
+    "dot". Equal scores rank the lower corpus row first. Each device scores `chunk_rows`
+    corpus rows at a time against `query_rows` queries; the last chunk and block are padded
+    so that one shape compiles.
+
+    mesh: the corpus is split over all of its devices, `chunk_rows` rows each a step; each
+    device keeps the top k of its rows, and the candidates of all are merged. Every device
+    runs the one-device program's shapes, so the results are those of one device, bitwise.
+    None: the default device alone. On several hosts, give the global mesh and the same
+    queries and corpus in every process; each process sends only its own devices' rows, and
+    every process gets the results."""
     if similarity not in SIMILARITIES:
         raise ValueError(f"similarity must be one of {SIMILARITIES}, not {similarity!r}")
     if k < 1 or chunk_rows < 1 or query_rows < 1:
@@ -100,22 +137,33 @@ def search(queries, corpus, k: int, similarity: str = "cosine", chunk_rows: int 
     if k == 0 or num_queries == 0:
         return np.zeros((num_queries, k), np.float32), np.zeros((num_queries, k), np.int64)
 
-    chunk = min(chunk_rows, n)
+    if mesh is None:
+        mesh = Mesh(np.array(jax.local_devices()[:1]), ("corpus",))
+    replicated = NamedSharding(mesh, P())
+    sharded = NamedSharding(mesh, P(tuple(mesh.axis_names), None))
+    step = _search_step(mesh, k, similarity)
+    # A device's rows a step do not depend on the device count: the same shapes, the same
+    # products (a corpus under chunk_rows rows is all on the first device).
+    shard_rows = min(chunk_rows, n)
+    chunk = shard_rows * mesh.size
     block = min(query_rows, num_queries)
-    blocks = [jnp.asarray(_rows(queries, start, block))
+    blocks = [_put(_rows(queries, start, block), replicated)
               for start in range(0, num_queries, block)]
-    best = [(jnp.full((block, k), -jnp.inf, jnp.float32), jnp.full((block, k), -1, jnp.int32))
-            for _ in blocks]
-    # Chunks outside, query blocks inside: each chunk goes to the device once.
+    initial = (np.full((block, k), -np.inf, np.float32), np.full((block, k), -1, np.int32))
+    best = [tuple(_put(x, replicated) for x in initial) for _ in blocks]
+    # Chunks outside, query blocks inside: each chunk goes to the devices once.
     for offset in range(0, n, chunk):
-        chunk_vectors = jnp.asarray(_rows(corpus, offset, chunk))
-        real = jnp.int32(min(chunk, n - offset))
-        best = [_search_chunk(*state, query_block, chunk_vectors, jnp.int32(offset), real,
-                              k=k, similarity=similarity)
+        chunk_vectors = _put(_rows(corpus, offset, chunk), sharded)
+        previous = best
+        best = [step(*state, query_block, chunk_vectors, np.int32(offset), np.int32(n))
                 for state, query_block in zip(best, blocks)]
-    scores = np.concatenate([np.asarray(s) for s, _ in best])[:num_queries]
-    indices = np.concatenate([np.asarray(i) for _, i in best])[:num_queries]
-    return scores, indices.astype(np.int64)
+        # At most two chunks on the devices: the next one's copy overlaps this one's scores,
+        # and dispatch, which runs ahead, cannot copy the whole corpus over meanwhile.
+        jax.block_until_ready(previous)
+    # The results are replicated: every process reads its own copy.
+    scores = np.concatenate([np.asarray(s.addressable_data(0)) for s, _ in best])
+    indices = np.concatenate([np.asarray(i.addressable_data(0)) for _, i in best])
+    return scores[:num_queries], indices[:num_queries].astype(np.int64)
 
 
 def _repeated(ids) -> str | None:

@@ -10,6 +10,8 @@ Dev sets: scored pairs (config.data.validation: STS Spearman / Pearson of the co
 BEIR directory (config.data.beir: nDCG@10, MRR@10, Recall@1/10/100 by exact search over the
 whole corpus). The vectors are bertjax/models/embedding.py's: pooling and normalisation from
 config.task (auto: the init checkpoint's pooling.json, else mean pooling, not normalised).
+Texts get their prompts (config.task.prompt / query_prompt / document_prompt, auto: the init
+checkpoint's own) and lower-casing as sentence-transformers gives them (prompts.py).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ import numpy as np
 
 from bertjax import checkpoint_dir, paths
 from bertjax.errors import ConfigError, DataError
-from bertjax.models.embedding import BertForEmbedding, Pooling
+from bertjax.models.embedding import BertForEmbedding, Pooling, Prompts
 from bertjax.tasks.base import Splits, Task, hf_head
 from bertjax.tasks.embedding import losses
 from bertjax.tasks.embedding import metrics as metrics_lib
+from bertjax.tasks.embedding import prompts as prompts_lib
 from bertjax.tasks.embedding.cached import cached_vectors
 from bertjax.tasks.embedding.readers import RetrievalSet, TextsExample, read_beir, read_texts
 from data_pipeline import finetune_data
@@ -40,15 +43,17 @@ RETRIEVAL_METRICS = metrics_lib.RETRIEVAL_METRICS
 
 class RetrievalExamples(list):
     """The texts of a retrieval set to embed, queries first, then the corpus (one column
-    each); `retrieval` keeps the ids and qrels the metrics need."""
+    each), with the query and document prompts of `prompts`; `retrieval` keeps the ids and
+    qrels the metrics need."""
 
-    def __init__(self, retrieval: RetrievalSet):
+    def __init__(self, retrieval: RetrievalSet, prompts: Prompts):
         # guid "DIR:query ID": warnings name the directory (data_pipeline.finetune_data).
         where = retrieval.directory or "retrieval set"
+        query, document = (prompts.text(role=role) for role in ("query", "document"))
         super().__init__(
-            [TextsExample(f"{where}:query {q}", (t,), None, q)
+            [TextsExample(f"{where}:query {q}", (query + t,), None, q)
              for q, t in retrieval.queries.items()]
-            + [TextsExample(f"{where}:document {d}", (t,), None, d)
+            + [TextsExample(f"{where}:document {d}", (document + t,), None, d)
                for d, t in retrieval.corpus.items()])
         self.retrieval = retrieval
 
@@ -149,6 +154,8 @@ class EmbeddingTask(Task):
         self.no_duplicates = self.kind == "pairs" and bool(config.task.get("no_duplicates",
                                                                             True))
         self.pooling = pooling_of(config)
+        self.prompts = prompts_lib.prompts_of(config)
+        self.lower_case = prompts_lib.lower_case_of(config)
         self.columns = 2
         self.matryoshka_dims = matryoshka_dims(str(config.task.get("matryoshka_dims", "")))
         # GradCache: a training batch encoded this many rows at a time (0: all at once).
@@ -181,12 +188,15 @@ class EmbeddingTask(Task):
             train = read_texts(data.train, scored_columns, score=data.score, field="text_a",
                                encoding=encoding)
         self.columns = len(train[0].texts)
+        train = prompts_lib.with_prompts(train, self.column_prompts(self.kind, self.columns))
         dev = {}
         if data.validation:
-            dev["sts"] = read_texts(data.validation, scored_columns, score=data.score,
-                                    field="text_a", encoding=encoding)
+            dev["sts"] = prompts_lib.with_prompts(
+                read_texts(data.validation, scored_columns, score=data.score, field="text_a",
+                           encoding=encoding), self.column_prompts("scored", 2))
         if data.beir:
-            dev["retrieval"] = RetrievalExamples(read_beir(data.beir, data.beir_split, encoding))
+            dev["retrieval"] = RetrievalExamples(read_beir(data.beir, data.beir_split, encoding),
+                                                 self.prompts)
         names = (STS_METRICS if "sts" in dev else ()) + (
             RETRIEVAL_METRICS if "retrieval" in dev else ())
         prefixed = len(dev) > 1  # FineTuningJob prefixes each dev set's metrics then
@@ -196,13 +206,17 @@ class EmbeddingTask(Task):
         self.primary_metric = self.metric_names[len(STS_METRICS) if prefixed else 0]
         return Splits(train, dev, {})
 
+    def column_prompts(self, kind: str, columns: int) -> tuple[str, ...]:
+        return prompts_lib.column_prompts(self.prompts, kind, columns)
+
     def encode(self, tokenizer, examples, max_seq_length: int) -> EmbeddingFeatures:
-        """Each text as `[CLS] text [SEP]` on its own; a row's columns padded to its longest."""
+        """Each text as `[CLS] text [SEP]` on its own (lower-cased first where the model
+        says so); a row's columns padded to its longest."""
         if not examples:
             raise DataError("no examples to encode")
         self.buckets = self.bucket_lengths(max_seq_length)
         k = len(examples[0].texts)
-        texts = [t for e in examples for t in e.texts]
+        texts = prompts_lib.lower([t for e in examples for t in e.texts], self.lower_case)
         encodings = tokenizer.encode_batch(texts, None, max_seq_length=max_seq_length)
         sequences = [finetune_data.stack_encodings(encodings[i * k:(i + 1) * k])
                      for i in range(len(examples))]
@@ -236,8 +250,11 @@ class EmbeddingTask(Task):
                 "example_index": rows(jnp.int32)}
 
     def describe(self, features) -> str:
+        prompts = self.column_prompts(self.kind, self.columns)
         return (f"; {self.columns} text(s) a row, {self.pooling.mode} pooling"
-                f"{', normalised' if self.pooling.normalize else ''}, loss {self.loss_name}")
+                f"{', normalised' if self.pooling.normalize else ''}, loss {self.loss_name}"
+                f"{f', prompts {prompts}' if any(prompts) else ''}"
+                f"{', lower-cased' if self.lower_case else ''}")
 
     # ---- model and loss
 
@@ -315,11 +332,15 @@ class EmbeddingTask(Task):
         return {**hf_head("BertModel"), "pooling": self.pooling.to_dict()}
 
     def state(self):
-        return {"kind": self.kind, "pooling": self.pooling.to_dict(), "columns": self.columns}
+        return {"kind": self.kind, "pooling": self.pooling.to_dict(), "columns": self.columns,
+                **self.prompts.to_dict(), "lower_case": self.lower_case}
 
     def restore(self, state):
+        """A finished run's state (runs before prompts: none, no lower-casing)."""
         self.kind, self.columns = state["kind"], 1
         self.pooling = Pooling.from_dict(state["pooling"])
+        self.prompts = Prompts.from_dict(state)
+        self.lower_case = state.get("lower_case") is True
 
     def read_inputs(self, path, fields):
         """Rows of a .csv / .tsv / .jsonl file, the text in column --text_a."""
