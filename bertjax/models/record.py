@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import jax
 import jax.numpy as jnp
 
 from bertjax.errors import ConfigError
+from bertjax.models.layers import pool, pool_packed
 
 Array = jax.Array
 
@@ -139,3 +140,64 @@ class Architecture:
             for target in self.translated_fields[name]:
                 out.setdefault(target, value)
         return out
+
+
+class TypedConfig:
+    """`from_preset` / `from_dict` / `to_dict` of an architecture's frozen dataclass config
+    whose config.json names its `MODEL_TYPE` (every one but BERT's, whose has none); the class
+    sets MODEL_TYPE and PRESETS {name: fields} as ClassVars."""
+
+    MODEL_TYPE: ClassVar[str]
+    PRESETS: ClassVar[Mapping[str, Mapping[str, Any]]]
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any):
+        if name not in cls.PRESETS:
+            raise ConfigError(f"unknown model preset {name!r}; choose one of "
+                              f"{sorted(cls.PRESETS)}")
+        return cls(**{**cls.PRESETS[name], **overrides})
+
+    @classmethod
+    def from_dict(cls, values: Any):
+        """From a dict or ConfigDict (`to_dict`'s, with or without model_type); an unknown key
+        is named in the error."""
+        values = dict(values)
+        kind = values.pop("model_type", cls.MODEL_TYPE)
+        if kind != cls.MODEL_TYPE:
+            raise ConfigError(f"model.model_type={kind!r} is not {cls.MODEL_TYPE!r}")
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields and model_type, which tells a config.json or a config.model of this
+        architecture from another's (bertjax.models.model_config)."""
+        return {"model_type": self.MODEL_TYPE, **dataclasses.asdict(self)}
+
+
+def masked_encoder_calls(encoder: type) -> tuple[Callable[..., tuple[Array, Array]],
+                                                  Callable[..., Array]]:
+    """`Architecture.encode` and `encode_packed` of an encoder module that reads no segment
+    ids, called as encoder(config, name="model")(input_ids, input_mask, packing_ids=...,
+    deterministic=...) → [batch, seq, hidden] (ModernBERT's, NeoBERT's)."""
+    def encode(config, input_ids: Array, segment_ids: Array | None, input_mask: Array | None,
+               *, deterministic: bool, pooled_only: bool = False, pooling: str = "cls",
+               packing_ids: Array | None = None) -> tuple[Array, Array]:
+        """(final hidden states [batch, seq, hidden], `pool(..., pooling)` [batch, hidden]);
+        segment ids are unread, `pooled_only` is BERT's."""
+        del segment_ids, pooled_only
+        hidden = encoder(config, name="model")(input_ids, input_mask, packing_ids=packing_ids,
+                                               deterministic=deterministic)
+        return hidden, pool(hidden, input_mask, pooling)
+
+    def encode_packed(config, input_ids: Array, segment_ids: Array | None, input_mask: Array,
+                      packing_ids: Array, example_starts: Array, *, deterministic: bool,
+                      pooling: str = "cls") -> Array:
+        """Each packed example's pooled vector (`pool_packed`): [rows, slots, hidden]."""
+        del segment_ids
+        hidden = encoder(config, name="model")(input_ids, input_mask, packing_ids=packing_ids,
+                                               deterministic=deterministic)
+        return pool_packed(hidden, packing_ids, example_starts, pooling)
+
+    return encode, encode_packed

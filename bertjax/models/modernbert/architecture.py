@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax.models import dense as dense_lib
-from bertjax.models.layers import Dropout, pool, pool_packed
+from bertjax.models.layers import Dropout
 from bertjax.models.modernbert.config import MODERN_PRESETS, ModernConfig
 from bertjax.models.modernbert.flops import attention_report, forward_flops
 from bertjax.models.modernbert.modules import (
@@ -28,7 +28,7 @@ from bertjax.models.modernbert.modules import (
     ModernPredictionHead,
     _init,
 )
-from bertjax.models.record import Architecture
+from bertjax.models.record import Architecture, masked_encoder_calls
 
 Array = jax.Array
 
@@ -44,25 +44,7 @@ HF_CLASSES = {
 }
 
 
-def encode(config: ModernConfig, input_ids: Array, segment_ids: Array | None,
-           input_mask: Array | None, *, deterministic: bool, pooled_only: bool = False,
-           pooling: str = "cls", packing_ids: Array | None = None) -> tuple[Array, Array]:
-    """(final hidden states [batch, seq, hidden], `pool(..., pooling)` [batch, hidden]);
-    segment ids are unread, `pooled_only` is BERT's."""
-    del segment_ids, pooled_only
-    hidden = ModernBertModel(config, name="model")(
-        input_ids, input_mask, packing_ids=packing_ids, deterministic=deterministic)
-    return hidden, pool(hidden, input_mask, pooling)
-
-
-def encode_packed(config: ModernConfig, input_ids: Array, segment_ids: Array | None,
-                  input_mask: Array, packing_ids: Array, example_starts: Array, *,
-                  deterministic: bool, pooling: str = "cls") -> Array:
-    """Each packed example's pooled vector (`pool_packed`): [rows, slots, hidden]."""
-    del segment_ids
-    hidden = ModernBertModel(config, name="model")(
-        input_ids, input_mask, packing_ids=packing_ids, deterministic=deterministic)
-    return pool_packed(hidden, packing_ids, example_starts, pooling)
+encode, encode_packed = masked_encoder_calls(ModernBertModel)
 
 
 class ModernClassifier(nn.Module):

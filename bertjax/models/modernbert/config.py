@@ -7,10 +7,11 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from bertjax.errors import ConfigError
 from bertjax.models.layers import REMAT_POLICIES
+from bertjax.models.record import TypedConfig
 
 ACTIVATIONS = ("gelu", "gelu_tanh", "relu", "silu")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -35,9 +36,12 @@ MODERN_PRESETS: dict[str, dict[str, int]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class ModernConfig:
+class ModernConfig(TypedConfig):
     """Everything that fixes a ModernBERT's parameters and computation; defaults are
     ModernBERT-base's. `from_hf` / `to_hf` map transformers' config.json."""
+
+    MODEL_TYPE: ClassVar[str] = MODEL_TYPE
+    PRESETS: ClassVar[dict[str, dict[str, int]]] = MODERN_PRESETS
 
     vocab_size: int = 50368
     hidden_size: int = 768
@@ -134,31 +138,6 @@ class ModernConfig:
         """transformers' `layer_types`: global every n-th layer from layer 0, local between."""
         return tuple(GLOBAL if i % self.global_attn_every_n_layers == 0 else LOCAL
                      for i in range(self.num_layers))
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> ModernConfig:
-        if name not in MODERN_PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; choose one of "
-                              f"{sorted(MODERN_PRESETS)}")
-        return cls(**{**MODERN_PRESETS[name], **overrides})
-
-    @classmethod
-    def from_dict(cls, values: Any) -> ModernConfig:
-        """From a dict or ConfigDict (`to_dict`'s, with or without model_type); an unknown key
-        is named in the error."""
-        values = dict(values)
-        kind = values.pop("model_type", MODEL_TYPE)
-        if kind != MODEL_TYPE:
-            raise ConfigError(f"model.model_type={kind!r} is not {MODEL_TYPE!r}")
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields and model_type="modernbert", which tells a config.json or a
-        config.model of this model from a BERT's (bertjax.models.model_config)."""
-        return {"model_type": MODEL_TYPE, **dataclasses.asdict(self)}
 
     @classmethod
     def from_hf(cls, values: Mapping[str, Any], **overrides: Any) -> ModernConfig:

@@ -9,32 +9,14 @@ import flax.linen as nn
 import jax
 
 from bertjax.models.dense import Dense
-from bertjax.models.layers import pool, pool_packed
 from bertjax.models.neobert.config import NEO_PRESETS, NeoConfig
 from bertjax.models.neobert.modules import NeoBertForMaskedLM, NeoBertModel
-from bertjax.models.record import Architecture
+from bertjax.models.record import Architecture, masked_encoder_calls
 
 Array = jax.Array
 
 
-def encode(config: NeoConfig, input_ids: Array, segment_ids: Array | None,
-           input_mask: Array | None, *, deterministic: bool, pooled_only: bool = False,
-           pooling: str = "cls", packing_ids: Array | None = None) -> tuple[Array, Array]:
-    """(final hidden states [batch, seq, hidden], `pool(..., pooling)` [batch, hidden])."""
-    del segment_ids, pooled_only
-    hidden = NeoBertModel(config, name="model")(input_ids, input_mask, packing_ids=packing_ids,
-                                                deterministic=deterministic)
-    return hidden, pool(hidden, input_mask, pooling)
-
-
-def encode_packed(config: NeoConfig, input_ids: Array, segment_ids: Array | None,
-                  input_mask: Array, packing_ids: Array, example_starts: Array, *,
-                  deterministic: bool, pooling: str = "cls") -> Array:
-    """Each packed example's pooled vector (`pool_packed`): [rows, slots, hidden]."""
-    del segment_ids
-    hidden = NeoBertModel(config, name="model")(input_ids, input_mask, packing_ids=packing_ids,
-                                                deterministic=deterministic)
-    return pool_packed(hidden, packing_ids, example_starts, pooling)
+encode, encode_packed = masked_encoder_calls(NeoBertModel)
 
 
 def output_layer(config: NeoConfig, x: Array, features: int, *, deterministic: bool,

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from typing import Any
+from typing import ClassVar
 
 from bertjax.errors import ConfigError
 from bertjax.models.layers import REMAT_POLICIES
+from bertjax.models.record import TypedConfig
 
 MODEL_TYPE = "neobert"  # config.json's model_type
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -23,8 +24,11 @@ NEO_PRESETS: dict[str, dict[str, int]] = {
 
 
 @dataclasses.dataclass(frozen=True)
-class NeoConfig:
+class NeoConfig(TypedConfig):
     """Everything that fixes the encoder's parameters and computation."""
+
+    MODEL_TYPE: ClassVar[str] = MODEL_TYPE
+    PRESETS: ClassVar[dict[str, dict[str, int]]] = NEO_PRESETS
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -75,26 +79,3 @@ class NeoConfig:
     def scan_layers(self) -> bool:
         """The layers are always unrolled (BertConfig's field)."""
         return False
-
-    @classmethod
-    def from_preset(cls, name: str, **overrides: Any) -> NeoConfig:
-        if name not in NEO_PRESETS:
-            raise ConfigError(f"unknown model preset {name!r}; choose one of "
-                              f"{sorted(NEO_PRESETS)}")
-        return cls(**{**NEO_PRESETS[name], **overrides})
-
-    @classmethod
-    def from_dict(cls, values: Any) -> NeoConfig:
-        """From a dict or ConfigDict (`to_dict`'s, with or without model_type); an unknown key
-        is named in the error."""
-        values = dict(values)
-        kind = values.pop("model_type", MODEL_TYPE)
-        if kind != MODEL_TYPE:
-            raise ConfigError(f"model.model_type={kind!r} is not {MODEL_TYPE!r}")
-        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown model config field(s): {', '.join(unknown)}")
-        return cls(**values)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"model_type": MODEL_TYPE, **dataclasses.asdict(self)}
