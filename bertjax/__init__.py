@@ -28,6 +28,10 @@ def __getattr__(name):
         from bertjax.serving.embedder import Embedder
 
         return Embedder
+    if name == "Reranker":
+        from bertjax.serving.reranker import Reranker
+
+        return Reranker
     if name == "FillMask":
         from bertjax.serving.fill_mask import FillMask
 

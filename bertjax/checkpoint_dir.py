@@ -14,6 +14,9 @@ fine-tuning, feature extraction and users' own code read and write.
                                "do_lower_case": bool}
     DIR/conversion.json        only when something was not taken from a source checkpoint:
                                {"source", "initialised": [param groups], "skipped": {...}, ...}
+    DIR/classifier.npz         only for a converted sentence-transformers CrossEncoder: its
+                               classifier {kernel [hidden, 1], bias [1]} (float32); its
+                               activation and max_seq_length are in conversion.json
 
     config, params, tokenizer = bertjax.load_pretrained(DIR)             # unrolled layers
     config, params, tokenizer = bertjax.load_pretrained(DIR, scan_layers=True, dtype="bfloat16")
@@ -51,6 +54,7 @@ VOCAB_FILE = "vocab.txt"
 TOKENIZER_JSON = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 CONVERSION_FILE = "conversion.json"
+CLASSIFIER_FILE = "classifier.npz"  # a converted cross-encoder's classifier (its reranker head)
 SENTENCE_TRANSFORMERS = "sentence_transformers"  # conversion.json: what from_hf read there
 DEFAULT_MAX_SEQ_LENGTH = 128  # tokens per text where a model says nothing of its own
 
@@ -455,6 +459,48 @@ def own_lower_case(directory: str | epath.Path) -> bool:
     """Whether a converted sentence-transformers model lower-cases its texts before the
     tokenizer (sentence_bert_config.json's do_lower_case, kept in conversion.json)."""
     return sentence_record(directory).get("do_lower_case") is True
+
+
+def own_activation(directory: str | epath.Path) -> str | None:
+    """The activation a converted sentence-transformers CrossEncoder applies to its logits in
+    predict ("sigmoid" | "identity", kept in conversion.json), or None for another model."""
+    record = sentence_record(directory)
+    return record.get("activation") if record.get("model_type") == "CrossEncoder" else None
+
+
+def save_classifier(directory: str | epath.Path, classifier: Mapping[str, Any] | None) -> None:
+    """Writes DIR/CLASSIFIER_FILE, a cross-encoder's classifier {"kernel": [hidden, labels],
+    "bias": [labels]} in float32, or (None) removes a stale one: it would make the directory a
+    reranker."""
+    import io
+
+    path = epath.Path(directory) / CLASSIFIER_FILE
+    if classifier is None:
+        if path.exists():
+            path.unlink()
+        return
+    buffer = io.BytesIO()
+    np.savez(buffer, **{k: np.asarray(classifier[k], np.float32) for k in ("kernel", "bias")})
+    path.write_bytes(buffer.getvalue())
+
+
+def load_classifier(directory: str | epath.Path) -> dict[str, np.ndarray] | None:
+    """DIR/CLASSIFIER_FILE as {"kernel": [hidden, labels], "bias": [labels]}, or None where
+    the directory has none (not a converted cross-encoder)."""
+    import io
+
+    path = epath.Path(directory) / CLASSIFIER_FILE
+    if not path.exists():
+        return None
+    try:
+        with np.load(io.BytesIO(path.read_bytes()), allow_pickle=False) as stored:
+            kernel, bias = np.asarray(stored["kernel"]), np.asarray(stored["bias"])
+    except (KeyError, ValueError, OSError) as e:
+        raise CheckpointError(f"{path}: not a classifier file ({e})") from None
+    if kernel.ndim != 2 or bias.shape != kernel.shape[1:]:
+        raise CheckpointError(f"{path}: kernel {kernel.shape} and bias {bias.shape} are not "
+                              "[hidden, labels] and [labels]")
+    return {"kernel": kernel, "bias": bias}
 
 
 def max_seq_length(directory: str | epath.Path, given: int | None,

@@ -15,6 +15,8 @@ masked-word predictions of a pre-trained checkpoint.
       --queries=questions.jsonl --output=hits.jsonl [--top_k=10]
   python -m bertjax.predict mine --checkpoint=checkpoints/minilm --pairs=train.jsonl \
       --output=mined.jsonl [--corpus=more.jsonl] [--num_negatives=3] [--relative_margin=0.05]
+  python -m bertjax.predict rerank --workdir=runs/rerank --input=candidates.jsonl \
+      --output=reranked.jsonl [--top_k=10]
 
 --input: .csv / .tsv / .jsonl rows (classification, regression, multiple choice; field flags
 as the users'-files configs, default the run's config.data), SQuAD-layout .json or .jsonl
@@ -52,6 +54,15 @@ or within --margin / --relative_margin of its lowest positive score, after the f
 anchors take the model's query prompt, the texts its document prompt). It writes the rows
 with columns negative_1 .. negative_N (.jsonl / .csv / .tsv as --output), what the pairs
 config reads; the rows of an anchor left with too few negatives are dropped.
+
+rerank takes a reranking run (--workdir, --export) or a checkpoint directory converted from a
+sentence-transformers CrossEncoder (--checkpoint; --max_seq_length overrides its own). --input:
+JSONL, one query a line, {"id", "query", "candidates": [{"id", "text", "relevant"}, ...]} ("id"s
+optional: row and position numbers; a candidate may be its text alone; "relevant" optional,
+bertjax/tasks/reranking/readers.py). It writes, per line, {id, candidates: [{id, score}]} best
+first (--top_k: the first k), each score as CrossEncoder.predict gives it (the model's
+activation of its logit); an input with "relevant" judgements also prints nDCG@10 and MRR@10,
+reranked and in the input's order.
 """
 
 from __future__ import annotations
@@ -98,13 +109,15 @@ def define_flags() -> None:
                         "with the TPU compiler, on any machine (e.g. v5e-8, v5p-32).")
     cli.define_cpu_devices_flag()
     cli.define_compilation_cache_flag()
-    flags.DEFINE_string("checkpoint", None, "fill_mask, embed, search: a bertjax checkpoint "
-                        "directory.")
+    flags.DEFINE_string("checkpoint", None, "fill_mask, embed, search, mine, rerank: a bertjax "
+                        "checkpoint directory.")
     flags.DEFINE_integer("top_k", None, "fill_mask: candidates per [MASK] (default 5); "
-                         "search: hits per query (default 10).")
-    flags.DEFINE_integer("max_seq_length", None, "fill_mask, and embed / search with "
-                         "--checkpoint: tokens per text (default: the model's own, a "
-                         "converted sentence-transformers model's max_seq_length, else 128).")
+                         "search: hits per query (default 10); rerank: candidates kept per "
+                         "query (default all).")
+    flags.DEFINE_integer("max_seq_length", None, "fill_mask, and embed / search / rerank with "
+                         "--checkpoint: tokens per text, a pair for rerank (default: the "
+                         "model's own, a converted sentence-transformers model's "
+                         "max_seq_length, else 128).")
     flags.DEFINE_enum("pooling", None, ["mean", "cls", "max"], "embed, search with "
                       "--checkpoint: pooling (default: the checkpoint's pooling.json, else mean).")
     flags.DEFINE_bool("normalize", None, "embed, search with --checkpoint: unit-length vectors "
@@ -348,6 +361,60 @@ def mine(args: Sequence[str]) -> None:
         print(summary.line(f.output))
 
 
+def reranker():
+    """The Reranker of --workdir, --export or --checkpoint (exactly one)."""
+    from bertjax.serving.reranker import Reranker
+
+    f = flags.FLAGS
+    sources = [name for name in ("workdir", "export", "checkpoint") if f[name].value]
+    if len(sources) != 1:
+        sys.exit("error: rerank: give one of --workdir (a reranking run), --export (its convert "
+                 "to_hf directory) or --checkpoint (a converted CrossEncoder)")
+    devices = cli.turn_devices()
+    if f.checkpoint:
+        return Reranker.from_checkpoint(f.checkpoint, f.max_seq_length, f.batch_size, f.dtype,
+                                        devices)
+    if f.max_seq_length is not None:
+        sys.exit("error: --max_seq_length applies to --checkpoint; a run reads pairs at its own")
+    if f.workdir:
+        return Reranker.from_workdir(f.workdir, f.batch_size, f.dtype, devices)
+    return Reranker.from_export(f.export, f.batch_size, f.dtype, devices)
+
+
+def rerank(args: Sequence[str]) -> None:
+    from bertjax import paths
+    from bertjax.tasks.chunks import dump
+    from bertjax.train import multihost
+
+    f = flags.FLAGS
+    if args:
+        sys.exit(f"error: rerank: unexpected arguments {list(args)}; give --input=FILE")
+    for name in ("input", "output"):
+        if not f[name].value:
+            sys.exit(f"error: rerank: --{name} is required")
+    if f.top_k is not None and f.top_k < 1:
+        sys.exit(f"error: --top_k={f.top_k} must be positive")
+    if not paths.exists(f.input):  # before the model loads
+        sys.exit(f"error: --input={f.input}: no such file")
+    encoding = paths.check_encoding(f.encoding or paths.DEFAULT_ENCODING, "--encoding")
+    model = reranker()
+    records, metrics, before = model.rerank_file(f.input, f.top_k, encoding)
+
+    def write():
+        with paths.open(f.output, "w", encoding="utf-8") as out:
+            out.write("".join(dump(r) + "\n" for r in records))
+
+    multihost.write_from_main(write)
+    if multihost.is_main():
+        pairs = sum(len(r["candidates"]) for r in records) if f.top_k is None else None
+        print(f"wrote {len(records)} reranked candidate lists"
+              f"{f' ({pairs} pairs)' if pairs is not None else ''} to {f.output} "
+              f"({model.activation} activation; {model.engine.trained.workdir})")
+        if metrics is not None:
+            print("metrics: " + ", ".join(f"{k} {v:.4f} (input order {before[k]:.4f})"
+                                          for k, v in metrics.items()))
+
+
 def dry_run() -> None:
     from bertjax.aot.inference import inference_costs, inference_table
 
@@ -419,7 +486,8 @@ def main(argv: Sequence[str]) -> None:
     cli.initialize_distributed()  # before anything touches a JAX backend
     if not flags.FLAGS.dry_run:  # a dry run's TPU programs cannot be read back on this host
         cli.use_compilation_cache()
-    commands = {"fill_mask": fill_mask, "embed": embed, "search": search, "mine": mine}
+    commands = {"fill_mask": fill_mask, "embed": embed, "search": search, "mine": mine,
+                "rerank": rerank}
     if len(argv) > 1 and argv[1] in commands:
         return commands[argv[1]](argv[2:])
     if len(argv) > 1:

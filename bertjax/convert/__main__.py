@@ -38,6 +38,14 @@ as a BertModel (a ModernBERT's: ModernBertModel) with the sentence-transformers 
 those settings, so that `SentenceTransformer(DIR)` loads it. Other modules (Dense, ...) stop
 with one line.
 
+A sentence-transformers CrossEncoder directory (a BertForSequenceClassification with one label;
+convert/cross_encoder.py) is read by from_hf as its BERT plus its classifier, kept as
+classifier.npz beside the weights, its activation (sigmoid | identity) and max length in
+conversion.json (`bertjax.Reranker.from_checkpoint` and `predict rerank --checkpoint` score
+with them, the reranking family fine-tunes from them). to_hf writes such a directory, or a
+reranking run, as a BertForSequenceClassification with the CrossEncoder files, so that
+`CrossEncoder(DIR)` loads it.
+
 from_tf and from_hf also take --do_lower_case/--nodo_lower_case, --seed and --overwrite;
 to_hf takes --dtype and --overwrite. Every source tensor is either converted or listed as
 skipped (optimizer state, tied copies, buffers, task heads); heads the source lacks are
@@ -55,7 +63,7 @@ from absl import flags
 from etils import epath
 
 from bertjax import checkpoint_dir, cli
-from bertjax.convert import sentence_transformers
+from bertjax.convert import cross_encoder, sentence_transformers
 from bertjax.convert.mapping import ConversionError
 from bertjax.models import ModelConfig
 from bertjax.models import architecture as architecture_of
@@ -132,11 +140,14 @@ def _vocab_file(vocab: str, flag: str) -> epath.Path:
 
 
 def _import(args, config: ModelConfig, params, vocab, source: str, skipped, notes,
-            do_lower_case: bool | None = None, sentence_model=None) -> None:
+            do_lower_case: bool | None = None, sentence_model=None, classifier=None) -> None:
     # save_pretrained initialises (and reports) the head groups the source lacks.
+    # sentence_model: a SentenceTransformer's settings (with its pooling), or a CrossEncoder's
+    # (with its `classifier`).
     provenance = {"source": source, "skipped": skipped, "notes": notes}
     if sentence_model is not None:
         provenance[SENTENCE_TRANSFORMERS] = sentence_model.record()
+    pooling = getattr(sentence_model, "pooling", None)
     if do_lower_case is None:
         do_lower_case = args.do_lower_case
     summary = checkpoint_dir.save_pretrained(
@@ -144,17 +155,22 @@ def _import(args, config: ModelConfig, params, vocab, source: str, skipped, note
         provenance=provenance, seed=args.seed, overwrite=args.overwrite,
     )
 
-    def write_pooling():  # pooling.json, or none: a stale one would mislead
+    def write_heads():  # pooling.json and classifier.npz, or none: stale ones would mislead
         path = epath.Path(args.output) / POOLING_FILE
-        if sentence_model is not None:
-            path.write_text(json.dumps(sentence_model.pooling.to_dict(), indent=2) + "\n")
+        if pooling is not None:
+            path.write_text(json.dumps(pooling.to_dict(), indent=2) + "\n")
         elif path.exists():
             path.unlink()
+        checkpoint_dir.save_classifier(args.output, classifier)
 
-    multihost.write_from_main(write_pooling)
-    converted_params, converted_tensors = _count(params)
+    multihost.write_from_main(write_heads)
+    converted_params, converted_tensors = _count((params, classifier))
     _report(summary, args.output, converted_params, converted_tensors)
-    if sentence_model is not None:
+    if classifier is not None:
+        print(f"cross-encoder: {sentence_model.activation} activation at predict "
+              f"(max_seq_length={sentence_model.max_seq_length}); wrote its classifier to "
+              f"{epath.Path(args.output) / checkpoint_dir.CLASSIFIER_FILE}")
+    if pooling is not None:
         print(f"pooling: {_describe(sentence_model.pooling)} "
               f"(max_seq_length={sentence_model.max_seq_length}); wrote "
               f"{epath.Path(args.output) / POOLING_FILE}")
@@ -192,6 +208,8 @@ def from_hf(args) -> None:
     directory = epath.Path(args.input)
     if not directory.is_dir():
         raise ConversionError(f"--input {directory} is not a directory")
+    if cross_encoder.is_cross_encoder(directory):
+        return _from_cross_encoder(args, directory)
     if sentence_transformers.is_sentence_transformers(directory):
         return _from_sentence_transformers(args, directory)
     record = _hf_architecture(directory)
@@ -228,6 +246,23 @@ def _from_sentence_transformers(args, directory: epath.Path) -> None:
                 notes, do_lower_case=do_lower_case, sentence_model=found)
 
 
+def _from_cross_encoder(args, directory: epath.Path) -> None:
+    """A CrossEncoder's BERT as from_hf converts it, its one-label classifier kept
+    (classifier.npz) with its activation and max length (conversion.json)."""
+    import tempfile
+
+    found = cross_encoder.read_directory(directory)
+    notes = list(found.notes)
+    with tempfile.TemporaryDirectory() as scratch:
+        config, params, vocab, skipped, do_lower_case = _st_bert(
+            args, found, notes, epath.Path(scratch), heads=("classifier",))
+        head = cross_encoder.classifier(params, f"--input {directory}")
+        encoder = {group: tree for group, tree in params.items() if group != "classifier"}
+        _import(args, config, encoder, vocab, f"sentence-transformers CrossEncoder {directory}",
+                skipped, notes, do_lower_case=do_lower_case, sentence_model=found,
+                classifier=head)
+
+
 def _lower_case_note(found) -> list[str]:
     """sentence-transformers' do_lower_case: the texts, not the tokenizer (whose own casing
     stays, accents included), as sentence-transformers lower-cases them."""
@@ -239,11 +274,12 @@ def _lower_case_note(found) -> list[str]:
             "do it too"]
 
 
-def _st_bert(args, found, notes: list[str], scratch: epath.Path) -> tuple:
+def _st_bert(args, found, notes: list[str], scratch: epath.Path, heads: tuple[str, ...] = ()
+             ) -> tuple:
     """(config, params, vocab, skipped, do_lower_case) of a sentence-transformers BERT: its
     vocab.txt, or (transformers 5 saves tokenizer.json alone) the WordPiece vocabulary of its
     tokenizer.json written to `scratch`, lower-cased as its tokenizer_config.json (or its
-    normalizer) says."""
+    normalizer) says; `heads`: its task heads to read too (a CrossEncoder's classifier)."""
     from bertjax.convert import huggingface
 
     weights = found.transformer_directory
@@ -265,7 +301,7 @@ def _st_bert(args, found, notes: list[str], scratch: epath.Path) -> tuple:
         notes.append(how)
     else:
         vocab = _vocab_file(str(weights), "--input")
-    params, skipped = huggingface.read_hf_checkpoint(weights, config)
+    params, skipped = huggingface.read_hf_checkpoint(weights, config, heads)
     return config, params, vocab, skipped, do_lower_case
 
 
@@ -296,14 +332,19 @@ def to_hf(args) -> None:
     record = architecture_of(config)
     conversion = _conversion(record, directory)
     pooling = checkpoint_dir.load_pooling(directory)  # a sentence embedding model
+    head = checkpoint_dir.load_classifier(directory)  # a converted cross-encoder
     default = (record.encoder_class if pooling is not None
+               else record.hf_class("BertForSequenceClassification") if head is not None
                else record.hf_class("BertForPreTraining"))
     architecture = record.hf_class(args.architecture) if args.architecture else default
+    reranker = head is not None and architecture == default
     if architecture not in conversion.CHECKPOINT_CLASSES:
         raise ConversionError(f"--architecture={args.architecture}: {record.title} checkpoint "
                               "directory is written as "
                               f"{' or '.join(conversion.CHECKPOINT_CLASSES)}")
     params = checkpoint_dir.load_params(directory, config)  # unrolled: transformers' layout
+    if reranker:
+        params = {**params, "classifier": head}
     vocab = checkpoint_dir.vocab_path(directory)
     do_lower_case = checkpoint_dir.load_do_lower_case(directory)
     max_seq_length = _sentence_max_seq_length(directory, config)
@@ -312,6 +353,7 @@ def to_hf(args) -> None:
     prompts, lower_case = (checkpoint_dir.own_prompts(directory),
                            checkpoint_dir.own_lower_case(directory))
     include_prompt = checkpoint_dir.sentence_record(directory).get("include_prompt") is not False
+    activation = checkpoint_dir.own_activation(directory) or "sigmoid"  # a cross-encoder's
 
     def write():
         notes = _write_model(args, config, params, vocab, do_lower_case, architecture,
@@ -320,11 +362,14 @@ def to_hf(args) -> None:
             sentence_transformers.write_modules(args.output, pooling, max_seq_length,
                                                 lower_case, config.hidden_size, prompts,
                                                 include_prompt)
+        if reranker:
+            cross_encoder.write_modules(args.output, activation, max_seq_length)
         return notes
 
     notes = multihost.write_from_main(write)
     _wrote(args, architecture, directory, notes)
     _report_sentence_transformers(args, pooling, notes, vocab, max_seq_length)
+    _report_cross_encoder(args, activation if reranker else None, notes, max_seq_length)
 
 
 def _conversion(record, source):
@@ -360,6 +405,15 @@ def _report_sentence_transformers(args, pooling: Pooling | None, notes: list[str
     else:
         print(f"sentence-transformers: {_describe(pooling)} pooling, "
               f"max_seq_length={max_seq_length}; SentenceTransformer({args.output}) loads it")
+
+
+def _report_cross_encoder(args, activation: str | None, notes: list[str] | None,
+                          max_seq_length: int) -> None:
+    """The line that says --output is a sentence-transformers CrossEncoder (on the process
+    that wrote it: notes is not None)."""
+    if activation is not None and notes is not None:
+        print(f"sentence-transformers: CrossEncoder, {activation} activation at predict, "
+              f"max_length={max_seq_length}; CrossEncoder({args.output}) loads it")
 
 
 def _sentence_max_seq_length(directory: epath.Path, config: ModelConfig) -> int:
@@ -407,6 +461,8 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
     max_seq_length = int(task["config"]["max_seq_length"])
     state = task["task"] or {}  # an embedding run's: the prompts it trained with, lower_case
     prompts = Prompts.from_dict(state) if pooling is not None else None
+    # A reranking run's CrossEncoder settings, unless only its encoder is written.
+    reranker = record.get("cross_encoder") if architecture != encoder else None
     vocab = run_vocab(workdir, record)
 
     def write():
@@ -422,11 +478,14 @@ def _finetuned_to_hf(args, workdir: epath.Path) -> None:
             sentence_transformers.write_modules(
                 args.output, pooling, max_seq_length, state.get("lower_case") is True,
                 config.hidden_size, prompts)
+        if reranker:
+            cross_encoder.write_modules(args.output, reranker["activation"], max_seq_length)
         return notes
 
     notes = multihost.write_from_main(write)
     _wrote(args, architecture, f"{workdir} (best step {step})", notes)
     _report_sentence_transformers(args, pooling, notes, epath.Path(vocab), max_seq_length)
+    _report_cross_encoder(args, reranker and reranker["activation"], notes, max_seq_length)
 
 
 # command → (function, required flags, optional flags)

@@ -6,6 +6,8 @@
                    feature-based taggers, metrics
   embedding/       sentence embeddings: pairs / scored pairs / BEIR readers, contrastive and
                    CoSENT losses, STS and retrieval metrics
+  reranking/       cross-encoder rerankers: labelled / listwise / distilled rows and candidate
+                   lists, BCE / listwise / MSE / Margin MSE losses, nDCG@10 and MRR@10
 Each fine-tuning family is a plug-in of base.py (`Task`: data, features, head, loss,
 predictions, metrics, output files); its heads are flax modules in bertjax/models. Importing
 never loads TensorFlow (a TFDS reader imports it when called).

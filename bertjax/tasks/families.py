@@ -16,6 +16,7 @@ FAMILIES: dict[str, str] = {
     "token_classification": "bertjax.tasks.tagging.task:TokenClassificationTask",
     "feature_based": "bertjax.tasks.tagging.feature_based:FeatureBasedTask",
     "embedding": "bertjax.tasks.embedding.task:EmbeddingTask",
+    "reranking": "bertjax.tasks.reranking.task:RerankingTask",
 }
 
 
