@@ -12,11 +12,12 @@ on scored pairs (STS), from your own CSV / TSV / JSONL files.
 
 `arg` = pairs | scored. pairs: the in-batch-negatives loss (scale 20; every other row's
 positive and hard negatives in the global batch are an anchor's negatives, across every
-device and host), batch 64, 1 epoch. scored: CoSENT (only the order of the scores matters),
-batch 16, 4 epochs. Pooling: "auto" takes a converted sentence-transformers model's own
-(pooling.json), else mean pooling; max_seq_length 0 its own length, else 128; prompts "auto"
-its own (encode_query's for the anchors, encode_document's for the positives and negatives,
-encode's for scored pairs), e.g. --config.task.query_prompt="query: " to set one ("" none).
+device and host), batch 64, 1 epoch, texts packed several to a row (config.data.pack).
+scored: CoSENT (only the order of the scores matters), batch 16, 4 epochs. Pooling: "auto"
+takes a converted sentence-transformers model's own (pooling.json), else mean pooling;
+max_seq_length 0 its own length, else 128; prompts "auto" its own (encode_query's for the
+anchors, encode_document's for the positives and negatives, encode's for scored pairs),
+e.g. --config.task.query_prompt="query: " to set one ("" none).
 """
 
 import ml_collections
@@ -48,8 +49,12 @@ def get_config(arg: str = "pairs") -> ml_collections.ConfigDict:
                             symmetric=False, cache_chunk_rows=0, no_duplicates=True,
                             matryoshka_dims="", prompt="auto", query_prompt="auto",
                             document_prompt="auto"))
+    # pack (pairs: on by default): each training batch's texts packed several to a row
+    # instead of each row's texts padded to its longest (a question to its passage): the same
+    # rows, vectors and losses in fewer tokens (bertjax/tasks/embedding/packed.py; evaluation
+    # stays unpacked); not with train.grad_reduce_dtype=bfloat16.
     config.data.update(dict(columns="anchor,positive", text_a="sentence1", text_b="sentence2",
-                            score="score", beir="", beir_split="dev"))
+                            score="score", beir="", beir_split="dev", pack=arg == "pairs"))
     config.eval.at_start = True  # the starting checkpoint's score, for comparison
     # Tokens per text: 0 is the init checkpoint's own (a converted sentence-transformers
     # model's max_seq_length), else 128.

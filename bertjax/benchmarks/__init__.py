@@ -4,7 +4,8 @@ outside the library (nothing in bertjax or data_pipeline imports them).
   accelerator.py         train and predict steps beside transformers on the device JAX finds
                          (gpu_check.sh runs it on a GPU machine without bertjax's install)
   embedding.py           sentence vectors against sentence-transformers' encode; the
-                         contrastive train step with global negatives on 4 CPU devices
+                         contrastive train step with global negatives on 4 CPU devices;
+                         packed texts against unpacked rows and sentence-transformers' step
   inference.py           sequences/s of the prediction engine against transformers
   model.py               train-step throughput and memory of the model's options
   pretraining_input.py   data creation and the tf.data readers (plain and packed rows)

@@ -2,7 +2,8 @@ r"""Sentence embeddings: `predict embed` against sentence-transformers' encode, 
 contrastive training step with global negatives.
 
   python -m bertjax.benchmarks.embedding [--rows=1000] [--repeats=3] [--batch_size=64]
-      [--mining_rows=1000000] [--mining_anchors=1000] [--noencode --notrain_step]
+      [--mining_rows=1000000] [--mining_anchors=1000] [--noencode --notrain_step
+      --nopacked_step] [--packed_pairs=32]
 
 The model: a sentence-transformers directory written here (random weights of
 all-MiniLM-L6-v2's shape: 6 layers, 384 wide, mean pooling then normalised; a WordPiece
@@ -21,6 +22,16 @@ parallel; 64 pairs at 64 tokens, dropout 0.1, AdamW): the in-batch-negatives los
 global batch (every device's rows are every anchor's negatives) and its cached mode
 (GradCache, 16 rows a chunk), against the same step with a loss of each pair alone (the
 cosine loss: no row sees another; the baseline, what the global negatives cost).
+
+Packed texts (config.data.pack, bertjax/tasks/embedding/packed.py; in a subprocess, one CPU
+device, as a fine-tuning run on a CPU): the train step on `packed_pairs` (question, passage)
+pairs of a skewed length mix (questions of 12-20 tokens, passages of 150-250, max_seq_length
+256; 4 layers, 128 wide, float32, dropout 0.1, AdamW, the in-batch-negatives loss): bertjax's
+unpacked rows (each row's texts padded to its longest, the batch to its length bucket) and
+packed rows, against sentence-transformers' step on the same token ids and model (a
+transformers BertModel of the same sizes with mean pooling, its collator's padding of each
+column to its longest, MultipleNegativesRankingLoss, AdamW, PyTorch on every core): tokens
+computed, step ms, and each step's speed as a multiple of sentence-transformers'.
 
 Hard-negative mining (bertjax/tasks/embedding/mining.py, in a subprocess, the CPU split into
 devices as `predict mine` splits it, the search sharded over them): `mining_anchors` anchors
@@ -62,6 +73,9 @@ def define_flags() -> None:
     flags.DEFINE_bool("encode", True, "Time the sentence vectors against "
                       "sentence-transformers.")
     flags.DEFINE_bool("train_step", True, "Also time the training step on 4 CPU devices.")
+    flags.DEFINE_bool("packed_step", True, "Also time the train step of packed texts against "
+                      "unpacked rows and sentence-transformers.")
+    flags.DEFINE_integer("packed_pairs", 32, "Pairs of the packed-step measurement's batch.")
     flags.DEFINE_integer("mining_rows", 1_000_000, "Corpus vectors of the hard-negative "
                          "mining measurement (0: none).")
     flags.DEFINE_integer("mining_anchors", 1000, "Anchors of the mining measurement.")
@@ -237,6 +251,142 @@ def train_table(repeats: int) -> None:
               f"{first[name]:>9.1f} {seconds['pairs'] / seconds[name]:>6.2f}")
 
 
+PACKED_SCRIPT = r"""
+import json, os, sys, tempfile
+import jax, numpy as np
+from bertjax.benchmarks import interleaved_median_seconds
+from bertjax.models import BertConfig
+from bertjax.tasks import base
+from bertjax.tasks.embedding.task import EmbeddingFeatures, EmbeddingTask
+from bertjax.train import sharding as sharding_lib, step as step_lib
+from bertjax.train.optimizer import make_optimizer
+from experiments import embedding
+
+PAIRS, REPEATS, SEQ, VOCAB = int(sys.argv[1]), int(sys.argv[2]), 256, 8000
+SIZES = dict(hidden_size=128, num_layers=4, num_heads=2, intermediate_size=512)
+rng = np.random.default_rng(0)
+
+def text(low, high):
+    ids = rng.integers(5, VOCAB, int(rng.integers(low, high + 1)))
+    ids[0], ids[-1] = 2, 3
+    return ids
+
+pairs = [(text(12, 20), text(150, 250)) for _ in range(PAIRS)]
+sequences = []
+for texts in pairs:  # EmbeddingTask.encode's rows: the texts padded to the longest
+    row = np.zeros((2, 3, max(map(len, texts))), np.int32)
+    for c, ids in enumerate(texts):
+        row[c, 0, :len(ids)], row[c, 2, :len(ids)] = ids, 1
+    sequences.append(row)
+features = EmbeddingFeatures(sequences, np.zeros(PAIRS, np.float32), True)
+model_config = BertConfig(vocab_size=VOCAB, max_position_embeddings=512, **SIZES)
+
+def bertjax_step(pack):
+    config = embedding.get_config("pairs")
+    config.data.pack, config.max_seq_length, config.train.batch_size = pack, SEQ, PAIRS
+    config.task.update(pooling="mean", normalize="false")
+    task = EmbeddingTask(config)
+    task.buckets, task.columns = task.bucket_lengths(SEQ), 2  # what encode / read set
+    host_batch = next(iter(task.batches(features, PAIRS, shuffle=True)))
+    model = task.model(model_config)
+    mesh = sharding_lib.make_mesh(config.mesh)
+    rules = config.logical_axis_rules
+    init = lambda key: model.init(key, *task.init_inputs())["params"]
+    loss_fn = lambda params, batch, key, denominators=None: base._loss(
+        params, batch, key, denominators, task=task, model=model)
+    config.optimizer.warmup_steps = 100
+    tx, schedule = make_optimizer(config.optimizer, 1000)
+    _, shardings = step_lib.state_shardings(init, tx, mesh, rules)
+    holder = [step_lib.create_train_state(init, tx, jax.random.key(0), shardings)]
+    batch_sharding = sharding_lib.batch_sharding(mesh, rules)
+    batch = jax.device_put(host_batch, batch_sharding)
+    step = step_lib.jit_train_step(loss_fn, tx, schedule, shardings, batch_sharding,
+                                   denominators=task.denominators, rules=rules)
+
+    def run():
+        holder[0], metrics = step(holder[0], batch)
+        jax.block_until_ready(metrics)
+    return run, int(host_batch["input_ids"].size)
+
+def st_step():
+    import torch, transformers
+    from sentence_transformers import SentenceTransformer, losses, models
+
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(0)
+    directory = tempfile.mkdtemp()
+    with open(os.path.join(directory, "vocab.txt"), "w") as f:
+        f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+                          + [f"w{i}" for i in range(VOCAB - 5)]) + "\n")
+    transformers.BertTokenizerFast(os.path.join(directory, "vocab.txt")).save_pretrained(
+        directory)
+    transformers.BertModel(transformers.BertConfig(
+        vocab_size=VOCAB, hidden_size=SIZES["hidden_size"],
+        num_hidden_layers=SIZES["num_layers"], num_attention_heads=SIZES["num_heads"],
+        intermediate_size=SIZES["intermediate_size"], max_position_embeddings=512)
+    ).save_pretrained(directory)
+    encoder = models.Transformer(directory, max_seq_length=SEQ)
+    model = SentenceTransformer(modules=[encoder, models.Pooling(
+        encoder.get_word_embedding_dimension(), "mean")], device="cpu")
+    model.train()
+    loss = losses.MultipleNegativesRankingLoss(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+    columns = []
+    for c in range(2):  # its collator: each column padded to its own longest text
+        longest = max(len(p[c]) for p in pairs)
+        ids = torch.zeros((PAIRS, longest), dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for i, p in enumerate(pairs):
+            ids[i, :len(p[c])], mask[i, :len(p[c])] = torch.from_numpy(p[c]), 1
+        columns.append({"input_ids": ids, "attention_mask": mask,
+                        "token_type_ids": torch.zeros_like(ids)})
+
+    def run():
+        loss(columns, None).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return run, sum(int(c["input_ids"].numel()) for c in columns)
+
+steps, tokens = {}, {}
+for name, make in (("padded", lambda: bertjax_step(False)), ("packed", lambda: bertjax_step(True)),
+                   ("st", st_step)):
+    try:
+        steps[name], tokens[name] = make()
+    except ImportError:  # sentence-transformers is not installed: bertjax's two alone
+        pass
+first = {}
+seconds = interleaved_median_seconds(steps, REPEATS, first)
+print(json.dumps({"seconds": seconds, "first": first, "tokens": tokens}))
+"""
+
+
+def packed_table(pairs: int, repeats: int) -> None:
+    import json
+    import subprocess
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_NUM_CPU_DEVICES="1")
+    result = subprocess.run([sys.executable, "-c", PACKED_SCRIPT, str(pairs), str(repeats)],
+                            env=env, capture_output=True, text=True)
+    if result.returncode:
+        sys.exit(f"error: the packed-step benchmark failed: {result.stderr[-2000:]}")
+    timing = json.loads(result.stdout.strip().splitlines()[-1])
+    seconds, first, tokens = timing["seconds"], timing["first"], timing["tokens"]
+    print(f"Contrastive train step of {pairs} (question, passage) pairs, questions 12-20 "
+          "tokens, passages 150-250, max 256; 4 layers, 128 wide, float32, dropout 0.1, AdamW; "
+          "1 CPU device:")
+    print(f"  {'variant':<52} {'tokens':>7} {'step ms':>8} {'first s':>8} {'speed':>6}")
+    labels = {"padded": "bertjax, unpacked rows (config.data.pack=False)",
+              "packed": "bertjax, packed texts (config.data.pack=True)",
+              "st": "sentence-transformers, MultipleNegativesRankingLoss"}
+    base = seconds.get("st", seconds["padded"])
+    for name in labels:
+        if name in seconds:
+            print(f"  {labels[name]:<52} {tokens[name]:>7} {1000 * seconds[name]:>8.1f} "
+                  f"{first[name]:>8.1f} {base / seconds[name]:>6.2f}")
+    print("  (speed: a multiple of sentence-transformers' step where it is installed, else of "
+          "the unpacked step's)")
+
+
 MINING_SCRIPT = r"""
 import json, resource, sys, time
 from bertjax import runtime
@@ -297,6 +447,8 @@ def main(argv) -> None:
         encode_table(read_rows(f.corpus, f.rows), f.batch_size, f.repeats)
     if f.train_step:
         train_table(f.repeats)
+    if f.packed_step:
+        packed_table(f.packed_pairs, f.repeats)
     if f.mining_rows:
         mining_table(f.mining_rows, f.mining_anchors)
     print(f"({time.time() - start:.0f} s)")

@@ -11,6 +11,11 @@ is kept beside it in conversion.json.
 
 Given a `ModernConfig`, `BertForEmbedding` pools a ModernBertModel's final hidden states
 (params {"model"}), as sentence-transformers does over a ModernBERT Transformer module.
+
+Packed rows (config.data.pack, bertjax/tasks/embedding/packed.py): several texts a row, each
+attending within itself with positions from 0 (packing_ids), pooled per slot (`pool_slots`)
+and gathered back into the columns (`slot_vectors`): the vectors each text gets alone in a
+row.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ import jax.numpy as jnp
 from bertjax.errors import ConfigError
 from bertjax.models import heads
 from bertjax.models.architectures import ModelConfig
-from bertjax.models.layers import sequence_rows
+from bertjax.models.layers import pool_packed, sequence_rows
 
 Array = jax.Array
 
@@ -131,6 +136,36 @@ def pool(tokens: Array, input_mask: Array, mode: str) -> Array:
     raise ConfigError(f"pooling mode {mode!r} is not one of {' | '.join(MODES)}")
 
 
+def pool_slots(tokens: Array, packing_ids: Array, example_starts: Array, mode: str) -> Array:
+    """`pool` of each text of packed rows: tokens [rows, seq, hidden], packing_ids [rows, seq]
+    (slot s's text has id s + 1, padding 0), example_starts [rows, slots] → [rows, slots,
+    hidden] float32; an empty slot gives zeros ("cls": its row's first token, never read)."""
+    tokens = tokens.astype(jnp.float32)
+    if mode != "max":
+        return pool_packed(tokens, packing_ids, example_starts, mode)
+    rows, _, hidden = tokens.shape
+    slots = example_starts.shape[1]
+    # Each token's segment is its row's slot; padding goes to one more segment, dropped.
+    segment = jnp.where(packing_ids > 0, jnp.arange(rows)[:, None] * slots + packing_ids - 1,
+                        rows * slots)
+    best = jax.ops.segment_max(tokens.reshape(-1, hidden), segment.reshape(-1),
+                               num_segments=rows * slots + 1)[:-1]
+    best = jnp.where(jnp.isfinite(best), best, 0.0)  # an empty slot's max is -inf
+    return best.reshape(rows, slots, hidden)
+
+
+def slot_vectors(pooled: Array, text_slots: Array, groups: int = 1) -> Array:
+    """pooled [rows, slots, hidden], text_slots [batch, columns] → [batch, columns, hidden]:
+    batch row p's texts are in group p % groups, whose rows are every groups-th row from
+    row p % groups, text_slots counting within the group (local row * slots + slot; -1: a
+    filler row's text, zeros)."""
+    slots, hidden = pooled.shape[1:]
+    group = jnp.arange(text_slots.shape[0])[:, None] % groups
+    index = ((text_slots // slots) * groups + group) * slots + text_slots % slots
+    vectors = jnp.take(pooled.reshape(-1, hidden), jnp.where(text_slots >= 0, index, 0), axis=0)
+    return jnp.where(text_slots[..., None] >= 0, vectors, 0.0)
+
+
 def l2_normalize(vectors: Array, eps: float = 1e-12) -> Array:
     """[..., hidden] → the same at unit length (a zero vector stays zero, and so does its
     gradient: the norm is floored before the square root, whose derivative at 0 is infinite
@@ -139,13 +174,40 @@ def l2_normalize(vectors: Array, eps: float = 1e-12) -> Array:
     return vectors / norm
 
 
+def padded_vectors(config: ModelConfig, mode: str, input_ids: Array, segment_ids: Array | None,
+                   input_mask: Array | None, deterministic: bool) -> Array:
+    """Texts in columns, one a row: [batch, columns, seq] → [batch, columns, hidden] float32,
+    not normalised; the encoder created in the calling module (heads.encode)."""
+    batch, columns, _ = input_ids.shape
+    mask = sequence_rows(jnp.ones_like(input_ids) if input_mask is None else input_mask)
+    tokens, _ = heads.encode(  # BERT's cls: [rows, 1, hidden], the [CLS] token's alone
+        config, sequence_rows(input_ids), sequence_rows(segment_ids), mask,
+        deterministic=deterministic, pooled_only=mode == "cls")
+    return pool(tokens, mask[:, :tokens.shape[1]], mode).reshape(batch, columns, -1)
+
+
+def packed_vectors(config: ModelConfig, mode: str, input_ids: Array, segment_ids: Array | None,
+                   input_mask: Array, packing_ids: Array, example_starts: Array,
+                   text_slots: Array, groups: int, deterministic: bool) -> Array:
+    """Texts packed several a row ([rows, seq]; module docstring) → [batch, columns, hidden]
+    float32 (text_slots [batch, columns] in `groups`, `slot_vectors`), not normalised; each
+    text attends within itself, its positions from 0, as alone in a row (heads.encode with
+    packing_ids)."""
+    tokens, _ = heads.encode(config, input_ids, segment_ids, input_mask,
+                             deterministic=deterministic, packing_ids=packing_ids)
+    return slot_vectors(pool_slots(tokens, packing_ids, example_starts, mode), text_slots,
+                        groups)
+
+
 class BertForEmbedding(nn.Module):
     """params: {"bert": BertModel params} (the pooler's weights are kept but unused); for a
     ModernConfig {"model": ModernBertModel params}.
 
     Texts come in columns (anchor, positive, negatives...; or the two texts of a scored
     pair): input_ids, segment_ids, input_mask [batch, columns, seq] → [batch, columns, hidden]
-    float32, every text encoded on its own."""
+    float32, every text encoded on its own. Packed rows: input_ids, segment_ids, input_mask,
+    packing_ids [rows, seq], example_starts [rows, slots], text_slots [batch, columns] in
+    packing_groups groups (`slot_vectors`) → the same [batch, columns, hidden]."""
 
     config: ModelConfig
     pooling: Pooling = Pooling()
@@ -157,15 +219,20 @@ class BertForEmbedding(nn.Module):
         segment_ids: Array | None = None,
         input_mask: Array | None = None,
         *,
+        packing_ids: Array | None = None,
+        example_starts: Array | None = None,
+        text_slots: Array | None = None,
+        packing_groups: int = 1,
         deterministic: bool = True,
     ) -> Array:
-        batch, columns, _ = input_ids.shape
-        mask = sequence_rows(jnp.ones_like(input_ids) if input_mask is None else input_mask)
-        tokens, _ = heads.encode(  # BERT's cls: [rows, 1, hidden], the [CLS] token's alone
-            self.config, sequence_rows(input_ids), sequence_rows(segment_ids), mask,
-            deterministic=deterministic, pooled_only=self.pooling.mode == "cls")
-        vectors = pool(tokens, mask[:, :tokens.shape[1]], self.pooling.mode)
+        if packing_ids is not None:
+            vectors = packed_vectors(self.config, self.pooling.mode, input_ids, segment_ids,
+                                     input_mask, packing_ids, example_starts, text_slots,
+                                     packing_groups, deterministic)
+        else:
+            vectors = padded_vectors(self.config, self.pooling.mode, input_ids, segment_ids,
+                                     input_mask, deterministic)
         if self.pooling.normalize:
             vectors = l2_normalize(vectors)
-        vectors = vectors.reshape(batch, columns, -1)
         return nn.with_logical_constraint(vectors, ("batch", None, "embed"))
+

@@ -107,6 +107,12 @@ class TrainingTask:
     packed_kinds: tuple[str, ...] = ()
     pools_one_token: bool = False
 
+    @classmethod
+    def packing_refusal(cls, config, model) -> str | None:
+        """What else of `config` (and its `model` config) the task's packing cannot take, for
+        config.data.pack's one-line refusal (bertjax/tasks/checks.py); None: nothing."""
+        return None
+
     # Whether the task's head starts from a ModernBERT checkpoint's MLM prediction head
     # ("head": dense, activation, norm), as transformers' ModernBertFor* classes do.
     pretrained_head: bool = True

@@ -3,7 +3,8 @@ checks every job shares (bertjax/validate.py): its ranges, the data encoding, an
 checkpoint (its config.json read once): readable, its sizes not overridden, its vocabulary
 within its embeddings, its positions covering config.max_seq_length; the head options
 (config.task.classifier_pooling / classifier_dropout / bilstm_units) its architecture takes;
-config.data.pack for the tasks that pack (classification, regression, token tagging).
+config.data.pack for the tasks that pack (classification, regression, token tagging, embedding
+pairs and scored pairs).
 Each family's data files are read, and named in any error, by its Task.read."""
 
 from __future__ import annotations
@@ -61,13 +62,12 @@ def check(config, workdir: str | None) -> InitCheckpoint:
 def check_packing(config, model) -> None:
     """config.data.pack for a task and model whose head reads each example of a packed row
     apart (the Task class's `packed_kinds`: a pooled vector per example, or a score per
-    token)."""
+    token), and whose other settings its packing takes (`packing_refusal`)."""
     if not (config.get("data") or {}).get("pack", False):
         return
     task = config.get("task") or {}
     family, kind = task.get("family"), task.get("kind") or ""
     cls = task_class(family)
-    what = None
     if kind not in cls.packed_kinds:
         what = f"config.task.family={family!r}" + (f", kind={kind!r}" if kind else "")
     elif int(task.get("bilstm_units") or 0):
@@ -75,6 +75,8 @@ def check_packing(config, model) -> None:
         what = "the + BiLSTM head (config.task.bilstm_units)"
     elif cls.pools_one_token and getattr(model, "causal", False):
         what = "a causal (left-to-right) BERT"  # its pooled token is the last one
+    else:
+        what = cls.packing_refusal(config, model)
     if what:
         kinds = sorted({k for name in FAMILIES for k in task_class(name).packed_kinds})
         raise ConfigError(f"config.data.pack=True packs config.task.kind {', '.join(kinds)} "

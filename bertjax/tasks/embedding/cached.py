@@ -8,7 +8,8 @@ is encoded again and back-propagated alone, its parameter gradients summed. The 
 gradients are those of the full batch; the activations held are one chunk's.
 
 A chunk is every n-th row of the batch (n = the number of chunks), so that on a data-parallel
-mesh each device holds its share of every chunk and no row moves between devices.
+mesh each device holds its share of every chunk and no row moves between devices. Packed rows
+(config.data.pack) hold each chunk's texts in every n-th row (packed.py), chunked alike.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ import jax
 import jax.numpy as jnp
 
 Array = jax.Array
-# encode(params, input_ids, segment_ids, input_mask, rng) -> [rows, columns, hidden]
-Encode = Callable[[dict, Array, Array, Array, Array | None], Array]
+# encode(params, *inputs, rng) -> [rows, columns, hidden], of one chunk's inputs (input_ids,
+# segment_ids, input_mask; packed rows: and packing_ids, example_starts, text_slots).
+Encode = Callable[..., Array]
 
 
 def _to_chunks(x: Array, chunks: int) -> Array:
@@ -34,24 +36,24 @@ def _from_chunks(x: Array) -> Array:
     return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
 
 
-def cached_vectors(encode: Encode, params, input_ids: Array, segment_ids: Array,
-                   input_mask: Array, rng: Array | None, chunk_rows: int) -> Array:
-    """encode(params, ...) of the whole batch [batch, columns, seq] → [batch, columns, hidden],
-    `chunk_rows` rows at a time, whose gradient recomputes each chunk in turn (module
-    docstring). `batch` must be a multiple of chunk_rows; chunk c's dropout key is
+def cached_vectors(encode: Encode, params, inputs: tuple[Array, ...], rng: Array | None,
+                   chunks: int) -> Array:
+    """encode(params, *inputs, key) of the whole batch → [batch, columns, hidden], in `chunks`
+    chunks (`_to_chunks` of every input: [batch, columns, seq] rows, or packed rows and their
+    text slots), whose gradient recomputes each chunk in turn (module docstring). Every
+    input's leading axis must be a multiple of chunks; chunk c's dropout key is
     fold_in(rng, c)."""
-    batch = input_ids.shape[0]
-    if batch % chunk_rows:
-        raise ValueError(f"the batch of {batch} rows is not a multiple of chunk_rows="
-                         f"{chunk_rows}")
-    chunks = batch // chunk_rows
-    inputs = tuple(_to_chunks(x, chunks) for x in (input_ids, segment_ids, input_mask))
+    for x in inputs:
+        if x.shape[0] % chunks:
+            raise ValueError(f"an input of {x.shape[0]} rows does not split into {chunks} "
+                             "chunks")
+    inputs = tuple(_to_chunks(x, chunks) for x in inputs)
     keys = None if rng is None else jax.vmap(lambda c: jax.random.fold_in(rng, c))(
         jnp.arange(chunks))
 
     def encode_chunk(params, chunk):
-        ids, segments, mask, key = chunk
-        return encode(params, ids, segments, mask, key)
+        *chunk_inputs, key = chunk
+        return encode(params, *chunk_inputs, key)
 
     @jax.custom_vjp
     def vectors(params, inputs, keys):

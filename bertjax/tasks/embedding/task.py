@@ -12,6 +12,8 @@ whole corpus). The vectors are bertjax/models/embedding.py's: pooling and normal
 config.task (auto: the init checkpoint's pooling.json, else mean pooling, not normalised).
 Texts get their prompts (config.task.prompt / query_prompt / document_prompt, auto: the init
 checkpoint's own) and lower-casing as sentence-transformers gives them (prompts.py).
+config.data.pack: training batches of the same rows with their texts packed several to a row
+(packed.py), the same vectors and losses; evaluation is unpacked.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from bertjax import checkpoint_dir, paths
 from bertjax.errors import ConfigError, DataError
 from bertjax.models.embedding import BertForEmbedding, Pooling, Prompts
 from bertjax.tasks.base import Splits, Task, hf_head
-from bertjax.tasks.embedding import losses
+from bertjax.tasks.embedding import losses, packed
 from bertjax.tasks.embedding import metrics as metrics_lib
 from bertjax.tasks.embedding import prompts as prompts_lib
 from bertjax.tasks.embedding.cached import cached_vectors
@@ -38,6 +40,10 @@ Array = jax.Array
 KINDS = ("pairs", "scored")
 LOSSES = {"pairs": ("in_batch",), "scored": ("cosent", "cosine")}
 STS_METRICS = ("spearman", "pearson")
+# The model's inputs of a batch: unpacked rows; packed rows (packed.py) and their texts' slots,
+# whose leading axis, the batch's rows, comes last.
+PADDED_KEYS = ("input_ids", "segment_ids", "input_mask")
+PACKED_KEYS = PADDED_KEYS + ("packing_ids", "example_starts", "text_slots")
 RETRIEVAL_METRICS = metrics_lib.RETRIEVAL_METRICS
 
 
@@ -64,6 +70,8 @@ class EmbeddingFeatures(finetune_data.Features):
 
     retrieval: RetrievalSet | None = None
     keys: list | None = None  # text_keys, for batches without duplicates
+    text_lengths: np.ndarray | None = None  # packed.text_lengths, for packed batches
+    epoch_rows: tuple | None = None  # (batch size, EmbeddingTask.epoch_rows)
 
 
 def text_keys(features) -> list[frozenset]:
@@ -133,6 +141,7 @@ class EmbeddingTask(Task):
     """config.task.family: embedding (config.task.kind: pairs | scored)."""
 
     primary_metric = "spearman"
+    packed_kinds = KINDS  # packing changes the layout only: every loss sees the same vectors
 
     def __init__(self, config):
         super().__init__(config)
@@ -160,7 +169,11 @@ class EmbeddingTask(Task):
         self.matryoshka_dims = matryoshka_dims(str(config.task.get("matryoshka_dims", "")))
         # GradCache: a training batch encoded this many rows at a time (0: all at once).
         self.cache_chunk_rows = int(config.task.get("cache_chunk_rows", 0))
-        batch = int(config.train.get("batch_size", 0))
+        self.grad_accum_steps = int(config.train.get("grad_accum_steps", 1))
+        # config.data.pack: training texts packed several to a row (packed.py; what it cannot
+        # take is refused by tasks/checks.py, `packing_refusal`).
+        self.pack = bool((config.get("data") or {}).get("pack", False))
+        batch = self.train_batch_size = int(config.train.get("batch_size", 0))
         if self.cache_chunk_rows and (self.cache_chunk_rows < 0 or batch % self.cache_chunk_rows):
             raise ConfigError(f"config.task.cache_chunk_rows={self.cache_chunk_rows} must divide "
                               f"config.train.batch_size={batch}")
@@ -227,20 +240,82 @@ class EmbeddingTask(Task):
         finetune_data.warn_truncated(features, examples, max_seq_length)
         return features
 
-    def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
-        if not (shuffle and self.no_duplicates):
-            return finetune_data.batches(features, batch_size, self.buckets, shuffle=shuffle,
-                                         seed=seed, process_index=jax.process_index(),
-                                         process_count=jax.process_count(),
-                                         group_by_length=self.group_by_length)
+    @classmethod
+    def packing_refusal(cls, config, model) -> str | None:
+        """What of `config` packed batches do not take: a batch split over data-parallel
+        replicas apart (bfloat16 gradient sums; the texts' slots count within the batch's
+        groups of rows), cls pooling of a causal BERT (its pooled token is each text's last)."""
+        if (config.get("train") or {}).get("grad_reduce_dtype") == "bfloat16":
+            return "config.train.grad_reduce_dtype='bfloat16'"
+        if getattr(model, "causal", False) and pooling_of(config).mode == "cls":
+            return "cls pooling of a causal (left-to-right) BERT"
+        return None
+
+    def packing_groups(self, batch_size: int) -> int:
+        """The parts a training step encodes a batch in, each packed in its own rows
+        (packed.place): the micro-batches of config.train.grad_accum_steps, each in the
+        chunks of config.task.cache_chunk_rows (in `outputs`)."""
+        micro = batch_size // self.grad_accum_steps
+        chunks = micro // self.cache_chunk_rows if self.cache_chunk_rows else 1
+        return self.grad_accum_steps * max(chunks, 1)
+
+    def train_plan(self, features, batch_size: int, seed: int
+                   ) -> list[tuple[int, np.ndarray]]:
+        """One epoch's training batches, (padded length, row indices) each: packed or not, the
+        same rows in the same order."""
+        if not self.no_duplicates:
+            return finetune_data.plan_batches(features, batch_size, self.buckets, shuffle=True,
+                                              seed=seed, group_by_length=self.group_by_length)
         grid = finetune_data.prediction_buckets(self.buckets)
         lengths = features.lengths
         groups = no_duplicate_groups(text_keys(features), batch_size,
                                      np.random.default_rng(seed))
-        return (finetune_data.make_batch(
-            features, grid[finetune_data.assign_buckets(lengths[rows].max(keepdims=True),
-                                                        grid)[0]],
-            rows, batch_size, jax.process_index(), jax.process_count()) for rows in groups)
+        return [(grid[finetune_data.assign_buckets(lengths[rows].max(keepdims=True), grid)[0]],
+                 rows) for rows in groups]
+
+    def text_packing(self, features, batch_size: int) -> packed.TextPacking:
+        return packed.text_packing(features, self.buckets, batch_size, jax.device_count())
+
+    def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
+        where = dict(process_index=jax.process_index(), process_count=jax.process_count())
+        if not shuffle:
+            return finetune_data.batches(features, batch_size, self.buckets, shuffle=False,
+                                         **where)
+        plan = self.train_plan(features, batch_size, seed)
+        if self.pack:
+            packing = self.text_packing(features, batch_size)
+            groups = self.packing_groups(batch_size)
+            return (packed.make_batch(features, rows, batch_size, packing, groups, **where)
+                    for _, rows in plan)
+        return (finetune_data.make_batch(features, length, rows, batch_size, **where)
+                for length, rows in plan)
+
+    def epoch_rows(self, features, batch_size: int) -> list[int]:
+        """Rows of each packed batch of the epoch of seed 0, for the log line and the batch
+        spec (kept on the features: an epoch's first fit is seconds for 100,000 rows)."""
+        if features.epoch_rows is None or features.epoch_rows[0] != batch_size:
+            packing = self.text_packing(features, batch_size)
+            groups = self.packing_groups(batch_size)
+            features.epoch_rows = (batch_size, [
+                packed.batch_rows(features, rows, packing, groups)
+                for _, rows in self.train_plan(features, batch_size, 0)])
+        return features.epoch_rows[1]
+
+    def num_batches(self, features, batch_size: int) -> int:
+        return len(self.train_plan(features, batch_size, 0))
+
+    def train_batch_spec(self, features, batch_size: int, max_seq_length: int):
+        """Unpacked: `batch_spec`; packed: the most rows of an epoch (seed 0)."""
+        spec = self.batch_spec(batch_size, max_seq_length)
+        if not self.pack:
+            return spec
+        packing = self.text_packing(features, batch_size)
+        rows = max(self.epoch_rows(features, batch_size))
+        i32 = jnp.int32
+        tokens = jax.ShapeDtypeStruct((rows, packing.length), i32)
+        return {**spec, **{k: tokens for k in packed.TOKEN_KEYS},
+                "example_starts": jax.ShapeDtypeStruct((rows, packing.slots), i32),
+                "text_slots": jax.ShapeDtypeStruct((batch_size, self.columns), i32)}
 
     def batch_spec(self, batch_size: int, max_seq_length: int):
         tokens = jax.ShapeDtypeStruct((batch_size, self.columns, max_seq_length), jnp.int32)
@@ -251,10 +326,14 @@ class EmbeddingTask(Task):
 
     def describe(self, features) -> str:
         prompts = self.column_prompts(self.kind, self.columns)
+        batch = self.train_batch_size
+        packing = (packed.describe(features, self.train_plan(features, batch, 0), batch,
+                                   self.text_packing(features, batch).length,
+                                   self.epoch_rows(features, batch)) if self.pack else "")
         return (f"; {self.columns} text(s) a row, {self.pooling.mode} pooling"
                 f"{', normalised' if self.pooling.normalize else ''}, loss {self.loss_name}"
                 f"{f', prompts {prompts}' if any(prompts) else ''}"
-                f"{', lower-cased' if self.lower_case else ''}")
+                f"{', lower-cased' if self.lower_case else ''}{packing}")
 
     # ---- model and loss
 
@@ -268,19 +347,29 @@ class EmbeddingTask(Task):
         return ids, ids, ids
 
     def outputs(self, model, params, batch, **kwargs):
-        """[batch, columns, hidden]; in training with config.task.cache_chunk_rows, encoded
-        a chunk at a time with the whole batch's gradients (cached.py)."""
-        rows = batch["input_ids"].shape[0]
-        if "rngs" not in kwargs or not self.cache_chunk_rows or rows <= self.cache_chunk_rows:
-            return super().outputs(model, params, batch, **kwargs)
+        """[batch, columns, hidden]; packed rows (packed.py) pooled per text and gathered
+        back into the columns; in training with config.task.cache_chunk_rows, encoded a chunk
+        at a time with the whole batch's gradients (cached.py)."""
+        keys = PACKED_KEYS if "packing_ids" in batch else PADDED_KEYS
+        rows = batch[keys[-1]].shape[0]  # the batch's (a micro-batch's) rows of texts
+        cached = "rngs" in kwargs and self.cache_chunk_rows and rows > self.cache_chunk_rows
+        chunks = rows // self.cache_chunk_rows if cached else 1
+        groups = {}
+        if "packing_ids" in batch:  # the packing groups of a chunk (packed.place)
+            per_group = self.train_batch_size // self.packing_groups(self.train_batch_size)
+            groups = {"packing_groups": rows // chunks // per_group}
+        if chunks == 1:
+            return super().outputs(model, params, batch, **{k: batch[k] for k in keys[3:]},
+                                   **groups, **kwargs)
 
-        def encode(params, ids, segments, mask, key):
-            return model.apply({"params": params}, ids, segments, mask, deterministic=False,
+        def encode(params, ids, segments, mask, *packing_and_key):
+            *packing, key = packing_and_key
+            return model.apply({"params": params}, ids, segments, mask,
+                               **dict(zip(keys[3:], packing)), **groups, deterministic=False,
                                rngs={"dropout": key})
 
-        return cached_vectors(encode, params, batch["input_ids"], batch["segment_ids"],
-                              batch["input_mask"], kwargs["rngs"]["dropout"],
-                              self.cache_chunk_rows)
+        return cached_vectors(encode, params, tuple(batch[k] for k in keys),
+                              kwargs["rngs"]["dropout"], chunks)
 
     def loss(self, vectors, batch, denominators=None):
         """vectors [batch, columns, hidden] float32. With config.task.matryoshka_dims, the sum

@@ -234,7 +234,6 @@ def pack_config(experiment, arg):
     ("finetune_files", "multiple_choice", "kind='multiple_choice'"),
     ("glue", "swag", "family='swag'"),
     ("squad", "v1", "family='squad'"),
-    ("embedding", "pairs", "family='embedding'"),
     ("ner_feature_based", "concat_last_four", "family='feature_based'"),
 ])
 def test_tasks_that_do_not_pack_refuse_it_in_one_line(experiment, arg, named):

@@ -197,7 +197,7 @@ def test_training_batches_hold_no_text_twice_and_every_row_once(tmp_path):
             real = b["example_index"][b["example_index"] >= 0]
             texts = [examples[i].texts[1] for i in real]
             assert len(texts) == len(set(texts)), texts
-            assert b["input_ids"].shape[0] == 4 and b["weights"].sum() == len(real)
+            assert b["weights"].shape[0] == 4 and b["weights"].sum() == len(real)
     keys = [frozenset([i % 6]) for i in range(30)]
     groups = no_duplicate_groups(keys, 4, np.random.default_rng(0))
     assert all(len({k for i in g for k in keys[i]}) == len(g) for g in groups)

@@ -157,7 +157,7 @@ from bertjax.tasks.embedding.cached import cached_vectors
 
 def cached_loss(params, ids, mask, weights):
     encode = lambda p, i, s, m, key: model.apply({"params": p}, i, s, m)
-    v = cached_vectors(encode, params, ids, jnp.zeros_like(ids), mask, None, 4)
+    v = cached_vectors(encode, params, (ids, jnp.zeros_like(ids), mask), None, 4)
     return losses.in_batch_loss(v, weights, 20.0, False)[0]
 
 cached, cached_grad = jax.jit(jax.value_and_grad(cached_loss))(params, put(ids), put(mask),

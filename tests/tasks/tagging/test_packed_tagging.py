@@ -187,7 +187,8 @@ def test_tagging_packs_but_not_with_the_bilstm_head():
     config.task.bilstm_units = 8
     with pytest.raises(ConfigError, match="BiLSTM") as error:
         checks.check_packing(config, bert_config())
-    assert "packs config.task.kind classification, regression, tagging only" in str(error.value)
+    assert ("packs config.task.kind classification, pairs, regression, scored, tagging only"
+            in str(error.value))
 
 
 def _padding(line):
