@@ -243,3 +243,27 @@ def test_prediction_batch_size_is_at_most_8_rows_on_a_cpu_only():
     assert prediction_batch_size(64, "cpu", data_parallel=16) == 16
     assert prediction_batch_size(64, "tpu", data_parallel=4) == 64
     assert prediction_batch_size(64, "gpu") == 64
+
+
+@pytest.mark.slow
+def test_fine_tuning_dry_run_without_a_topology_compiles_the_local_step(tmp_path):
+    """`finetune --dry_run` on the machine at hand (no --topology): the report, not a refusal
+    of flags the user did not give."""
+    import json
+    import random
+
+    from conftest import KEYWORD_VOCAB, filler_sentence, write_tiny_checkpoint
+
+    checkpoint = write_tiny_checkpoint(tmp_path, KEYWORD_VOCAB)
+    rng = random.Random(0)
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(
+            json.dumps({"text": filler_sentence(rng, word), "label": word}) + "\n"
+            for word in ("good", "bad") * 4))
+    proc = run_python(["-m", "bertjax.finetune", "--config=experiments/finetune_files.py:"
+                       "classification", "--dry_run", f"--config.init_checkpoint={checkpoint}",
+                       f"--config.data.train={tmp_path / 'train.jsonl'}",
+                       f"--config.data.validation={tmp_path / 'dev.jsonl'}",
+                       "--config.data.text_a=text", "--config.max_seq_length=32"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "topology" not in proc.stderr, proc.stderr

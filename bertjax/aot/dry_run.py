@@ -137,7 +137,10 @@ def from_flags(make_job: Callable[[Any], Any], config, vary_layers: bool = True)
             raise ConfigError("--topology, --sweep, --breakdown and --dry_run_exact need "
                               "--dry_run")
         return False
-    if not on_slice(make_job, config, f.topology, f.sweep, f.sweep_seconds,
-                    exact=f.dry_run_exact or not vary_layers, breakdown=f.breakdown):
+    # A slice's compile is exact where the layers cannot vary; only --dry_run_exact asks it
+    # without a topology (refused there: the local dry run compiles the full step anyway).
+    exact = f.dry_run_exact or (bool(f.topology) and not vary_layers)
+    if not on_slice(make_job, config, f.topology, f.sweep, f.sweep_seconds, exact=exact,
+                    breakdown=f.breakdown):
         run(make_job(config), config)
     return True
