@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 # pytest and the benchmarks get it here). A value set by the user wins.
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1
 
-.PHONY: install test test-fast demo bench bench-accelerator lint clean parity fidelity fidelity_model
+.PHONY: install test test-all test-fast demo bench bench-accelerator lint clean parity fidelity fidelity_model
 
 install: $(STAMP)
 
@@ -19,12 +19,18 @@ $(STAMP): setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The suite CI runs (~15 min on 2 cores): every test but the extended end-to-end runs.
 test: install
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not extended" tests
+
+# Everything, the extended runs too (~1 h on 2 cores): before a release, after a change to the
+# training loop, checkpoints, multi-process code or the parity harness.
+test-all: install
 	$(PY) -m pytest -q -n 2 --dist loadfile tests
 
-# The unit part (< 4 min on 2 cores): every test not marked slow (end-to-end runs).
+# The unit part: every test not marked slow (end-to-end runs).
 test-fast: install
-	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "not slow and not extended" tests
 
 # Corpus -> vocabulary -> TFRecords -> two-phase pre-training of a tiny BERT on the CPU ->
 # held-out MLM accuracy against the unigram baseline -> fine-tuning on Rotten Tomatoes

@@ -110,6 +110,7 @@ def test_dry_run_applies_overrides():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("preset", ["base", "large"])
+@pytest.mark.extended
 def test_dry_run_prints_the_paper_totals_and_compiled_memory(preset):
     # Scanned layers compile one layer, which keeps this test fast for BERT-large.
     proc = run_python(["-m", "bertjax.pretrain", f"--config=experiments/pretrain.py:{preset}",

@@ -286,6 +286,7 @@ def test_finetune_on_a_latin1_csv_is_one_line_on_stderr(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_latin1_run_then_predict_with_and_without_the_encoding(tmp_path):
     """config.data.encoding=latin-1 trains on Latin-1 files; predict reads new rows in the
     run's encoding unless --encoding names another, whole or streamed."""

@@ -232,3 +232,13 @@ def test_no_library_file_is_over_600_lines():
             for path in (ROOT / package).rglob("*.py")
             if (n := len(path.read_text().splitlines())) > 600}
     assert long == {}
+
+
+def test_test_module_names_are_unique():
+    """Every folder of tests/ is on the import path (conftest.py): two test or helper modules
+    of one name would shadow each other, and pytest would stop collecting."""
+    names = {}
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if path.name not in ("conftest.py", "__init__.py"):
+            names.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert not {n: p for n, p in names.items() if len(p) > 1}

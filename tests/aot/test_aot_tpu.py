@@ -132,6 +132,7 @@ SMALL = dict(num_layers=1, hidden_size=64, intermediate_size=128, num_heads=2, v
 
 @pytest.mark.slow
 @needs_libtpu
+@pytest.mark.extended
 def test_tiny_train_step_compiles_for_4_chips_and_memory_grows_with_the_batch():
     import jax
 
@@ -177,6 +178,7 @@ def _all_reduce_bytes(hlo: str) -> dict[str, int]:
 
 @pytest.mark.slow
 @needs_libtpu
+@pytest.mark.extended
 def test_bf16_gradient_reduction_all_reduces_bfloat16_on_tpu():
     """grad_reduce_dtype=bfloat16 on 4 chips (data=4): the TPU compiler keeps the gradients'
     all-reduce in bfloat16 (only scalar metrics stay float32), and it moves fewer bytes than
@@ -208,6 +210,7 @@ def test_bf16_gradient_reduction_all_reduces_bfloat16_on_tpu():
 
 @pytest.mark.slow
 @needs_libtpu
+@pytest.mark.extended
 def test_tiny_train_step_compiles_for_8_chips_and_fsdp_shrinks_the_state_per_chip():
     import jax
 
@@ -223,6 +226,7 @@ def test_tiny_train_step_compiles_for_8_chips_and_fsdp_shrinks_the_state_per_chi
 
 @pytest.mark.slow
 @needs_libtpu
+@pytest.mark.extended
 def test_bert_large_phase2_batch_4096_on_v5e_4_does_not_fit_and_says_so():
     from bertjax.aot import measure as aot_measure
     from bertjax.aot import report as aot_report
@@ -700,6 +704,7 @@ def test_extrapolation_is_fixed_plus_per_layer_times_layers():
 
 @pytest.mark.slow
 @needs_libtpu
+@pytest.mark.extended
 def test_extrapolated_step_matches_the_full_unrolled_compile_on_v5p():
     from bertjax.train import flops as flops_lib
 

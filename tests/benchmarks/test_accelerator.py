@@ -77,6 +77,7 @@ runpy.run_module("bertjax.benchmarks.accelerator", run_name="__main__")
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_command_runs_every_row_beside_transformers_without_tensorflow(tmp_path):
     """--quick on the tiny preset, one timed step, TensorFlow unimportable: every row measured
     on both sides, the Markdown and JSON tables written, MFU left out on a CPU (no known

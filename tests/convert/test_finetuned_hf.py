@@ -54,6 +54,7 @@ def bertjax_logits(workdir, model, *inputs):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_classification_run_is_a_transformers_classifier_with_its_labels(checkpoint, tmp_path):
     import torch
     import transformers
@@ -117,6 +118,7 @@ def test_classification_run_is_a_transformers_classifier_with_its_labels(checkpo
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["regression", "multiple_choice"])
+@pytest.mark.extended
 def test_regression_and_multiple_choice_runs_match_transformers(checkpoint, tmp_path, kind):
     import torch
     import transformers
@@ -165,6 +167,7 @@ def test_regression_and_multiple_choice_runs_match_transformers(checkpoint, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_token_classification_run_keeps_its_tags(tmp_path):
     import torch
     import transformers
@@ -196,6 +199,7 @@ def test_token_classification_run_keeps_its_tags(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_runs_without_a_transformers_class_or_not_finished_are_one_line(checkpoint, tmp_path):
     from experiments.finetune_files import get_config
 

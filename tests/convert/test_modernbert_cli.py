@@ -210,6 +210,7 @@ def test_a_fine_tuned_classifier_is_transformers_with_its_logits(classification_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_every_fine_tuned_family_is_its_transformers_class(checkpoint, tmp_path):
     """Token classification, QA and multiple choice runs exported: transformers' logits equal
     the run's best checkpoint's (1e-5) on the export's own tokenizer's rows."""

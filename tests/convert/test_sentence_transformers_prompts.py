@@ -146,6 +146,7 @@ def write_texts(path, texts) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_predict_embed_and_search_apply_the_prompts_unless_a_flag_says(prompted, tmp_path):
     """embed: the default prompt ("passage") unless --prompt_name; search: encode_query's
     prompt for the queries, --corpus_prompt_name's for the corpus; a wrong flag is one line."""

@@ -38,6 +38,7 @@ def outputs(notebook, kind: str) -> list:
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.extended
 def test_pretrain_notebook(tmp_path, monkeypatch):
     notebook = execute("pretrain_tiny_bert.ipynb", tmp_path, monkeypatch)
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
@@ -54,6 +55,7 @@ def test_pretrain_notebook(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
+@pytest.mark.extended
 def test_finetune_notebook(tmp_path, monkeypatch):
     execute("finetune_sentiment.ipynb", tmp_path, monkeypatch)
     summary = json.loads((tmp_path / "summary.json").read_text())

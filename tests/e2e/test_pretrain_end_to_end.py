@@ -10,6 +10,7 @@ from news_corpus import write_corpus
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_tiny_bert_learns_real_looking_text_and_beats_the_unigram_baseline(tmp_path):
     corpus = tmp_path / "corpus.txt"
     write_corpus(corpus)

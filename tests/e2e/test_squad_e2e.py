@@ -59,6 +59,7 @@ def test_squad_v1_cli_learns_and_writes_files(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_squad_v2_learns_to_abstain(checkpoint, tmp_path):
     from bertjax.tasks import train_and_evaluate
     from experiments.squad import get_config

@@ -67,6 +67,7 @@ def test_ltr_pretraining_outputs_at_earlier_positions_ignore_later_tokens():
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ltr_loss_equals_numpy_next_token_cross_entropy():
     config = ltr_job_config(dtype="float64", param_dtype="float64")
     jax.config.update("jax_enable_x64", True)
@@ -274,6 +275,7 @@ def cell_value(path, metric="accuracy"):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_runner_runs_every_cell_resumes_and_tables_the_cells(tmp_path, monkeypatch):
     from jax.experimental.compilation_cache import compilation_cache
 

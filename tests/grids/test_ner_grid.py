@@ -15,6 +15,7 @@ from bertjax.tasks.tagging import schemes
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_finetune_grid_runs_the_ner_config(tmp_path):
     checkpoint = td.write_checkpoint(tmp_path, max_positions=32)
     for name, seed, n in (("eng.train", 0, 64), ("eng.testa", 1, 32), ("eng.testb", 2, 16)):

@@ -81,6 +81,7 @@ def test_float32_dense_is_plain_dot_general_plus_bias():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("batch,seq", [(2, 16), (1, 1), (3, 7)])
+@pytest.mark.extended
 def test_bf16_model_tracks_float32_model(batch, seq):
     """The whole pre-training model in bf16 compute stays close to float32 (same params), for
     odd shapes too (XLA:CPU picks other kernels for tiny matmuls)."""

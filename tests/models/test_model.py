@@ -257,6 +257,7 @@ def stack_layers(params, num_layers):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("remat_policy", ["none", "full", "dots"])
+@pytest.mark.extended
 def test_scan_and_remat_give_the_same_outputs_and_gradients(remat_policy):
     cfg = small_config(hidden_dropout_prob=0.0, attention_dropout_prob=0.0)
     ids, segments, mask, positions = random_batch(7, 2, 12, cfg.vocab_size, 3)

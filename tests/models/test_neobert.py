@@ -178,6 +178,7 @@ def test_classification_learns_predicts_and_dry_runs(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_every_other_family_runs_from_the_checkpoint(checkpoint, tmp_path):
     """Regression, multiple choice, token tagging, SQuAD and embeddings, a few steps each:
     the job trains, the pooled heads learn, and every run scores its dev set."""
@@ -262,6 +263,7 @@ def neo_pretraining_config(data: str, vocab: str):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_packed_masked_lm_pretraining_learns_and_exports(tmp_path):
     from news_corpus import write_segments
 
@@ -282,6 +284,7 @@ def test_packed_masked_lm_pretraining_learns_and_exports(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu not installed")
+@pytest.mark.extended
 def test_its_train_step_compiles_for_a_tpu_slice():
     from bertjax.aot import measure as aot_measure
     from bertjax.aot import topology

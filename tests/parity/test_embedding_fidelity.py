@@ -130,6 +130,7 @@ def write_sentence_transformers_model(path, words):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_quick_embedding_run_trains_both_sides_and_reports_the_start(tmp_path):
     # --quick takes 96 training situations and 48 distractors.
     write_ropes(tmp_path / "data" / "ropes", 160, "train")

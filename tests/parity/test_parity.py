@@ -159,6 +159,7 @@ def datadir(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_cli_runs_a_job_and_writes_parity_md_png_and_json(tmp_path):
     from conftest import run_python
 
@@ -172,6 +173,7 @@ def test_cli_runs_a_job_and_writes_parity_md_png_and_json(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", sorted(pre.JOBS))
+@pytest.mark.extended
 def test_pretraining_rows_follow_transformers(job, datadir):
     rows = pre.JOBS[job](STEPS, datadir)
     for row in rows:
@@ -182,6 +184,7 @@ def test_pretraining_rows_follow_transformers(job, datadir):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_modern_rows_follow_transformers_and_a_decay_on_norms_fails_them(datadir, monkeypatch):
     rows = modern_parity.run_mlm(STEPS, datadir)
     for row in rows:
@@ -230,6 +233,7 @@ def _padding_in_the_mlm_mean(monkeypatch):
 @pytest.mark.slow
 @pytest.mark.parametrize("slip", [_schedule_one_step_ahead, _decay_on_layer_norm,
                                   _padding_in_the_mlm_mean])
+@pytest.mark.extended
 def test_a_planted_slip_fails_the_mlm_nsp_row(slip, datadir, monkeypatch):
     slip(monkeypatch)
     rows = pre.run_mlm_nsp(STEPS, datadir)

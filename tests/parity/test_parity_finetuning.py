@@ -92,6 +92,7 @@ def test_summed_span_loss_fails_the_row(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_dropout_seeds_agree(tmp_path):
     row = ft.run_dropout(STEPS, tmp_path, seeds=(0, 1, 2, 3))
     assert len(row.ours_seeds) == len(row.theirs_seeds) == 4
@@ -102,6 +103,7 @@ def test_dropout_seeds_agree(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_dropout_expectation_sees_attention_dropout_left_out(tmp_path, monkeypatch):
     # 3 of the row's 6 batches (half the 2 x 2,400 forward passes): the slip's t is still
     # below -6 on two of them, the same model's within +-1.5 on all.

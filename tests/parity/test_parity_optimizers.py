@@ -132,6 +132,7 @@ def row(references, name, **overrides):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["adamw", "bert_adamw", "lamb"])
+@pytest.mark.extended
 def test_row_passes(references, name):
     r = row(references, name)
     assert r.passed(), (r.max_rel_diff(first=50), r.max_rel_diff())

@@ -35,12 +35,14 @@ def test_mesh_histories_round_trip(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("job", ["paths_attention", "paths_remat", "paths_scan"])
+@pytest.mark.extended
 def test_path_rows_follow_the_default_path(job, tmp_path):
     for row in paths.JOBS[job](STEPS, tmp_path):
         assert_passes(row)
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_accumulation_with_equal_predictions_is_one_big_batch(tmp_path):
     equal, _ = paths.accumulation_rows(STEPS, tmp_path)
     assert_passes(equal)
@@ -92,6 +94,7 @@ def test_planted_summed_gradients_fail_the_gradient_norm(monkeypatch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_meshes_follow_the_default_path(tmp_path):
     for row in paths.mesh_rows(STEPS, tmp_path):
         assert_passes(row)

@@ -55,6 +55,7 @@ def test_bad_command_lines_stop_with_one_error_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_tensorflow_is_imported_quiet_and_without_accelerators():
     script = textwrap.dedent("""
         import os

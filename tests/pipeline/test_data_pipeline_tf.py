@@ -271,6 +271,7 @@ def test_iterator_restore_continues_exactly(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_dynamic_masking_is_fresh_every_epoch(tmp_path):
     cfg, meta = create(tmp_path, masking="dynamic", dupe_factor=1, num_shards=1)
     n = meta["counts"]["instances"]

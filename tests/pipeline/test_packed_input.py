@@ -348,6 +348,7 @@ def test_pair_data_is_read_as_single_examples(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_packed_eval_step_equals_each_example_in_its_own_row():
     """The trainer's packed step sees each example as if alone (packing_ids reach the model)."""
     import flax.linen as nn

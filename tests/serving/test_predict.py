@@ -374,6 +374,7 @@ def test_streamed_chunks_equal_the_one_shot_output(classification_run, tmp_path,
 
 
 @pytest.mark.slow  # the module's classification run
+@pytest.mark.extended
 def test_dry_run_of_the_predict_step_on_a_tpu_slice(classification_run):
     from bertjax.aot.inference import inference_costs
     from bertjax.models import BertConfig
@@ -428,6 +429,7 @@ def test_bad_inputs_of_a_finished_run(classification_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_regression_and_multiple_choice(checkpoint, tmp_path):
     from bertjax import Predictor
 
@@ -494,6 +496,7 @@ def test_a_cpu_predicts_in_batches_of_at_most_8_rows(checkpoint, tmp_path, monke
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_squad_v2_predictions_equal_the_run_files(tmp_path):
     from squad_data import VOCAB, generate
 
@@ -566,6 +569,7 @@ def test_squad_v2_predictions_equal_the_run_files(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_tagging_conll_output_equals_the_run_file(tmp_path):
     from bertjax import Predictor
     from experiments.ner import get_config
@@ -637,6 +641,7 @@ def test_tagging_conll_output_equals_the_run_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_fill_mask_equals_transformers_masked_lm(checkpoint, tmp_path):
     import torch
     from transformers import BertForMaskedLM

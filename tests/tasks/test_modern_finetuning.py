@@ -191,6 +191,7 @@ def test_classification_learns_and_exports_the_modernbert_class(checkpoint, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_regression_and_multiple_choice_learn(checkpoint, tmp_path):
     rng = random.Random(1)
     with open(tmp_path / "reg.jsonl", "w") as f:
@@ -255,6 +256,7 @@ def test_token_classification_learns_the_entities(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_squad_learns_spans(checkpoint, tmp_path):
     """SQuAD v1.1 with the WordPiece vocabulary; v2.0 (its null threshold in the export) runs on
     the BPE tokenizer.json in tests/tasks/squad/test_squad_bpe_features.py."""
@@ -278,6 +280,7 @@ def test_squad_learns_spans(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_embedding_pairs_raise_ndcg_above_the_starting_checkpoint(checkpoint, tmp_path):
     from experiments.embedding import get_config
 

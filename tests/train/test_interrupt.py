@@ -285,6 +285,7 @@ def test_ctrl_c_in_the_command_saves_says_where_and_exits_130_then_resumes_bitwi
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_finetuning_ctrl_c_then_the_same_command_ends_as_a_straight_run(checkpoint, tmp_path):
     """`bertjax.finetune` (tests/finetune_task.py's task): Ctrl-C after step 2 saves,
     exits 130 saying where; the same command again resumes, and the losses, every evaluation,
@@ -367,6 +368,7 @@ cli.run(main)
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_every_process_saves_when_process_0_says_time_is_up(tmp_path):
     from multihost import Process, coordinator_flags, devices_env, free_port
 

@@ -81,6 +81,7 @@ def write_pretraining_data(root) -> tuple[str, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_pretraining_with_vocab_exports_the_same_model_and_resumes_on_one_process(tmp_path):
     vocab, pattern = write_pretraining_data(tmp_path)
 
@@ -134,6 +135,7 @@ def check_finetuning(job: str, tmp_path, pair, reference, outputs: list[str]) ->
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_classification_with_a_test_file(tmp_path):
     checkpoint = tiny_checkpoint(tmp_path)
     rng = random.Random(1)
@@ -152,6 +154,7 @@ def test_classification_with_a_test_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_write_failing_on_process_0_stops_both_with_its_error_line(tmp_path):
     """Process 0 alone writes the test predictions; where it cannot (`submission` is a file),
     both processes stop at once with the same `error:` line, instead of process 1 waiting for
@@ -184,6 +187,7 @@ def test_a_write_failing_on_process_0_stops_both_with_its_error_line(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("version", ["v1", "v2"])
+@pytest.mark.extended
 def test_squad(tmp_path, version):
     checkpoint = tiny_checkpoint(tmp_path, SQUAD_VOCAB)
     impossible_rate = 0.3 if version == "v2" else 0.0
@@ -204,6 +208,7 @@ def test_squad(tmp_path, version):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_tagging_with_a_test_file(tmp_path):
     (tmp_path / "tiny").mkdir()
     checkpoint = td.write_checkpoint(tmp_path / "tiny")
@@ -221,6 +226,7 @@ def test_tagging_with_a_test_file(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_feature_extraction(tmp_path):
     checkpoint = tiny_checkpoint(tmp_path)
     rng = random.Random(3)
@@ -239,6 +245,7 @@ def test_feature_extraction(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("chunk_rows", [0, 7])
+@pytest.mark.extended
 def test_predict_on_a_finished_run(tmp_path, chunk_rows):
     """`python -m bertjax.predict` (whole file, and streamed 7 rows at a time): every process
     computes its share of each batch, process 0 writes; the same bytes as one process."""
@@ -267,6 +274,7 @@ def test_predict_on_a_finished_run(tmp_path, chunk_rows):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ablation_grid_cell(tmp_path):
     """One cell of Table 5 at test scale: the MLM + NSP pre-training and its Rotten-Tomatoes-
     style fine-tuning, one seed."""
@@ -298,6 +306,7 @@ def test_ablation_grid_cell(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_tpu_launcher_multi_host_run_command_runs_as_two_processes(tmp_path):
     """The job argv that `python -m bertjax.tpu run` starts on every worker of a v5p-32 (with
     --distributed), run here as 2 processes with the coordinator flags that

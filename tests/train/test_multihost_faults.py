@@ -207,6 +207,7 @@ def assert_one_line_naming(p: Process, victim: Process, index: int, n: int) -> s
 @pytest.mark.slow
 @pytest.mark.parametrize("job,n,victim", [("pretrain", 2, 0), ("finetune", 2, 1),
                                           ("pretrain", 4, None)])
+@pytest.mark.extended
 def test_a_killed_process_ends_the_job_and_a_restart_resumes_exactly(tmp_path, job, n, victim):
     """SIGKILL one of n processes at a random step (of 4: a random one; of 2: the coordinator
     in pre-training, the other in fine-tuning): every other one exits non-zero within
@@ -293,6 +294,7 @@ cli.run(main)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stalling", [1, 0])
+@pytest.mark.extended
 def test_a_stalled_input_is_named_on_every_process_within_the_input_timeout(tmp_path,
                                                                              stalling):
     fifo = tmp_path / "shard.tfrecord"
@@ -321,6 +323,7 @@ def test_a_stalled_input_is_named_on_every_process_within_the_input_timeout(tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_process_killed_while_the_others_wait_at_a_barrier_is_named_within_the_bound(
         tmp_path):
     """Process 1 stalls on its input of step 4 (a long input_timeout_s) and is killed there:
@@ -385,6 +388,7 @@ def process_1_writes(step: int) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_save_failing_on_one_process_is_retried_or_stopped_by_all(fault_fs, tmp_path):
     """Process 1's array writes fail (EIO, tests/fault_fs.c), process 0's do not; process 0
     learns it after config.checkpoint.timeout_s at orbax's barrier. Both retry together: step 2
@@ -439,6 +443,7 @@ def test_a_save_failing_on_one_process_is_retried_or_stopped_by_all(fault_fs, tm
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_to_one_process_saves_the_same_step_everywhere_and_exits_0(tmp_path):
     """A spot VM gets SIGTERM alone: JAX's preemption sync point (orbax reached_preemption)
     makes every process stop at the same step, save it and exit 0; a restart resumes there and

@@ -181,6 +181,7 @@ print("SHARDED_OK")
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sharded_training_over_a_4_device_mesh_matches_one_device():
     proc = run_python(["-c", SHARDED_SCRIPT],
                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})

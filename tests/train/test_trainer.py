@@ -40,6 +40,7 @@ def read_metrics(workdir, split="train"):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rng_impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+@pytest.mark.extended
 def test_resume_after_sigkill_is_exact(tmp_path, rng_impl):
     extra = [f"--config.rng_impl={rng_impl}"]
     straight = str(tmp_path / "straight")
@@ -69,6 +70,7 @@ def test_resume_after_sigkill_is_exact(tmp_path, rng_impl):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
     workdir = str(tmp_path / "run")
     proc = start(pretrain_args(workdir, 10_000, every=1000))
@@ -84,6 +86,7 @@ def test_sigterm_saves_the_current_step_and_exits_zero(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_phase_hand_off_and_restart_in_phase_two(tmp_path):
     workdir = str(tmp_path / "run")
     proc = run_python(pretrain_args(workdir, 12, phase1_steps=8, every=10))
@@ -107,6 +110,7 @@ MESHES = [(8, 1, 1), (2, 2, 2), (1, 4, 2), (1, 1, 8)]
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_meshes_and_processes_give_the_single_device_losses_and_params(tmp_path):
     runs = {}
     reference = str(tmp_path / "single")
@@ -147,6 +151,7 @@ def test_meshes_and_processes_give_the_single_device_losses_and_params(tmp_path)
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_restore_onto_a_different_mesh(tmp_path):
     workdir = str(tmp_path / "run")
     proc = run_python(pretrain_args(workdir, 10, every=5,
@@ -270,6 +275,7 @@ def test_init_checkpoint_of_another_size_fails_with_one_line(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_packed_no_nsp_run_learns(tmp_path):
     """corpus → segments (python -m data_pipeline.create_segments) → packed no-NSP training."""
     import re

@@ -19,6 +19,7 @@ checkpoint = finetune_task.checkpoint  # the module-scoped tiny-checkpoint fixtu
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_finetuning_resumes_bitwise_after_sigkill(checkpoint, tmp_path):
     """A run killed at a random moment and run again equals the straight run bitwise; the
     runs after the first load their programs from the straight run's compilation cache."""
@@ -61,6 +62,7 @@ def test_finetuning_resumes_bitwise_after_sigkill(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_finetuning_sigterm_saves_and_exits_zero_then_continues(checkpoint, tmp_path):
     write_task(tmp_path)
     workdir = str(tmp_path / "run")
@@ -84,6 +86,7 @@ def test_finetuning_sigterm_saves_and_exits_zero_then_continues(checkpoint, tmp_
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_grid_cell_interrupted_mid_run_resumes_from_its_checkpoint(checkpoint, tmp_path):
     write_task(tmp_path)
     workdir = tmp_path / "grid"

@@ -77,6 +77,7 @@ def zero_shot(lines: list[str]) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_pairs_with_hard_negatives_raise_ndcg_above_the_starting_checkpoint(tmp_path):
     config = config_for(tmp_path, train=data.write_pairs(tmp_path / "p.jsonl", 480,
                                                          negatives=1),
@@ -146,6 +147,7 @@ def test_scored_pairs_raise_the_sts_spearman_with_cosent(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_two_processes_train_as_one_with_the_whole_global_batch(tmp_path):
     """Global negatives across hosts: each process holds half the rows of every batch, and the
     losses, dev metrics and exported record equal one process's with both devices."""

@@ -109,6 +109,7 @@ def test_the_size_the_export_counts_is_the_one_checked(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_command_refuses_a_mismatch_before_step_0_and_in_the_dry_run(vocab, tmp_path):
     workdir = tmp_path / "run"
     expected = (f"error: config.vocab={vocab} has {len(KEYWORD_VOCAB)} entries but "
@@ -126,6 +127,7 @@ def test_the_command_refuses_a_mismatch_before_step_0_and_in_the_dry_run(vocab, 
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_the_command_takes_the_size_trains_exports_and_resumes(vocab, tmp_path):
     workdir = tmp_path / "run"
     args = ["-m", "bertjax.pretrain", *TINY, f"--config.vocab={vocab}", f"--workdir={workdir}"]

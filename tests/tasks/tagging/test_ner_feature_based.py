@@ -110,6 +110,7 @@ def test_cache_holds_the_encoder_layers_of_extract_features(data_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_training_reads_the_cache_and_leaves_the_encoder_unchanged(data_dir, tmp_path):
     import jax
 
