@@ -15,6 +15,11 @@ of their best epoch. The `embedding` family's other side is sentence-transformer
 directory loaded as a SentenceTransformer, MultipleNegativesRankingLoss, its retrieval
 evaluator: bertjax/fidelity/reference_embedding.py); both sides also score the starting
 checkpoint (bertjax's "eval before training" line), which must agree: it is one model.
+`embedding_mined` is that family on hard negatives each side mines with the starting model
+(bertjax: `python -m bertjax.predict mine`; sentence-transformers: `mine_hard_negatives`), and
+`rerank` a cross-encoder each side trains from the starting BERT on its mined rows, then
+reranks one shared candidate list: the top 50 of bertjax's `embedding_mined` model for each dev
+question (bertjax/fidelity/retrieval.py, reference_rerank.py).
 fidelity.md and fidelity.json in --workdir give mean ± sd per side (3 seeds a side, 5 for the
 families whose scores spread widely: classification, SQuAD, tagging), a test of the means
 (Welch) and of the spreads (variance ratio, Brown–Forsythe) and the verdict
@@ -40,7 +45,7 @@ from collections.abc import Callable
 from absl import flags
 
 from bertjax import cli
-from bertjax.fidelity import data
+from bertjax.fidelity import data, retrieval
 from bertjax.fidelity.data import Sizes
 from bertjax.fidelity.verdict import compare, fails, summary
 
@@ -54,8 +59,10 @@ class Family:
     origin: str
     metric: str  # the official metric; bertjax's results.json and the reference use the name
     config: str  # experiments/ config of bertjax's command
-    flags: dict  # config overrides besides the files and the shared settings
-    settings: dict  # learning_rate, batch_size, epochs, max_seq_length
+    flags: dict  # config overrides besides the files and the shared settings: config.data's
+    # KEY, or a dotted path (e.g. eval.at_start)
+    settings: dict  # learning_rate, batch_size, epochs, max_seq_length (retrieval: mine,
+    # top_k, retriever)
     sizes: Sizes
     build: Callable[[pathlib.Path, pathlib.Path, Sizes], dict[str, str]]
     reference: Callable[..., dict[str, float]]  # (model_dir, files, seed, settings, log)
@@ -63,6 +70,9 @@ class Family:
     same_reference_as: str = ""  # a family whose transformers rows are this one's: its results
     seeds: int = 3  # a side; NOISY families 5
     cause: str = ""  # the measured, written cause of a row that leans (docs/fidelity)
+    # bertjax's steps before its command, once a family: (files, checkpoint, settings,
+    # family workdir, log) → (bertjax's files, the reference's files)
+    prepare: Callable | None = None
 
 
 def _sequence(kind: str, text_a: str, text_b: str | None = None, choices=()):
@@ -85,9 +95,53 @@ def _tagging(model_dir, files, seed, settings, log):
 def _embedding(model_dir, files, seed, settings, log):
     from bertjax.fidelity import reference_embedding
 
+    settings = dict(settings)
     return reference_embedding.run(model_dir, files["train"], files["beir"],
-                                   columns=("question", "passage"), seed=seed, log=log,
-                                   **settings)
+                                   columns=PAIR_COLUMNS, mine_settings=settings.pop("mine", None),
+                                   seed=seed, log=log, **settings)
+
+
+def _rerank(model_dir, files, seed, settings, log):
+    from bertjax.fidelity import reference_rerank
+
+    return reference_rerank.run(model_dir, files["train"], files["dev"], columns=PAIR_COLUMNS,
+                                mine_settings=settings["mine"], seed=seed, log=log,
+                                **{k: settings[k] for k in TRAINING})
+
+
+def _mined(files, checkpoint, settings, workdir, log) -> dict[str, str]:
+    """`files` with bertjax's training rows: the pairs with the hard negatives its starting
+    checkpoint mines (`predict mine`; deterministic, so once a family)."""
+    out = workdir / "data" / "mined.jsonl"
+    done = retrieval.run_command(
+        retrieval.mine_command(checkpoint, files["train"], str(out), PAIR_COLUMNS,
+                               settings["mine"]), workdir / "mine.log", "bertjax's predict mine")
+    log(f"bertjax {done.stdout.strip()}")
+    return {**files, "train": str(out)}
+
+
+def _prepare_mined(files, checkpoint, settings, workdir, log):
+    """embedding_mined: bertjax trains on its mined rows; sentence-transformers mines its own."""
+    return _mined(files, checkpoint, settings, workdir, log), files
+
+
+def _prepare_rerank(files, checkpoint, settings, workdir, log):
+    """rerank: bertjax's mined rows; the shared candidate lists, the top settings["top_k"] of
+    bertjax's embedding_mined model (seed 0, trained here) for each dev question."""
+    mined = _mined(files, checkpoint, settings, workdir, log)
+    bertjax_run(FAMILIES["embedding_mined"], mined, checkpoint, 0, settings["retriever"],
+                workdir / "retriever", lambda line: log(f"retriever: {line}"))
+    hits = workdir / "data" / "hits.jsonl"
+    retrieval.run_command(retrieval.search_command(str(workdir / "retriever"), files["beir"],
+                                                   str(hits), settings["top_k"]),
+                          workdir / "search.log", "bertjax's predict search")
+    lists, missed = retrieval.candidate_lists(str(hits), files["beir"])
+    candidates = workdir / "data" / "candidates.jsonl"
+    first = retrieval.write_candidates(candidates, lists)
+    log(f"{len(lists)} candidate lists of {settings['top_k']} ({missed} questions whose "
+        f"situation the retriever missed left out); in its order: {json.dumps(first)}")
+    return ({"train": mined["train"], "dev": str(candidates)},
+            {"train": files["train"], "dev": str(candidates)})
 
 
 def _squad(version_2: bool):
@@ -112,6 +166,17 @@ TAGS = dict(learning_rate=5e-5, batch_size=32, epochs=3, max_seq_length=128)
 # One epoch of 25 steps: about 3 minutes a side on 2 CPU cores, +0.05 nDCG@10 over the start.
 EMBED = dict(learning_rate=2e-5, batch_size=32, epochs=1, max_seq_length=128)
 CONLL = dict(format="conll", token_column=0, tag_column=-1)
+PAIR_COLUMNS = ("question", "passage")
+TRAINING = ("learning_rate", "batch_size", "epochs", "max_seq_length")  # what each side reads
+# Hard negatives, both sides alike (NV-Retriever's TopK-PercPos): per question, the nearest
+# training situation other than its own among the 50 nearest, scoring below 95% of its own.
+MINE = dict(num_negatives=1, relative_margin=0.05, range_max=50)
+MINED_COLUMNS = ",".join(PAIR_COLUMNS + retrieval.negative_columns(MINE["num_negatives"]))
+EMBED_MINED = dict(EMBED, mine=MINE)
+# The reranker: 50 steps of 16 rows (a question, its situation and its negative: 2 pairs),
+# pairs up to 256 tokens (the longest ROPES pair is 343); its retriever is embedding_mined's.
+RERANK = dict(learning_rate=5e-5, batch_size=16, epochs=1, max_seq_length=256, top_k=50,
+              mine=MINE, retriever=EMBED_MINED)
 NOISY = 5  # seeds a side of the families whose scores spread widely across seeds
 
 FAMILIES = {f.name: f for f in (
@@ -179,6 +244,29 @@ FAMILIES = {f.name: f for f in (
                 "20; InformationRetrievalEvaluator); dev corpus: every ROPES dev situation and "
                 "as many unused train situations as queries; one question per training "
                 "situation (no false negative in a batch)"),
+    Family("embedding_mined", "the embedding family on (question, situation, hard negative) "
+           "rows, the negatives mined by each side with the starting model", ROPES, "ndcg@10",
+           "experiments/embedding.py:pairs", dict(columns=MINED_COLUMNS), EMBED_MINED,
+           Sizes(800, 200), lambda src, out, n: data.ropes_retrieval(src / "ropes", out, n),
+           _embedding, prepare=_prepare_mined,
+           note="mining: bertjax `python -m bertjax.predict mine`, sentence-transformers "
+                "`mine_hard_negatives` (sampling top), num_negatives 1, relative_margin 0.05, "
+                "range_max 50, over the training situations; training: batches with no text "
+                "twice (bertjax task.no_duplicates, sentence-transformers "
+                "NoDuplicatesBatchSampler), MultipleNegativesRankingLoss over every positive "
+                "and negative of the batch"),
+    Family("rerank", "cross-encoder reranking of the top 50 of embedding_mined's model, "
+           "trained from the starting BERT (a fresh 1-logit head) on the mined rows", ROPES,
+           "ndcg@10", "experiments/reranking.py:listwise",
+           {"columns": MINED_COLUMNS, "eval.at_start": "false"}, RERANK, Sizes(800, 200),
+           lambda src, out, n: data.ropes_retrieval(src / "ropes", out, n), _rerank,
+           prepare=_prepare_rerank,
+           note="both sides rerank one shared candidate list: the top 50 of bertjax's "
+                "embedding_mined model (seed 0) for each dev question whose situation it holds "
+                "(the log gives how many, and that order's nDCG@10), so the row compares the "
+                "rerankers alone; each side trains on the rows it mined (listwise: the "
+                "softmax cross-entropy of the situation among itself and its negative, raw "
+                "logits; sentence-transformers' CrossEncoder and CrossEncoderRerankingEvaluator)"),
 )}
 QUICK_SIZES = Sizes(96, 48)
 
@@ -218,7 +306,7 @@ def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: in
                  "train.batch_size": settings["batch_size"],
                  "train.num_epochs": float(settings["epochs"]),
                  "max_seq_length": settings["max_seq_length"],
-                 **{f"data.{k}": v for k, v in family.flags.items()}}
+                 **{k if "." in k else f"data.{k}": v for k, v in family.flags.items()}}
     if "dev" in files:
         overrides["data.validation"] = files["dev"]
     if "beir" in files:  # a retrieval dev set (BEIR directory)
@@ -230,12 +318,8 @@ def bertjax_run(family: Family, files: dict[str, str], checkpoint: str, seed: in
     if family.name == "squad_v2":
         command.append("--config.task.version_2=true")
     command += [f"--config.{item}" for item in extra]
-    done = subprocess.run(command, capture_output=True, text=True)
-    (workdir.parent / f"{workdir.name}.log").write_text(done.stdout + done.stderr)
-    if done.returncode:
-        raise RuntimeError(f"{family.name}: bertjax's command failed (exit {done.returncode}); "
-                           f"log: {workdir.parent / (workdir.name + '.log')}\n"
-                           + done.stderr[-2000:])
+    done = retrieval.run_command(command, workdir.parent / f"{workdir.name}.log",
+                                 f"{family.name}: bertjax's command")
     best = json.loads((workdir / "results.json").read_text())["best"]
     best.update({f"start_{k}": v for k, v in starting_scores(done.stdout + done.stderr).items()})
     log(f"bertjax seed {seed}: {json.dumps(best)}")
@@ -364,16 +448,19 @@ def main(FLAGS) -> None:
         files = family.build(pathlib.Path(FLAGS.data_dir), workdir / name / "data", sizes)
         log = functools.partial(_log, name, workdir / name / "log.txt")
         log(f"{sizes.train} train / {sizes.dev} dev rows, {json.dumps(settings)}", mode="w")
+        began = time.perf_counter()
+        bertjax_files, files = (family.prepare(files, checkpoint, settings, workdir / name, log)
+                                if family.prepare else (files, files))
 
         # The transformers side of a family whose rows are another's is that family's runs.
         reference = FAMILIES[family.same_reference_as or name]
         reference_files = files if reference is family else reference.build(
             pathlib.Path(FLAGS.data_dir), workdir / reference.name / "data", sizes)
-        ours, theirs, began = [], [], time.perf_counter()
+        ours, theirs = [], []
         starts = {"bertjax": [], "transformers": []}
         seeds = 1 if FLAGS.quick else (FLAGS.seeds or family.seeds)
         for seed in range(seeds):
-            best = bertjax_run(family, files, checkpoint, seed, settings,
+            best = bertjax_run(family, bertjax_files, checkpoint, seed, settings,
                                workdir / name / f"bertjax_{seed}", log, tuple(FLAGS.override))
             ours.append(float(best[family.metric]))
             metrics = reference_run(reference, reference_files, FLAGS.model, seed, settings,
