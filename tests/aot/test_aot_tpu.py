@@ -541,6 +541,7 @@ def test_splash_kernels_are_found_by_the_forward_kernels_results():
 
 
 @needs_libtpu
+@pytest.mark.extended
 def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofline():
     """Compiled for one v5p chip: the three splash kernels' cycles, keyed by the estimates
     the step's HLO carries (a local layer's differ from a global one's of the same shape),
@@ -579,6 +580,7 @@ def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofl
 
 
 @needs_libtpu
+@pytest.mark.extended
 def test_the_flash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofline():
     """Compiled for one v5p chip: each kernel's cycles are its grid loop's: twice the batch,
     twice the grid steps (4 rows of 128 tokens per step, 2 heads per 128-lane tile, the steps

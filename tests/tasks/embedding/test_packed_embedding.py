@@ -204,6 +204,7 @@ def train_losses(config, workdir) -> tuple[list[float], str]:
                                    .splitlines()) if r["split"] == "train"], "\n".join(lines)
 
 
+@pytest.mark.extended
 def test_a_packed_fine_tuning_run_has_the_unpacked_runs_losses(tmp_path):
     """Dropout off (its masks follow the layout): 2 epochs of 40 pairs in batches of 16."""
     config = embedding.get_config("pairs")
