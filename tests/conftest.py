@@ -51,6 +51,20 @@ def filler_sentence(rng, keyword=None, count=1):
     return " ".join(words)
 
 
+def topic_sentence(rng, fillers: list[str], topic: str | None, length: int) -> str:
+    """`length` words drawn from `fillers`, with `topic` (where given) inserted at a random
+    place: the planted retrieval and reranking sets' texts."""
+    words = [rng.choice(fillers) for _ in range(length)]
+    if topic:
+        words.insert(rng.randrange(len(words) + 1), topic)
+    return " ".join(words)
+
+
+def write_jsonl(path: Path, rows) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
 def write_tiny_checkpoint(root: Path, vocab: list[str], max_positions: int = 64,
                           num_layers: int = 2) -> str:
     """A tiny random BERT (hidden 32, 4 heads) with `vocab`, saved as a bertjax checkpoint

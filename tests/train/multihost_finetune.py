@@ -1,9 +1,7 @@
 """The fine-tuning jobs of the multi-host tests (tests/train/test_multihost.py,
 test_multihost_faults.py): a tiny random checkpoint (tiny_checkpoint), short keyword-labelled
-texts (sentiment_rows) written as JSONL (write_jsonl), and the arguments of a
+texts (sentiment_rows) to write as JSONL (conftest.write_jsonl), and the arguments of a
 `python -m bertjax.finetune` run (finetune, an args_for of multihost.run_pair_and_reference)."""
-
-import json
 
 from conftest import FILLERS, KEYWORD_VOCAB, write_tiny_checkpoint
 
@@ -11,11 +9,6 @@ from conftest import FILLERS, KEYWORD_VOCAB, write_tiny_checkpoint
 def tiny_checkpoint(tmp_path, vocab=KEYWORD_VOCAB) -> str:
     (tmp_path / "tiny").mkdir()
     return write_tiny_checkpoint(tmp_path / "tiny", vocab)
-
-
-def write_jsonl(path, rows) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
 
 
 def sentiment_rows(rng, n, labelled=True):

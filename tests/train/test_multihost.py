@@ -23,7 +23,7 @@ import time
 import pytest
 import tagging_data as td
 from ablation_data import write_test_data
-from conftest import KEYWORD_VOCAB, filler_sentence, run_python
+from conftest import KEYWORD_VOCAB, filler_sentence, run_python, write_jsonl
 from multihost import (
     assert_same_evals,
     assert_same_export,
@@ -34,7 +34,7 @@ from multihost import (
     files_under,
     run_pair_and_reference,
 )
-from multihost_finetune import finetune, sentiment_rows, tiny_checkpoint, write_jsonl
+from multihost_finetune import finetune, sentiment_rows, tiny_checkpoint
 from squad_data import VOCAB as SQUAD_VOCAB
 from squad_data import generate
 

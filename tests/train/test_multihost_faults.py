@@ -169,7 +169,8 @@ def finetune_args(tmp_path):
     examples, global batch 8, 2 epochs (16 steps), checkpoints every 2 steps."""
     import random
 
-    from multihost_finetune import finetune, sentiment_rows, tiny_checkpoint, write_jsonl
+    from conftest import write_jsonl
+    from multihost_finetune import finetune, sentiment_rows, tiny_checkpoint
 
     rng = random.Random(1)
     train = write_jsonl(tmp_path / "train.jsonl", sentiment_rows(rng, 64))

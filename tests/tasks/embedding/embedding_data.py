@@ -3,11 +3,10 @@ topic among filler words, its relevant passages hold the topic word among other 
 Written as pairs (JSONL), scored pairs (CSV) and a BEIR directory."""
 
 import csv
-import json
 import random
 from pathlib import Path
 
-from conftest import write_tiny_checkpoint
+from conftest import topic_sentence, write_jsonl, write_tiny_checkpoint
 
 TOPICS = [f"topic{i}" for i in range(24)]
 FILLERS = [f"word{i}" for i in range(40)]
@@ -15,15 +14,7 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, *TOPICS]
 
 
 def sentence(rng: random.Random, topic: str | None, length: int) -> str:
-    words = [rng.choice(FILLERS) for _ in range(length)]
-    if topic:
-        words.insert(rng.randrange(len(words) + 1), topic)
-    return " ".join(words)
-
-
-def write_jsonl(path: Path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+    return topic_sentence(rng, FILLERS, topic, length)
 
 
 def write_pairs(path: Path, n: int, seed: int = 0, negatives: int = 0) -> str:

@@ -84,25 +84,25 @@ def test_checkpoint_directory_of_an_encoder_only_modern_model(tmp_path):
         checkpoint_dir.check_sizes(loaded, BertConfig(), "here")
 
 
-@pytest.mark.slow
-def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
+STEPS = {"phase1a": 4, "phase1b": 4, "phase1c": 4, "phase1d": 12, "phase2": 8, "phase3": 8}
+TOTAL = sum(STEPS.values())
+
+
+def every_phase_args(tmp_path, workdir):
+    """A packed modern_tiny run through every kind of phase, in TOTAL steps."""
     from news_corpus import write_segments
 
     data, vocab_size, _ = write_segments(tmp_path)
-
-    workdir = tmp_path / "run"
-    steps = {"phase1a": 4, "phase1b": 4, "phase1c": 4, "phase1d": 12, "phase2": 8, "phase3": 8}
     batches = {"phase1a": 4, "phase1b": 8, "phase1c": 8, "phase1d": 16, "phase2": 8,
                "phase3": 8}
-    total = sum(steps.values())
     args = ["-m", "bertjax.pretrain", "--config=experiments/pretrain.py:modern_tiny",
             f"--workdir={workdir}", f"--config.vocab={tmp_path / 'vocab.txt'}",
             "--config.model.dtype=float32", "--config.model.local_attention=16",
-            f"--config.train.num_train_steps={total}", "--config.log_every_steps=1",
+            f"--config.train.num_train_steps={TOTAL}", "--config.log_every_steps=1",
             "--config.checkpoint.every_steps=2", "--config.optimizer.warmup_steps=4",
             "--config.optimizer.learning_rate=3e-3", "--config.optimizer.decay_steps=8",
-            f"--config.eval.every_steps={total}", "--config.eval.num_batches=2"]
-    for name, n in steps.items():
+            f"--config.eval.every_steps={TOTAL}", "--config.eval.num_batches=2"]
+    for name, n in STEPS.items():
         seq = 32 if name.startswith("phase1") else 64
         args += [f"--config.phases.{name}.data={data}/part-*",
                  f"--config.phases.{name}.eval_data={data}/part-*",
@@ -112,16 +112,23 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
                  f"--config.phases.{name}.batch_size={batches[name]}"]
     args += ["--config.phases.phase2.learning_rate=1e-3",
              "--config.phases.phase3.learning_rate=1e-3"]
+    return args, vocab_size
+
+
+@pytest.mark.slow
+def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
+    workdir = tmp_path / "run"
+    args, vocab_size = every_phase_args(tmp_path, workdir)
     proc = run_python(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "objective mlm" in proc.stdout and "packed" in proc.stdout
 
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     train = {r["step"]: r for r in records if r["split"] == "train"}
-    assert sorted(train) == list(range(1, total + 1))
-    losses = [train[s]["loss"] for s in range(1, total + 1)]
+    assert sorted(train) == list(range(1, TOTAL + 1))
+    losses = [train[s]["loss"] for s in range(1, TOTAL + 1)]
     assert np.mean(losses[-6:]) < np.mean(losses[:4]) - 0.5, losses
-    assert train[total]["learning_rate"] < 1e-3 * 0.5  # the 1 - sqrt decay is under way
+    assert train[TOTAL]["learning_rate"] < 1e-3 * 0.5  # the 1 - sqrt decay is under way
     evaluation = [r for r in records if r["split"] == "eval"][-1]
     assert evaluation["mlm_accuracy"] > 0.1 and "nsp_accuracy" not in evaluation
 
@@ -129,14 +136,22 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
     assert architecture(config).name == "modernbert" and config.global_rope_theta == 160_000
     assert (config.pad_token_id, config.cls_token_id, config.sep_token_id) == (0, 2, 3)
     assert config.vocab_size == vocab_size == tokenizer.vocab_size
-    stored = final_params(str(workdir), total)
+    stored = final_params(str(workdir), TOTAL)
     exported = flax.traverse_util.flatten_dict(params, sep="/")
     assert sorted(stored) == sorted(exported)
     for key in stored:
         np.testing.assert_array_equal(stored[key], exported[key])
 
-    # Killed inside the context extension (phase2: steps 24..32, its own RoPE theta) and
-    # resumed: every loss and the final params bitwise those of the uninterrupted run.
+
+@pytest.mark.extended
+def test_packed_modern_run_killed_in_the_context_extension_resumes_exactly(tmp_path):
+    """Killed inside the context extension (phase2: steps 24..32, its own RoPE theta) and
+    resumed: every loss and the final params bitwise those of the uninterrupted run."""
+    workdir = tmp_path / "run"
+    args, _ = every_phase_args(tmp_path, workdir)
+    proc = run_python(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
     resumed = tmp_path / "resumed"
     args = [a.replace(f"--workdir={workdir}", f"--workdir={resumed}") for a in args]
     first = start(args, quiet=True)
@@ -145,14 +160,19 @@ def test_packed_modern_run_through_every_phase_learns_and_exports(tmp_path):
     assert first.poll() is None, "the run to kill ended first"
     first.send_signal(signal.SIGKILL)
     first.wait()
-    assert latest_checkpoint(str(resumed)) < total
+    assert latest_checkpoint(str(resumed)) < TOTAL
     proc = run_python(args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Resumed from" in proc.stdout and "Phase phase1" not in proc.stdout
-    again = [json.loads(line) for line in (resumed / "metrics.jsonl").read_text().splitlines()]
-    again = {r["step"]: r for r in again if r["split"] == "train"}
-    assert [again[s]["loss"] for s in range(1, total + 1)] == losses
-    for key, value in final_params(str(resumed), total).items():
+
+    def losses(run):
+        records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        train = {r["step"]: r["loss"] for r in records if r["split"] == "train"}
+        return [train[s] for s in range(1, TOTAL + 1)]
+
+    assert losses(resumed) == losses(workdir)
+    stored = final_params(str(workdir), TOTAL)
+    for key, value in final_params(str(resumed), TOTAL).items():
         np.testing.assert_array_equal(value, stored[key], err_msg=key)
 
 

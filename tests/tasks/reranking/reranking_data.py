@@ -3,11 +3,10 @@ topic among filler words, a relevant passage holds the same topic word, the othe
 words alone (what a tiny model learns in a few steps; telling one topic from another takes it
 hundreds). Written as training rows (labelled, listwise, distill, margin) and candidate lists."""
 
-import json
 import random
 from pathlib import Path
 
-from conftest import write_tiny_checkpoint
+from conftest import topic_sentence, write_jsonl, write_tiny_checkpoint
 
 TOPICS = [f"topic{i}" for i in range(8)]
 FILLERS = [f"word{i}" for i in range(30)]
@@ -15,15 +14,7 @@ VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *FILLERS, *TOPICS]
 
 
 def sentence(rng: random.Random, topic: str | None, length: int) -> str:
-    words = [rng.choice(FILLERS) for _ in range(length)]
-    if topic:
-        words.insert(rng.randrange(len(words) + 1), topic)
-    return " ".join(words)
-
-
-def write_jsonl(path: Path, rows) -> str:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+    return topic_sentence(rng, FILLERS, topic, length)
 
 
 def triples(n: int, seed: int = 0, negatives: int = 1):
