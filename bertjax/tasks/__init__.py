@@ -28,6 +28,7 @@ from bertjax.tasks.base import FineTuningJob, Splits, Task
 from bertjax.tasks.classification.task import SequenceTask, classification_loss, regression_loss
 from bertjax.tasks.families import FAMILIES, get_task, task_class  # noqa: F401  (the registry)
 from bertjax.train import loop
+from bertjax.train import step as step_lib
 
 
 def train_and_evaluate(config, workdir: str, log=print) -> dict[str, Any]:
@@ -54,13 +55,17 @@ def own_max_seq_length(config) -> None:
 
 def dry_run_job(config, log=print):
     """The job of `config` for `--dry_run` (its data and checkpoint are read, nothing is
-    trained), with the model FLOPs of its stage for MFU: 3 × the encoder's forward pass."""
+    trained), with the model FLOPs of its stage for MFU: 3 × the encoder's forward pass over
+    each sequence it computes (a choice, a text column, or a packed row of its own length)."""
     own_max_seq_length(config)
     init = checks.check(config, None)
     job = FineTuningJob(get_task(config), config, log=log, init=init)
     stage = job.stages[0]
     tokens = stage.batch_spec.get("input_ids")
-    sequences = 1 if tokens is None else int(math.prod(tokens.shape[1:-1]))  # choices
+    # Sequences an example costs: its choices or text columns; packed rows over the examples
+    # they hold (the step's batch counts examples where a loss needs them, else rows).
+    sequences = 1 if tokens is None else (math.prod(tokens.shape[:-1])
+                                          / step_lib.stage_batch(job, stage)[0])
     forward = architecture(job.model_config).forward_flops(
         job.model_config, stage.tokens_per_example, 0, job.task.pooled_only)
     job.stages = [dataclasses.replace(stage, flops_per_example=3.0 * forward * sequences)]

@@ -358,13 +358,18 @@ class FineTuningJob(Job):
         self.loss = functools.partial(_loss, task=task, model=self.model)
         self.denominators = task.denominators
         self._predict = jax.jit(functools.partial(_predict, task=task, model=self.model))
+        spec = task.train_batch_spec(self.train_features, self.batch_size, max_len)
+        tokens = spec.get("input_ids")
         self.stages = [Stage(
             name="finetune", start=0, end=self.total_steps, make_input=self._train_input,
-            batch_spec=task.train_batch_spec(self.train_features, self.batch_size, max_len),
+            batch_spec=spec,
             # Rows a step computes: batch_size examples, packed into fewer rows where the
             # task packs (config.data.pack); the rows must split over the devices.
             batch_size=task.train_rows(self.train_features, self.batch_size),
-            flops_per_example=0.0, tokens_per_example=max_len,  # 0: MFU not reported
+            # A row's tokens: max_len, or the packed rows' own length (shorter where the
+            # longest texts are); 0 FLOPs: MFU not reported.
+            flops_per_example=0.0,
+            tokens_per_example=max_len if tokens is None else int(tokens.shape[-1]),
             description=f"Fine-tuning for {self.total_steps} steps "
                         f"({config.train.num_epochs} epochs of {self.steps_per_epoch})",
             eval_every=config.eval.every_steps or self.steps_per_epoch)]

@@ -168,6 +168,29 @@ def test_an_epoch_is_the_unpacked_epoch_in_fewer_tokens_and_few_shapes():
     assert "packed 2 text(s) of 32 rows a step into" in task.describe(features)
 
 
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_dry_runs_model_flops_count_the_rows_it_computes(pack, tmp_path):
+    """MFU's FLOPs a step: packed, every packed row once at its own length (shorter than
+    max_seq_length for these short texts, fewer rows than the batch's 16 examples);
+    unpacked, each example's 2 columns at max_seq_length."""
+    from bertjax.models import architecture
+
+    config = embedding.get_config("pairs")
+    config.init_checkpoint = data.tiny_checkpoint(tmp_path)
+    config.max_seq_length, config.train.batch_size, config.data.pack = 64, 16, pack
+    config.data.update(train=data.write_pairs(tmp_path / "train.jsonl", 48),
+                       columns="query,passage", beir=data.write_beir(tmp_path / "beir"))
+    job = tasks.dry_run_job(config, log=lambda *_: None)
+    stage = job.stages[0]
+    rows, length = stage.batch_spec["input_ids"].shape[0], stage.batch_spec["input_ids"].shape[-1]
+    assert stage.tokens_per_example == length and (length < 64 if pack else length == 64)
+    assert stage.batch_size == 16 and (rows < 16 if pack else rows == 16)
+    forward = architecture(job.model_config).forward_flops(job.model_config, length, 0,
+                                                           job.task.pooled_only)
+    per_step = 3.0 * forward * (rows if pack else 2 * 16)
+    np.testing.assert_allclose(stage.flops_per_example * stage.batch_size, per_step, rtol=1e-12)
+
+
 def test_first_fit_rows_and_rounding():
     packing = packed.TextPacking(length=10, slots=3, granule=2)
     row, slot = packed.first_fit(np.array([3, 8, 2, 2, 2, 5]), packing)
