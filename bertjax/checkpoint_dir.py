@@ -431,7 +431,7 @@ def load_pooling(directory: str | epath.Path) -> Pooling | None:
 def sentence_record(directory: str | epath.Path) -> dict[str, Any]:
     """What from_hf kept of a converted sentence-transformers model (conversion.json's
     SENTENCE_TRANSFORMERS record: pooling, max_seq_length, prompts, default_prompt_name,
-    include_prompt, do_lower_case); {} for any other checkpoint directory."""
+    do_lower_case); {} for any other checkpoint directory."""
     path = epath.Path(directory) / CONVERSION_FILE
     if not path.exists():
         return {}

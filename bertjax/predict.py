@@ -193,7 +193,8 @@ def embedder():
 
             stored = load_pooling(f.checkpoint) or Pooling()
             pooling = Pooling(f.pooling or stored.mode,
-                              stored.normalize if f.normalize is None else f.normalize)
+                              stored.normalize if f.normalize is None else f.normalize,
+                              stored.include_prompt)
         return Embedder.from_checkpoint(f.checkpoint, f.max_seq_length, pooling, f.batch_size,
                                         f.dtype, devices)
     if f.pooling is not None or f.normalize is not None:

@@ -237,7 +237,7 @@ def _from_sentence_transformers(args, directory: epath.Path) -> None:
     import tempfile
 
     found = sentence_transformers.read_directory(directory)
-    notes = list(found.notes) + _lower_case_note(found)
+    notes = _lower_case_note(found)
     read = _st_modern if found.model_type == "modernbert" else _st_bert
     with tempfile.TemporaryDirectory() as scratch:
         config, params, vocab, skipped, do_lower_case = read(args, found, notes,
@@ -348,11 +348,9 @@ def to_hf(args) -> None:
     vocab = checkpoint_dir.vocab_path(directory)
     do_lower_case = checkpoint_dir.load_do_lower_case(directory)
     max_seq_length = _sentence_max_seq_length(directory, config)
-    # A converted model's own text settings, as it came (include_prompt too: bertjax ignores
-    # it, sentence-transformers gets it back); read before anything is written.
+    # A converted model's own text settings, as it came; read before anything is written.
     prompts, lower_case = (checkpoint_dir.own_prompts(directory),
                            checkpoint_dir.own_lower_case(directory))
-    include_prompt = checkpoint_dir.sentence_record(directory).get("include_prompt") is not False
     activation = checkpoint_dir.own_activation(directory) or "sigmoid"  # a cross-encoder's
 
     def write():
@@ -360,8 +358,7 @@ def to_hf(args) -> None:
                              config.max_position_embeddings)
         if pooling is not None:
             sentence_transformers.write_modules(args.output, pooling, max_seq_length,
-                                                lower_case, config.hidden_size, prompts,
-                                                include_prompt)
+                                                lower_case, config.hidden_size, prompts)
         if reranker:
             cross_encoder.write_modules(args.output, activation, max_seq_length)
         return notes

@@ -9,14 +9,13 @@ writes the one pipeline its `BertForEmbedding` computes:
 
 Anything else (Dense, several pooling modes at once, weightedmean / lasttoken /
 mean_sqrt_len_tokens, another transformer type) stops with one line naming the file. The
-pooling becomes the checkpoint directory's pooling.json (`bertjax.models.embedding.Pooling`).
+pooling becomes the checkpoint directory's pooling.json (`bertjax.models.embedding.Pooling`),
+its include_prompt too: false pools a prompted text from the first token after the prompt.
 
 The text settings travel too (conversion.json, beside max_seq_length): the prompts of
 config_sentence_transformers.json (`Prompts`: the text encode() prepends, by name, and the
 default one), sentence_bert_config.json's do_lower_case (the texts lower-cased before the
-tokenizer, whatever its own casing) and the Pooling's include_prompt. bertjax pools every
-token, prompt included: a Pooling that leaves the prompt's tokens out (include_prompt=false)
-is kept for to_hf and reported as a note.
+tokenizer, whatever its own casing).
 
 Reads both layouts: sentence-transformers 6's (`pooling_mode`, module types under
 sentence_transformers.base/...) and the older one (`pooling_mode_*_tokens` flags,
@@ -74,16 +73,13 @@ class SentenceTransformerDir:
     # transformers 6 saves it as a Lowercase step of tokenizer.json's normalizer, which
     # transformers' BertTokenizer drops on loading: it is then lost to both.)
     do_lower_case: bool
-    notes: tuple[str, ...] = ()
     model_type: str = "bert"  # the Transformer's config.json model_type (TRANSFORMER_TYPES)
     prompts: Prompts = Prompts()
-    include_prompt: bool = True  # the Pooling pools the prompt's tokens too
 
     def record(self) -> dict[str, Any]:
         """What conversion.json keeps (checkpoint_dir.sentence_record)."""
         return {"pooling": self.pooling.to_dict(), "max_seq_length": self.max_seq_length,
-                **self.prompts.to_dict(), "include_prompt": self.include_prompt,
-                "do_lower_case": self.do_lower_case}
+                **self.prompts.to_dict(), "do_lower_case": self.do_lower_case}
 
 
 def is_sentence_transformers(directory: str | epath.Path) -> bool:
@@ -192,12 +188,6 @@ def _prompts(directory: epath.Path) -> Prompts:
         raise ConversionError(f"{path}: {e}") from None
 
 
-def _include_prompt_note(pooling_path: epath.Path) -> str:
-    return (f"{pooling_path}: include_prompt=false leaves the prompt's tokens out of the "
-            "pooling; bertjax pools every token, so a text embedded with a prompt differs from "
-            "sentence-transformers' vector (kept for to_hf)")
-
-
 def read_directory(directory: str | epath.Path) -> SentenceTransformerDir:
     """Parses DIR/modules.json and the files of its modules; ConversionError (one line naming
     the file) for anything bertjax's BertForEmbedding does not compute the same way."""
@@ -242,10 +232,9 @@ def read_directory(directory: str | epath.Path) -> SentenceTransformerDir:
             continue
         raise unsupported(i, "is not supported after the Pooling")
     include_prompt = pooling_fields.get("include_prompt", True) is not False
-    notes = () if include_prompt else (_include_prompt_note(pooling_path),)
-    return SentenceTransformerDir(transformer, Pooling(mode, normalize), max_seq_length,
-                                  do_lower_case, notes, model_type, _prompts(directory),
-                                  include_prompt)
+    return SentenceTransformerDir(transformer, Pooling(mode, normalize, include_prompt),
+                                  max_seq_length, do_lower_case, model_type,
+                                  _prompts(directory))
 
 
 def read_modules(directory: str | epath.Path) -> tuple[epath.Path, Pooling]:
@@ -295,7 +284,6 @@ def write_modules(
     do_lower_case: bool,
     embedding_dimension: int | None = None,
     prompts: Prompts | None = None,
-    include_prompt: bool = True,
 ) -> list[str]:
     """Makes a Hugging Face BertModel directory (config.json, weights, vocab.txt,
     tokenizer_config.json at its root, as `to_hf` writes it) a sentence-transformers one:
@@ -316,7 +304,7 @@ def write_modules(
                         "type": MODULE_TYPES["Normalize"]})
     pooling_config = {"word_embedding_dimension": embedding_dimension,
                       **{key: mode == pooling.mode for key, mode in LEGACY_MODES.items()},
-                      "include_prompt": bool(include_prompt)}
+                      "include_prompt": bool(pooling.include_prompt)}
     files = {
         MODULES_FILE: modules,
         f"{POOLING_DIR}/config.json": pooling_config,

@@ -41,10 +41,13 @@ MODES = ("mean", "cls", "max")
 @dataclasses.dataclass(frozen=True)
 class Pooling:
     """How the token vectors of a text become its vector: `mode` over real tokens, then unit
-    length if `normalize`."""
+    length if `normalize`. `include_prompt` false (sentence-transformers' Pooling setting):
+    a text that starts with a prompt is pooled from the first token after it ([CLS] and the
+    prompt's tokens attend but are not pooled; "cls" takes that first token)."""
 
     mode: str = "mean"
     normalize: bool = False
+    include_prompt: bool = True
 
     def __post_init__(self):
         if self.mode not in MODES:
@@ -120,14 +123,21 @@ class Prompts:
         return cls(texts, fields.get("default_prompt_name"))
 
 
-def pool(tokens: Array, input_mask: Array, mode: str) -> Array:
-    """tokens [n, seq, hidden], input_mask [n, seq] (1 = real token) → [n, hidden] float32.
+def pool(tokens: Array, input_mask: Array, mode: str, pool_from: Array | None = None
+         ) -> Array:
+    """tokens [n, seq, hidden], input_mask [n, seq] (1 = real token) → [n, hidden] float32;
+    pool_from [n]: the first position pooled (Pooling.include_prompt false; "cls" takes it).
 
     A row with no real token (a filler row) gives zeros."""
     tokens = tokens.astype(jnp.float32)
+    if pool_from is not None:
+        input_mask = input_mask * (jnp.arange(input_mask.shape[1]) >= pool_from[:, None])
     mask = input_mask.astype(jnp.float32)[..., None]
     if mode == "cls":
-        return tokens[:, 0]
+        if pool_from is None:
+            return tokens[:, 0]
+        first = jnp.argmax(input_mask > 0, axis=1)  # 0 where nothing is left to pool
+        return jnp.take_along_axis(tokens, first[:, None, None], axis=1)[:, 0]
     if mode == "mean":
         return jnp.sum(tokens * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1e-9)
     if mode == "max":
@@ -175,15 +185,18 @@ def l2_normalize(vectors: Array, eps: float = 1e-12) -> Array:
 
 
 def padded_vectors(config: ModelConfig, mode: str, input_ids: Array, segment_ids: Array | None,
-                   input_mask: Array | None, deterministic: bool) -> Array:
+                   input_mask: Array | None, deterministic: bool,
+                   pool_from: Array | None = None) -> Array:
     """Texts in columns, one a row: [batch, columns, seq] → [batch, columns, hidden] float32,
-    not normalised; the encoder created in the calling module (heads.encode)."""
+    not normalised (pool_from [batch, columns]: `pool`'s); the encoder created in the calling
+    module (heads.encode)."""
     batch, columns, _ = input_ids.shape
     mask = sequence_rows(jnp.ones_like(input_ids) if input_mask is None else input_mask)
     tokens, _ = heads.encode(  # BERT's cls: [rows, 1, hidden], the [CLS] token's alone
         config, sequence_rows(input_ids), sequence_rows(segment_ids), mask,
-        deterministic=deterministic, pooled_only=mode == "cls")
-    return pool(tokens, mask[:, :tokens.shape[1]], mode).reshape(batch, columns, -1)
+        deterministic=deterministic, pooled_only=mode == "cls" and pool_from is None)
+    starts = None if pool_from is None else pool_from.reshape(-1)
+    return pool(tokens, mask[:, :tokens.shape[1]], mode, starts).reshape(batch, columns, -1)
 
 
 def packed_vectors(config: ModelConfig, mode: str, input_ids: Array, segment_ids: Array | None,
@@ -205,9 +218,11 @@ class BertForEmbedding(nn.Module):
 
     Texts come in columns (anchor, positive, negatives...; or the two texts of a scored
     pair): input_ids, segment_ids, input_mask [batch, columns, seq] → [batch, columns, hidden]
-    float32, every text encoded on its own. Packed rows: input_ids, segment_ids, input_mask,
-    packing_ids [rows, seq], example_starts [rows, slots], text_slots [batch, columns] in
-    packing_groups groups (`slot_vectors`) → the same [batch, columns, hidden]."""
+    float32, every text encoded on its own; pool_from [batch, columns]: each text's first
+    pooled position (`pool`; texts with a prompt under Pooling.include_prompt false). Packed
+    rows: input_ids, segment_ids, input_mask, packing_ids [rows, seq], example_starts [rows,
+    slots], text_slots [batch, columns] in packing_groups groups (`slot_vectors`) → the same
+    [batch, columns, hidden]."""
 
     config: ModelConfig
     pooling: Pooling = Pooling()
@@ -223,15 +238,18 @@ class BertForEmbedding(nn.Module):
         example_starts: Array | None = None,
         text_slots: Array | None = None,
         packing_groups: int = 1,
+        pool_from: Array | None = None,
         deterministic: bool = True,
     ) -> Array:
         if packing_ids is not None:
+            if pool_from is not None:  # refused before a run starts (tasks/checks.py)
+                raise ConfigError("packed rows do not leave a prompt out of the pooling")
             vectors = packed_vectors(self.config, self.pooling.mode, input_ids, segment_ids,
                                      input_mask, packing_ids, example_starts, text_slots,
                                      packing_groups, deterministic)
         else:
             vectors = padded_vectors(self.config, self.pooling.mode, input_ids, segment_ids,
-                                     input_mask, deterministic)
+                                     input_mask, deterministic, pool_from)
         if self.pooling.normalize:
             vectors = l2_normalize(vectors)
         return nn.with_logical_constraint(vectors, ("batch", None, "embed"))

@@ -49,7 +49,7 @@ def test_from_hf_keeps_the_prompts_and_the_default_prompt_name(prompted):
     _, ckpt, report = prompted
     record = json.loads((ckpt / "conversion.json").read_text())["sentence_transformers"]
     assert {k: record["prompts"][k] for k in PROMPTS} == PROMPTS
-    assert record["default_prompt_name"] == "passage" and record["include_prompt"]
+    assert record["default_prompt_name"] == "passage" and record["pooling"]["include_prompt"]
     assert record["do_lower_case"] is False
     assert "yourself" not in report and "not kept" not in report, report
     assert "query 'query: ' (default: passage); kept in" in report, report
@@ -107,15 +107,27 @@ def test_do_lower_case_lower_cases_the_texts_not_the_tokenizer(tmp_path):
     assert_close(reference(tmp_path / "hf").encode(texts), theirs)
 
 
-def test_include_prompt_false_is_a_note_and_goes_back_to_sentence_transformers(tmp_path):
-    source = save_sentence_transformer(tmp_path, prompts=PROMPTS, include_prompt=False)
-    report = convert("from_hf", "--input", source, "--output", tmp_path / "ckpt")
-    assert "include_prompt=false leaves the prompt's tokens out of the pooling" in report
+@pytest.mark.parametrize("mode", ["mean", "cls", "max"])
+def test_include_prompt_false_pools_after_the_prompt_as_sentence_transformers(mode, tmp_path):
+    """A Pooling that leaves the prompt out: every prompt (and none) gives sentence-transformers'
+    vectors, a sentence cut inside its prompt included; to_hf writes the setting back."""
+    source = save_sentence_transformer(tmp_path, mode, prompts=PROMPTS, include_prompt=False)
+    convert("from_hf", "--input", source, "--output", tmp_path / "ckpt")
+    assert checkpoint_dir.load_pooling(tmp_path / "ckpt").include_prompt is False
+    ours, theirs = Embedder.from_checkpoint(str(tmp_path / "ckpt")), reference(source)
+    texts = SENTENCES + [" ".join(["the big red dog"] * 6)]  # past MAX_SEQ_LENGTH
+    cut = "query: query: query: query: query: query: query: query: "  # longer than 16 tokens
+    for name, prompt in (("query", None), ("passage", None), (None, ""), (None, cut)):
+        assert_close(ours(texts, prompt_name=name, prompt=prompt),
+                     theirs.encode(texts, prompt_name=name, prompt=prompt))
+    assert np.abs(ours(texts, prompt_name="query")
+                  - Embedder.from_checkpoint(str(tmp_path / "ckpt"))(
+                      ["query: " + t for t in texts], prompt="")).max() > 1e-3
     convert("to_hf", "--input", tmp_path / "ckpt", "--output", tmp_path / "hf")
     pooling = json.loads((tmp_path / "hf" / "1_Pooling" / "config.json").read_text())
     assert pooling["include_prompt"] is False
-    assert_close(reference(tmp_path / "hf").encode(SENTENCES, prompt_name="query"),
-                 reference(source).encode(SENTENCES, prompt_name="query"))
+    assert_close(reference(tmp_path / "hf").encode(texts, prompt_name="query"),
+                 theirs.encode(texts, prompt_name="query"))
 
 
 def long_texts(seed: int = 0) -> list[str]:

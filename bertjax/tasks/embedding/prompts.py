@@ -72,11 +72,12 @@ def column_prompts(prompts: Prompts, kind: str, columns: int) -> tuple[str, ...]
 
 def with_prompts(examples: Sequence[TextsExample], prompts: Sequence[str]
                  ) -> list[TextsExample]:
-    """The examples with each text's column prompt prepended (prompts: one a column)."""
+    """The examples with each text's column prompt prepended (prompts: one a column), and
+    kept on them (TextsExample.prompts)."""
     if not any(prompts):
         return list(examples)
-    return [dataclasses.replace(e, texts=tuple(p + t for p, t in zip(prompts, e.texts)))
-            for e in examples]
+    return [dataclasses.replace(e, texts=tuple(p + t for p, t in zip(prompts, e.texts)),
+                                prompts=tuple(prompts[:len(e.texts)])) for e in examples]
 
 
 def lower(texts: list[str], lower_case: bool) -> list[str]:

@@ -30,6 +30,7 @@ class TextsExample:
     texts: tuple[str, ...]
     score: float | None = None
     index: str = ""  # the row's id
+    prompts: tuple[str, ...] = ()  # the prompt each text starts with (none: no prompts)
 
 
 def read_texts(path: str, columns: Sequence[str], *, score: str = "", id_column: str = "id",

@@ -11,7 +11,8 @@ BEIR directory (config.data.beir: nDCG@10, MRR@10, Recall@1/10/100 by exact sear
 whole corpus). The vectors are bertjax/models/embedding.py's: pooling and normalisation from
 config.task (auto: the init checkpoint's pooling.json, else mean pooling, not normalised).
 Texts get their prompts (config.task.prompt / query_prompt / document_prompt, auto: the init
-checkpoint's own) and lower-casing as sentence-transformers gives them (prompts.py).
+checkpoint's own) and lower-casing as sentence-transformers gives them (prompts.py); a pooling
+with include_prompt false pools each text from the first token after its prompt (pool_from).
 config.data.pack: training batches of the same rows with their texts packed several to a row
 (packed.py), the same vectors and losses; evaluation is unpacked.
 """
@@ -57,9 +58,9 @@ class RetrievalExamples(list):
         where = retrieval.directory or "retrieval set"
         query, document = (prompts.text(role=role) for role in ("query", "document"))
         super().__init__(
-            [TextsExample(f"{where}:query {q}", (query + t,), None, q)
+            [TextsExample(f"{where}:query {q}", (query + t,), None, q, (query,))
              for q, t in retrieval.queries.items()]
-            + [TextsExample(f"{where}:document {d}", (document + t,), None, d)
+            + [TextsExample(f"{where}:document {d}", (document + t,), None, d, (document,))
                for d, t in retrieval.corpus.items()])
         self.retrieval = retrieval
 
@@ -71,6 +72,7 @@ class EmbeddingFeatures(finetune_data.Features):
     retrieval: RetrievalSet | None = None
     keys: list | None = None  # text_keys, for batches without duplicates
     text_lengths: np.ndarray | None = None  # packed.text_lengths, for packed batches
+    pool_from: np.ndarray | None = None  # [examples, columns]: prompt_positions, or None
     epoch_rows: tuple | None = None  # (batch size, EmbeddingTask.epoch_rows)
 
 
@@ -134,7 +136,33 @@ def pooling_of(config) -> Pooling:
     mode = config.task.pooling
     normalize = _flag(config.task.normalize, "config.task.normalize")
     return Pooling(stored.mode if mode == "auto" else mode,
-                   stored.normalize if normalize is None else normalize)
+                   stored.normalize if normalize is None else normalize, stored.include_prompt)
+
+
+def prompt_positions(tokenizer, examples, lower_case: bool, max_seq_length: int) -> np.ndarray:
+    """[examples, columns] int32: the positions each text's prompt takes, [CLS] included (0
+    for none): where sentence-transformers' include_prompt=false pooling starts, the prompt
+    tokenized alone without its closing [SEP]."""
+    prompts = sorted({p for e in examples for p in e.prompts if p})
+    encodings = tokenizer.encode_batch(prompts_lib.lower(prompts, lower_case), None,
+                                       max_seq_length=max_seq_length) if prompts else []
+    taken = {p: int(sum(enc.input_mask)) - 1 for p, enc in zip(prompts, encodings)}
+    taken[""] = 0
+    columns = len(examples[0].texts)
+    return np.array([[taken[p] for p in (e.prompts or ("",) * columns)] for e in examples],
+                    np.int32)
+
+
+def with_pool_from(features):
+    """A batch → the same with pool_from [rows, columns] of its examples (0 for filler rows)
+    where the features have it."""
+    def add(batch):
+        if features.pool_from is not None:
+            index = batch["example_index"]
+            batch["pool_from"] = np.where(index[:, None] >= 0,
+                                          features.pool_from[np.maximum(index, 0)], 0)
+        return batch
+    return add
 
 
 class EmbeddingTask(Task):
@@ -237,6 +265,9 @@ class EmbeddingTask(Task):
         scores = np.array([0.0 if e.score is None else e.score for e in examples], np.float32)
         features = EmbeddingFeatures(sequences, scores, True, truncated)
         features.retrieval = getattr(examples, "retrieval", None)
+        if not self.pooling.include_prompt:
+            features.pool_from = prompt_positions(tokenizer, examples, self.lower_case,
+                                                  max_seq_length)
         finetune_data.warn_truncated(features, examples, max_seq_length)
         return features
 
@@ -247,8 +278,11 @@ class EmbeddingTask(Task):
         groups of rows), cls pooling of a causal BERT (its pooled token is each text's last)."""
         if (config.get("train") or {}).get("grad_reduce_dtype") == "bfloat16":
             return "config.train.grad_reduce_dtype='bfloat16'"
-        if getattr(model, "causal", False) and pooling_of(config).mode == "cls":
+        pooling = pooling_of(config)
+        if getattr(model, "causal", False) and pooling.mode == "cls":
             return "cls pooling of a causal (left-to-right) BERT"
+        if not pooling.include_prompt:
+            return "a pooling that leaves the prompt out (the init checkpoint's include_prompt)"
         return None
 
     def packing_groups(self, batch_size: int) -> int:
@@ -279,15 +313,16 @@ class EmbeddingTask(Task):
     def batches(self, features, batch_size: int, *, shuffle: bool, seed: int = 0):
         where = dict(process_index=jax.process_index(), process_count=jax.process_count())
         if not shuffle:
-            return finetune_data.batches(features, batch_size, self.buckets, shuffle=False,
-                                         **where)
+            return map(with_pool_from(features), finetune_data.batches(
+                features, batch_size, self.buckets, shuffle=False, **where))
         plan = self.train_plan(features, batch_size, seed)
         if self.pack:
             packing = self.text_packing(features, batch_size)
             groups = self.packing_groups(batch_size)
             return (packed.make_batch(features, rows, batch_size, packing, groups, **where)
                     for _, rows in plan)
-        return (finetune_data.make_batch(features, length, rows, batch_size, **where)
+        return (with_pool_from(features)(finetune_data.make_batch(features, length, rows,
+                                                                  batch_size, **where))
                 for length, rows in plan)
 
     def epoch_rows(self, features, batch_size: int) -> list[int]:
@@ -320,9 +355,12 @@ class EmbeddingTask(Task):
     def batch_spec(self, batch_size: int, max_seq_length: int):
         tokens = jax.ShapeDtypeStruct((batch_size, self.columns, max_seq_length), jnp.int32)
         rows = lambda dtype: jax.ShapeDtypeStruct((batch_size,), dtype)  # noqa: E731
-        return {"input_ids": tokens, "segment_ids": tokens, "input_mask": tokens,
+        spec = {"input_ids": tokens, "segment_ids": tokens, "input_mask": tokens,
                 "labels": rows(jnp.float32), "weights": rows(jnp.float32),
                 "example_index": rows(jnp.int32)}
+        if not self.pooling.include_prompt:
+            spec["pool_from"] = jax.ShapeDtypeStruct((batch_size, self.columns), jnp.int32)
+        return spec
 
     def describe(self, features) -> str:
         prompts = self.column_prompts(self.kind, self.columns)
@@ -333,6 +371,7 @@ class EmbeddingTask(Task):
         return (f"; {self.columns} text(s) a row, {self.pooling.mode} pooling"
                 f"{', normalised' if self.pooling.normalize else ''}, loss {self.loss_name}"
                 f"{f', prompts {prompts}' if any(prompts) else ''}"
+                f"{' (not pooled)' if any(prompts) and not self.pooling.include_prompt else ''}"
                 f"{', lower-cased' if self.lower_case else ''}{packing}")
 
     # ---- model and loss
@@ -350,7 +389,8 @@ class EmbeddingTask(Task):
         """[batch, columns, hidden]; packed rows (packed.py) pooled per text and gathered
         back into the columns; in training with config.task.cache_chunk_rows, encoded a chunk
         at a time with the whole batch's gradients (cached.py)."""
-        keys = PACKED_KEYS if "packing_ids" in batch else PADDED_KEYS
+        keys = PACKED_KEYS if "packing_ids" in batch else PADDED_KEYS + (
+            ("pool_from",) if "pool_from" in batch else ())
         rows = batch[keys[-1]].shape[0]  # the batch's (a micro-batch's) rows of texts
         cached = "rngs" in kwargs and self.cache_chunk_rows and rows > self.cache_chunk_rows
         chunks = rows // self.cache_chunk_rows if cached else 1

@@ -22,21 +22,23 @@ from experiments import embedding
 OWN = {"query": "word0 word1 ", "passage": "word2 "}  # the converted model's, default passage
 
 
-def prompted_checkpoint(root: Path, lower_case: bool = True) -> str:
+def prompted_checkpoint(root: Path, lower_case: bool = True, include_prompt: bool = True
+                        ) -> str:
     """A tiny checkpoint whose conversion.json says what from_hf keeps of a sentence-
-    transformers model: prompts OWN (default "passage") and do_lower_case."""
+    transformers model: prompts OWN (default "passage"), do_lower_case and the pooling's
+    include_prompt."""
     ckpt = data.tiny_checkpoint(root)
-    record = {"pooling": {"mode": "mean", "normalize": True}, "max_seq_length": 32,
-              "prompts": OWN, "default_prompt_name": "passage", "include_prompt": True,
+    record = {"pooling": {"mode": "mean", "normalize": True, "include_prompt": include_prompt},
+              "max_seq_length": 32, "prompts": OWN, "default_prompt_name": "passage",
               "do_lower_case": lower_case}
     (Path(ckpt) / "conversion.json").write_text(json.dumps({"sentence_transformers": record}))
     (Path(ckpt) / "pooling.json").write_text(json.dumps(record["pooling"]))
     return ckpt
 
 
-def config_for(tmp_path, kind="pairs", **data_fields):
+def config_for(tmp_path, kind="pairs", include_prompt=True, **data_fields):
     config = embedding.get_config(kind)
-    config.init_checkpoint = prompted_checkpoint(tmp_path)
+    config.init_checkpoint = prompted_checkpoint(tmp_path, include_prompt=include_prompt)
     config.max_seq_length = 0  # the checkpoint's own: 32
     config.train.batch_size = config.eval.batch_size = 16
     config.data.update(data_fields)
@@ -93,18 +95,63 @@ def test_read_prepends_the_prompts_and_encode_lower_cases(tmp_path):
     np.testing.assert_array_equal(upper, lower)  # do_lower_case: the text, before the tokenizer
 
 
+def test_a_pooling_without_the_prompt_starts_each_text_after_its_own(tmp_path):
+    """include_prompt false: every batch (training, STS and retrieval dev) gives each text the
+    positions of its prompt ([CLS] included; 0 for none, and for filler rows); packed
+    training is refused in one line."""
+    from bertjax.errors import ConfigError
+    from bertjax.tasks import checks
+    from bertjax.tokenization import load_tokenizer
+
+    config = config_for(tmp_path, include_prompt=False,
+                        train=data.write_pairs(tmp_path / "p.jsonl", 12),
+                        columns="query,passage", beir=data.write_beir(tmp_path / "beir"),
+                        validation=data.write_scored(tmp_path / "d.csv", 6))
+    config.max_seq_length = 32
+    with pytest.raises(ConfigError, match="leaves the prompt out .*set config.data.pack=False$"):
+        checks.check_packing(config, None)
+    config.data.pack = False
+    task = tasks.get_task(config)
+    assert not task.pooling.include_prompt and "(not pooled)" in task.describe(
+        task.encode(load_tokenizer(config.init_checkpoint), task.read(config).train, 32))
+    splits = task.read(config)
+    tokenizer = load_tokenizer(config.init_checkpoint)
+    want = {"train": [3, 0], "sts": [2, 2]}  # [CLS] word0 word1 | none; [CLS] word2 (both)
+    for name, examples in (("train", splits.train), *splits.dev.items()):
+        features = task.encode(tokenizer, examples, 32)
+        batches = list(task.batches(features, 8, shuffle=name == "train", seed=0))
+        assert all(b["pool_from"].shape == b["input_ids"].shape[:2] for b in batches)
+        for batch in batches:
+            real = batch["example_index"] >= 0
+            if name == "retrieval":  # the queries' prompt, then the corpus's (none)
+                queries = len(splits.dev["retrieval"].retrieval.queries)
+                np.testing.assert_array_equal(
+                    batch["pool_from"][real, 0],
+                    np.where(batch["example_index"][real] < queries, 3, 0))
+            else:
+                assert (batch["pool_from"][real] == want[name]).all()
+            assert (batch["pool_from"][~real] == 0).all()
+    spec = task.batch_spec(8, 32)
+    assert spec["pool_from"].shape == (8, 2)
+
+
 @pytest.mark.slow
-def test_the_finished_runs_export_carries_its_prompts_to_sentence_transformers(tmp_path):
+@pytest.mark.parametrize("include_prompt", [True, pytest.param(False, marks=pytest.mark.extended)])
+def test_the_finished_runs_export_carries_its_prompts_to_sentence_transformers(include_prompt,
+                                                                               tmp_path):
     """A short run (query prompt set in the config), exported by to_hf: SentenceTransformer's
-    encode / encode_query / encode_document equal the run's Embedder within 1e-5."""
+    encode / encode_query / encode_document equal the run's Embedder within 1e-5 (a pooling
+    without the prompt too, trained unpacked)."""
     from sentence_transformers import SentenceTransformer
 
     from bertjax.serving.embedder import Embedder
 
-    config = config_for(tmp_path, train=data.write_pairs(tmp_path / "p.jsonl", 32),
+    config = config_for(tmp_path, include_prompt=include_prompt,
+                        train=data.write_pairs(tmp_path / "p.jsonl", 32),
                         columns="query,passage", beir=data.write_beir(tmp_path / "beir"))
     config.task.query_prompt = "topic1 "
     config.train.num_epochs = 1
+    config.data.pack = include_prompt
     summary = tasks.train_and_evaluate(config, str(tmp_path / "run"), log=lambda *_: None)
     assert summary["status"] == "done"
     result = run_python(["-m", "bertjax.convert", "to_hf", f"--input={tmp_path / 'run'}",

@@ -93,7 +93,7 @@ def test_pairs_with_hard_negatives_raise_ndcg_above_the_starting_checkpoint(tmp_
     assert summary["best"]["ndcg@10"] > before + 0.15, (before, summary["best"])
     export = json.loads((tmp_path / "run" / "export.json").read_text())
     assert export["architecture"] == "BertModel"
-    assert export["pooling"] == {"mode": "mean", "normalize": True}
+    assert export["pooling"] == {"mode": "mean", "normalize": True, "include_prompt": True}
 
     # The run as a sentence-transformers directory: SentenceTransformer encodes the vectors
     # bertjax gives (its best checkpoint, from the workdir and from the export).
