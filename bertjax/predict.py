@@ -231,28 +231,44 @@ def prompt_text(model, flag: str, role: str | None) -> str:
                               where=f"--{flag}_name")
 
 
+def check_arguments(command: str, args: Sequence[str], usage: str,
+                    required: Sequence[str]) -> None:
+    """A subcommand's command line before anything loads: no stray arguments, every required
+    flag given (one `error:` line)."""
+    f = flags.FLAGS
+    if args:
+        sys.exit(f"error: {command}: unexpected arguments {list(args)}; give {usage}")
+    for name in required:
+        if not f[name].value:
+            sys.exit(f"error: {command}: --{name} is required")
+
+
+def check_files(*names: str) -> None:
+    """The input files of flags `names` (those given) exist, before the model loads."""
+    from bertjax import paths
+
+    f = flags.FLAGS
+    for name in names:
+        if f[name].value and not paths.exists(f[name].value):
+            sys.exit(f"error: --{name}={f[name].value}: no such file")
+
+
 def text_fields() -> dict:
     f = flags.FLAGS
     return {"text_a": f.text_a, "id": f.id, "encoding": f.encoding}
 
 
 def embed(args: Sequence[str]) -> None:
-    from bertjax import paths
     from bertjax.serving.embedder import VectorFile, check_vectors_path, ids_path
     from bertjax.train import multihost
 
     f = flags.FLAGS
-    if args:
-        sys.exit(f"error: embed: unexpected arguments {list(args)}; give --input=FILE")
-    for name in ("input", "output"):
-        if not f[name].value:
-            sys.exit(f"error: embed: --{name} is required")
+    check_arguments("embed", args, "--input=FILE", ("input", "output"))
     if f.chunk_rows < 0:
         sys.exit(f"error: --chunk_rows={f.chunk_rows} must be 0 or positive")
     check_vectors_path(f.output)  # before the model is loaded
     check_prompt_flags("embed")
-    if not paths.exists(f.input):
-        sys.exit(f"error: --input={f.input}: no such file")
+    check_files("input")
     model = embedder()
     prompt = prompt_text(model, "prompt", None)
     out = multihost.write_from_main(lambda: VectorFile(f.output))
@@ -279,18 +295,12 @@ def search(args: Sequence[str]) -> None:
     from bertjax.train import multihost
 
     f = flags.FLAGS
-    if args:
-        sys.exit(f"error: search: unexpected arguments {list(args)}; give --queries=FILE")
-    for name in ("corpus", "queries", "output"):
-        if not f[name].value:
-            sys.exit(f"error: search: --{name} is required")
+    check_arguments("search", args, "--queries=FILE", ("corpus", "queries", "output"))
     top_k = 10 if f.top_k is None else f.top_k
     if top_k < 1:
         sys.exit(f"error: --top_k={top_k} must be positive")
     check_prompt_flags("search")
-    for name in ("corpus", "queries"):  # before the model loads and the corpus is embedded
-        if not paths.exists(f[name].value):
-            sys.exit(f"error: --{name}={f[name].value}: no such file")
+    check_files("corpus", "queries")  # before the model loads and the corpus is embedded
     model = embedder()
     query_prompt = prompt_text(model, "query_prompt", "query")
     corpus_prompt = prompt_text(model, "corpus_prompt", "document")
@@ -330,11 +340,7 @@ def mine(args: Sequence[str]) -> None:
     from bertjax.train import multihost
 
     f = flags.FLAGS
-    if args:
-        sys.exit(f"error: mine: unexpected arguments {list(args)}; give --pairs=FILE")
-    for name in ("pairs", "output"):
-        if not f[name].value:
-            sys.exit(f"error: mine: --{name} is required")
+    check_arguments("mine", args, "--pairs=FILE", ("pairs", "output"))
     if f.top_k is not None:
         sys.exit("error: mine: --top_k is search's; --range_max sets how deep mine searches")
     if f.chunk_rows < 0:
@@ -342,9 +348,7 @@ def mine(args: Sequence[str]) -> None:
     # Before the model loads: the settings, the output's format, the files.
     mining.check_settings(f.num_negatives, f.range_min, f.range_max)
     mining.check_output(f.output)
-    for name in ("pairs", "corpus"):
-        if f[name].value and not paths.exists(f[name].value):
-            sys.exit(f"error: --{name}={f[name].value}: no such file")
+    check_files("pairs", "corpus")
     encoding = paths.check_encoding(f.encoding or paths.DEFAULT_ENCODING, "--encoding")
     check_prompt_flags("mine")
     model = embedder()
@@ -388,15 +392,10 @@ def rerank(args: Sequence[str]) -> None:
     from bertjax.train import multihost
 
     f = flags.FLAGS
-    if args:
-        sys.exit(f"error: rerank: unexpected arguments {list(args)}; give --input=FILE")
-    for name in ("input", "output"):
-        if not f[name].value:
-            sys.exit(f"error: rerank: --{name} is required")
+    check_arguments("rerank", args, "--input=FILE", ("input", "output"))
     if f.top_k is not None and f.top_k < 1:
         sys.exit(f"error: --top_k={f.top_k} must be positive")
-    if not paths.exists(f.input):  # before the model loads
-        sys.exit(f"error: --input={f.input}: no such file")
+    check_files("input")  # before the model loads
     encoding = paths.check_encoding(f.encoding or paths.DEFAULT_ENCODING, "--encoding")
     model = reranker()
     records, metrics, before = model.rerank_file(f.input, f.top_k, encoding)
