@@ -47,6 +47,18 @@ def optimizer(model, learning_rate: float, total_steps: int, warmup_proportion: 
                                                 total_steps)
 
 
+def update(model, opt, schedule, loss) -> float:
+    """One step of `optimizer`'s pair on `loss` (gradients clipped to norm 1.0); the loss."""
+    import torch
+
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    schedule.step()
+    opt.zero_grad()
+    return float(loss.detach())
+
+
 def pad(rows: Sequence[Row], label_pad: int = -100) -> dict:
     """Tensors of `rows` padded to the longest: input_ids, token_type_ids, attention_mask
     [batch, (choices,) seq] and labels [batch] or [batch, seq] (padded with `label_pad`)."""
@@ -90,12 +102,7 @@ def train(model, rows: Sequence[Row], evaluate: Callable[[], dict], primary: str
         losses = []
         for first in range(0, len(perm), batch_size):
             loss = model(**pad([rows[i] for i in perm[first:first + batch_size]])).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            schedule.step()
-            opt.zero_grad()
-            losses.append(float(loss.detach()))
+            losses.append(update(model, opt, schedule, loss))
         model.eval()
         with torch.no_grad():
             metrics = evaluate()

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from bertjax.fidelity.reference import optimizer, seeded
+from bertjax.fidelity.reference import optimizer, seeded, update
 
 NAMES = {"ndcg@10": "cosine_ndcg@10", "mrr@10": "cosine_mrr@10",
          "recall@1": "cosine_recall@1", "recall@10": "cosine_recall@10",
@@ -162,12 +162,7 @@ def run(model_dir: str, train_file: str, beir_dir: str, *, columns: tuple[str, s
         for rows in batches:
             features = [model.preprocess([column[i] for i in rows]) for column in texts]
             loss = loss_fn(features, None)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            schedule.step()
-            opt.zero_grad()
-            losses.append(float(loss.detach()))
+            losses.append(update(model, opt, schedule, loss))
         metrics = evaluate()
         log(f"sentence-transformers epoch {epoch + 1}: loss {np.mean(losses):.4f} "
             f"({time.perf_counter() - began:.0f} s) {json.dumps(metrics)}")

@@ -32,7 +32,7 @@ import time
 
 import numpy as np
 
-from bertjax.fidelity.reference import optimizer, read_jsonl, seeded
+from bertjax.fidelity.reference import optimizer, read_jsonl, seeded, update
 from bertjax.fidelity.reference_embedding import mine
 
 
@@ -96,12 +96,7 @@ def run(model_dir: str, train_file: str, candidates_file: str, *, columns: tuple
             logits = [loss_fn.call_model_with_columns(queries, [column[i] for i in rows])
                       for column in texts[1:]]
             loss = loss_fn.calculate_loss(logits, len(rows))
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            schedule.step()
-            opt.zero_grad()
-            losses.append(float(loss.detach()))
+            losses.append(update(model, opt, schedule, loss))
         metrics = evaluate()
         log(f"sentence-transformers epoch {epoch + 1}: loss {np.mean(losses):.4f} "
             f"({time.perf_counter() - began:.0f} s) {json.dumps(metrics)}")
