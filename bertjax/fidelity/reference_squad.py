@@ -2,8 +2,9 @@
 
 The "transformers side" of the fidelity harness: fine-tunes
 ``BertForQuestionAnswering`` on a SQuAD v1.1 / v2.0 JSON file and scores the dev
-file with the official SQuAD metrics.  It deliberately imports nothing from
-``bertjax``; only torch, transformers, numpy and the standard library.
+file with the official SQuAD metrics.  It imports nothing of bertjax's model, task or data
+code (only the other references' seeding, optimizer and update step), so a slip on bertjax's
+side shows as a difference instead of being copied.
 """
 
 from __future__ import annotations
@@ -11,18 +12,15 @@ from __future__ import annotations
 import collections
 import json
 import math
-import random
 import re
 import string
 import time
 
 import numpy as np
 import torch
-from transformers import (
-    BertForQuestionAnswering,
-    BertTokenizerFast,
-    get_linear_schedule_with_warmup,
-)
+from transformers import BertForQuestionAnswering, BertTokenizerFast
+
+from bertjax.fidelity.reference import optimizer, seeded, update
 
 # ----------------------------------------------------------------- metrics ---
 
@@ -226,10 +224,7 @@ def run(model_dir: str, train_json: str, dev_json: str, *, seed: int, learning_r
         version_2: bool = False, warmup_proportion: float = 0.1, weight_decay: float = 0.01,
         threads: int = 2, log=print) -> dict[str, float]:
     """Fine-tune on ``train_json``; return dev metrics of the best epoch (by f1 / best_f1)."""
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    random.seed(seed)
-    np.random.seed(seed)
+    seeded(seed, threads)
     tokenizer = BertTokenizerFast.from_pretrained(model_dir)
     model = BertForQuestionAnswering.from_pretrained(model_dir, dtype=torch.float32,
                                                      attn_implementation="eager")
@@ -243,17 +238,9 @@ def run(model_dir: str, train_json: str, dev_json: str, *, seed: int, learning_r
     log(f"train windows {len(train_rows)}, dev questions {len(dev_examples)}, "
         f"dev windows {len(dev_rows)}")
 
-    no_decay = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm)
-                for p in m.parameters()}
-    no_decay |= {id(p) for n, p in model.named_parameters() if n.endswith("bias")}
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [{"params": [p for p in params if id(p) not in no_decay], "weight_decay": weight_decay},
-         {"params": [p for p in params if id(p) in no_decay], "weight_decay": 0.0}],
-        lr=learning_rate, betas=(0.9, 0.999), eps=1e-6)
-    total_steps = epochs * math.ceil(len(train_rows) / batch_size)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(warmup_proportion * total_steps),
-                                                total_steps)
+    opt, schedule = optimizer(model, learning_rate,
+                              epochs * math.ceil(len(train_rows) / batch_size),
+                              warmup_proportion, weight_decay)
 
     primary = "best_f1" if version_2 else "f1"
     generator = torch.Generator().manual_seed(seed)
@@ -265,12 +252,7 @@ def run(model_dir: str, train_json: str, dev_json: str, *, seed: int, learning_r
         order = torch.randperm(len(train_rows), generator=generator).tolist()
         for b in range(0, len(order), batch_size):
             loss = model(**collate([train_rows[i] for i in order[b:b + batch_size]], pad_id)).loss
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            scheduler.step()
-            losses.append(loss.item())
+            losses.append(update(model, opt, schedule, loss))
         metrics = evaluate(model, dev_rows, dev_examples, pad_id, n_best_size, max_answer_length,
                            version_2)
         metrics = {k: float(v) for k, v in metrics.items()}
