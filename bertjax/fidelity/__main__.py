@@ -226,15 +226,11 @@ FAMILIES = {f.name: f for f in (
            "f1", "experiments/ner.py:files", CONLL, CHUNK_TAGS, Sizes(600, 250),
            lambda src, out, n: data.chunks(src / "pos", out, n, False), _tagging,
            seeds=NOISY,
-           cause="measured, not fixed: bertjax has slow seeds that transformers does not. At "
-                 "CHUNK_TAGS (converged: F1 +0.01-0.04 in the last epoch) transformers' 5 seeds "
-                 "lie within 0.679-0.701 and bertjax's seed 2 falls behind in the last two epochs "
-                 "(0.495 after epoch 3, among the others' 0.49-0.57; then 0.571 and 0.593, "
-                 "against 0.64-0.69 and 0.66-0.70 for every other run of either side): "
-                 "0.666 +- 0.042 against "
-                 "0.693 +- 0.008. At TAGS the row stopped on the steep part of the curve, "
-                 "where both sides' spreads were wide (10 seeds: 0.263 +- 0.026 against "
-                 "0.260 +- 0.012). Not isolated yet (docs/reproducing.md)"),
+           cause="seed draws: at CHUNK_TAGS 5 seeds a side gave 0.666 +- 0.042 against "
+                 "0.693 +- 0.008 (sd 5.1x, F p 0.008: bertjax's seed 2 fell behind in the last "
+                 "two epochs); with 7 a side, transformers' seed 6 is such a slow seed too "
+                 "(0.612; bertjax's 0.636): 0.668 +- 0.040 against 0.682 +- 0.032, sd 1.28x, "
+                 "within (docs/reproducing.md)"),
     Family("tagging_doc", "the same files with -DOCSTART- on top (one document)", OANC, "f1",
            "experiments/ner.py:files", CONLL, CHUNK_TAGS, Sizes(600, 250),
            lambda src, out, n: data.chunks(src / "pos", out, n, True), _tagging,
