@@ -259,6 +259,15 @@ def op_name(instruction: Instruction) -> str:
     return re.sub(r"layer_\d+", "layer_N", name)
 
 
+KERNELS, KERNEL_ESTIMATES, XLA_OPS = "Pallas kernels", "Pallas kernels' cost estimates", "XLA ops"
+
+
+def source(op: OpCost) -> str:
+    """Whose estimate an op's time is: a Pallas kernel's (a custom call: its compiled schedule
+    or cost estimate, `estimated_cycles`), else the TPU compiler's (KERNELS or XLA_OPS)."""
+    return KERNELS if op.opcode == "custom-call" else XLA_OPS
+
+
 def short_label(op: OpCost) -> str:
     """"category: fwd|bwd path" for a table: the op_name without the model class, `bert/` and
     `encoder/` (fwd: the forward pass, under jvp; bwd: the backward pass, under transpose)."""

@@ -88,10 +88,15 @@ def measure(compiled, slice_: topology_lib.Slice | None, flash: tuple[float, boo
         for kernels in kernel_schedule.splash_kernels(text, splash) if splash else ():
             scheduled.update(kernel_schedule.splash_cycles(slice_.topology_name, kernels))
         ops = hlo_costs.op_costs(text, slice_.chip.clock_hz, *rates, scheduled)
-        groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates,
-                                              slice_.chip.clock_hz),
-                  "op": hlo_costs.group(ops, hlo_costs.short_label, *rates,
-                                        slice_.chip.clock_hz)}
+        clock = slice_.chip.clock_hz
+        groups = {"category": hlo_costs.group(ops, lambda o: o.category, *rates, clock),
+                  "op": hlo_costs.group(ops, hlo_costs.short_label, *rates, clock),
+                  "source": hlo_costs.group(ops, hlo_costs.source, *rates, clock)}
+        # The kernels as XLA's cost model sees them, for the report's reconciliation.
+        as_estimated = [o for o in (hlo_costs.op_costs(text, clock, *rates) if scheduled else ())
+                        if hlo_costs.source(o) == hlo_costs.KERNELS]
+        groups["source"].update(hlo_costs.group(
+            as_estimated, lambda o: hlo_costs.KERNEL_ESTIMATES, *rates, clock))
     return Measure(float(memory.argument_size_in_bytes),
                    float(memory.output_size_in_bytes - memory.alias_size_in_bytes),
                    float(memory.temp_size_in_bytes), float(cost.get("flops", 0.0)),

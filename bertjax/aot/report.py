@@ -78,6 +78,30 @@ def notes(costs: list[StageCost], slice_: topology_lib.Slice) -> list[str]:
     return lines
 
 
+def reconciliation(costs: list[StageCost]) -> list[str]:
+    """Where the two step times differ, per stage: the per-op estimate is XLA's ops at the TPU
+    compiler's estimate of each plus the Pallas kernels at the larger of their compiled schedule
+    and cost estimate; XLA's optimal_seconds sees the kernels only through their cost estimates
+    and follows its own bytes-accessed count, which the HLO's HBM bytes set beside it."""
+    lines = []
+    for c in costs:
+        source = (c.groups or {}).get("source")
+        if not source or not c.op_seconds or not c.xla_seconds:
+            continue
+        ms = {k: g.model_seconds * 1e3 for k, g in source.items()}
+        kernels, estimated = (ms.get(hlo_costs.KERNELS, 0.0),
+                              ms.get(hlo_costs.KERNEL_ESTIMATES, ms.get(hlo_costs.KERNELS, 0.0)))
+        bytes_ratio = (f", {c.bytes_accessed / c.hlo_bytes:.1f}x the HLO's HBM bytes "
+                       f"({c.hlo_bytes / 1e9:.1f} GB)" if c.hlo_bytes and c.bytes_accessed else "")
+        lines.append(
+            f"  {c.name}: per-op {c.op_seconds * 1e3:.1f} ms = XLA ops "
+            f"{ms.get(hlo_costs.XLA_OPS, 0.0):.1f} (the compiler's estimates) + Pallas kernels "
+            f"{kernels:.1f} (schedule or cost estimate, the larger; by their cost estimates "
+            f"{estimated:.1f}); XLA {c.xla_seconds * 1e3:.1f} ms follows its bytes accessed "
+            f"({c.bytes_accessed / 1e9:.1f} GB{bytes_ratio})")
+    return lines
+
+
 def fit_hints(costs: list[StageCost], job) -> list[str]:
     """For each stage that does not fit, the flags that make it smaller: its own remat policy
     and gradient accumulation where it is a pre-training phase, the job's otherwise."""
@@ -170,8 +194,8 @@ def run_on_slice(make_job: Callable[[Any], Any], config, topology: str, exact: b
                                    progress=progress)
     print_fn("Train step per chip (TPU compiler; step time: the compiler's per-op estimates "
              f"summed; {method}):")
-    for line in (stage_table(costs, slice_) + notes(costs, slice_) + fit_hints(costs, job)
-                 + local_attention_lines(job)):
+    for line in (stage_table(costs, slice_) + notes(costs, slice_) + reconciliation(costs)
+                 + fit_hints(costs, job) + local_attention_lines(job)):
         print_fn(line)
     total = [c.seconds for c in costs]
     print_fn((f"All {sum(c.steps for c in costs):,} steps: {duration(sum(total))} "

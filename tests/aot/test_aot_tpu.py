@@ -9,6 +9,7 @@ memory space, and categories against the analytic FLOPs of attention and the FFN
 The compile tests need libtpu (the `tpu` and `test` extras) and skip without it.
 """
 
+import dataclasses
 import importlib.util
 import re
 
@@ -313,6 +314,37 @@ def test_the_step_time_is_the_compilers_per_op_estimates_and_xla_time_is_printed
     assert bare.time is None and bare.mfu(slice_) is None
     (note,) = aot_report.notes([bare], slice_)
     assert "1.0 ms" in note and "2.0 ms" in note
+
+
+def test_the_report_says_which_parts_of_the_two_step_times_come_from_where():
+    """The per-op step time is XLA's ops plus the Pallas kernels (at their schedule); the line
+    sets the kernels' cost estimates, which XLA's optimal_seconds sees, and its bytes accessed
+    against the HLO's HBM bytes beside it."""
+    from bertjax.aot import hlo_costs
+    from bertjax.aot import measure as aot_measure
+    from bertjax.aot import report as aot_report
+
+    def group(key, ms):
+        return hlo_costs.Group(key, 1, 1e9, 1e12, 1e-3, ms / 1e3)
+
+    ops = [hlo_costs.OpCost("fusion.1", "fusion", "a", "FFN", 8e9, 1e12, 1, 3.0e6),
+           hlo_costs.OpCost("custom-call.2", "custom-call", "b", "attention", 1e9, 1e11, 1,
+                            1.5e6)]
+    source = hlo_costs.group(ops, hlo_costs.source, 1e15, 1e12, 1e9)
+    assert {k: g.model_seconds for k, g in source.items()} == {
+        hlo_costs.XLA_OPS: pytest.approx(3e-3), hlo_costs.KERNELS: pytest.approx(1.5e-3)}
+    category = hlo_costs.group(ops, lambda o: o.category, 1e15, 1e12, 1e9)
+    source[hlo_costs.KERNEL_ESTIMATES] = group(hlo_costs.KERNEL_ESTIMATES, 0.4)
+    cost = aot_measure.StageCost("phase1", 128, 1000, 256, 1.0, 1.0, 2.0, 4.0, True, 1e15,
+                                 1e12, 6e-3, bytes_accessed=44e9, hlo_bytes=20e9,
+                                 groups={"category": category, "source": source})
+    assert cost.op_seconds == pytest.approx(4.5e-3)
+    (line,) = aot_report.reconciliation([cost])
+    assert line == ("  phase1: per-op 4.5 ms = XLA ops 3.0 (the compiler's estimates) + Pallas "
+                    "kernels 1.5 (schedule or cost estimate, the larger; by their cost "
+                    "estimates 0.4); XLA 6.0 ms follows its bytes accessed (44.0 GB, 2.2x the "
+                    "HLO's HBM bytes (20.0 GB))")
+    assert not aot_report.reconciliation([dataclasses.replace(cost, xla_seconds=None)])
 
 
 def test_a_stage_that_does_not_fit_is_given_the_flags_that_shrink_it():

@@ -3,6 +3,7 @@ bertjax/models/kernels/dropout_attention.py, and its GPU kernels, dropout_attent
 and "flash_jax" (JAX's Pallas flash kernels), interpreted on CPU, against the einsum path; the
 kernels' cost estimates against counts read off the kernels themselves."""
 
+import dataclasses
 import functools
 import importlib.util
 import math
@@ -155,6 +156,54 @@ def test_flash_takes_heads_that_fill_128_lane_tiles():
     with pytest.raises(ConfigError, match="head_dim 64, 3 heads"):
         BertConfig(hidden_size=192, num_heads=3, attention_impl="flash")
     BertConfig(hidden_size=64, num_heads=1, intermediate_size=256, attention_impl="flash")
+
+
+def _runs_kernels(model, ids, dropout: bool) -> bool:
+    """Whether the traced training step (forward and gradient) of `model` calls Pallas."""
+    params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids))
+
+    def loss(params):
+        out = model.apply(params, ids, ids, ids, deterministic=not dropout,
+                          rngs={"dropout": jax.random.key(1)})
+        return jnp.sum(out["sequence_output"])
+
+    return "pallas_call" in str(jax.make_jaxpr(jax.grad(loss))(params))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu (pip install -e '.[tpu]') is not installed")
+def test_auto_attention_is_the_flash_kernels_where_traced_for_tpus():
+    """The default ("auto") runs the flash kernels in a step traced for a TPU mesh (also a slice
+    compiled on this CPU host), with attention dropout drawn inside them; on a CPU mesh, or
+    without one here, the einsum path; a model whose heads do not fill the kernels' tiles
+    stays on einsum everywhere. The parameters are the same either way."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from bertjax.aot import topology
+
+    tpu = topology.devices(topology.parse("v5p-8"))
+    on = {"tpu": NamedSharding(Mesh(np.array(tpu), ("data",)), PartitionSpec("data")),
+          "cpu": NamedSharding(Mesh(np.array(jax.devices()[:1]), ("data",)),
+                               PartitionSpec("data"))}
+    ids = jnp.ones((4, 128), jnp.int32)
+    fits = BertConfig(vocab_size=64, hidden_size=128, num_heads=2, intermediate_size=64,
+                      num_layers=1, max_position_embeddings=128, attention_dropout_prob=0.1)
+    odd = dataclasses.replace(fits, hidden_size=192, num_heads=3)  # 3 heads of 64
+    assert fits.attention_impl == "auto" and not odd.heads_fill_tiles
+    for dropout in (True, False):
+        with flash.sharded_like(on["tpu"]):
+            assert _runs_kernels(BertModel(fits), ids, dropout)
+            assert not _runs_kernels(BertModel(odd), ids, dropout)
+        with flash.sharded_like(on["cpu"]):
+            assert not _runs_kernels(BertModel(fits), ids, dropout)
+        assert not _runs_kernels(BertModel(fits), ids, dropout)
+    assert attn_lib.attention_path(fits, True, "tpu") == "flash (Pallas TPU)"
+    assert attn_lib.attention_path(fits, True, "cpu") == "einsum (dropout)"
+    assert attn_lib.attention_path(odd, True, "tpu") == "einsum (dropout)"
+    shapes = {impl: jax.tree.map(lambda x: (x.shape, x.dtype), jax.eval_shape(
+        lambda impl=impl: BertModel(dataclasses.replace(fits, attention_impl=impl)).init(
+            jax.random.key(0), ids, ids, ids))) for impl in ("einsum", "flash")}
+    assert shapes["einsum"] == shapes["flash"]
 
 
 def test_bert_model_flash_applies_attention_dropout_in_training():

@@ -99,5 +99,5 @@ ARCHITECTURE = Architecture(
     presets=tuple(PRESETS),
     conversion="bertjax.convert.huggingface",
     tpu_kernels=lambda config: ((config.attention_dropout_prob, config.causal)
-                                if config.attention_impl == "flash" else None, None),
+                                if config.for_tpu().attention_impl == "flash" else None, None),
 )

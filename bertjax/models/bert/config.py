@@ -7,7 +7,7 @@ import numbers
 from typing import Any
 
 from bertjax.errors import ConfigError  # noqa: F401  (re-exported: models.config.ConfigError)
-from bertjax.models.kernels.flash_attention import TILE_LANES, heads_per_tile
+from bertjax.models.kernels.flash_attention import MAX_SEQ, TILE_LANES, heads_per_tile
 from bertjax.models.layers import REMAT_POLICIES
 
 # (num_layers, hidden_size, num_heads); intermediate size is 4H for every preset.
@@ -49,8 +49,9 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     dtype: str = "float32"  # compute dtype of activations
     param_dtype: str = "float32"
-    # "auto": jax.nn.dot_product_attention (fused kernels) unless attention dropout is active,
-    # which the fused kernels cannot apply; "einsum": the plain reference path;
+    # "auto": on a TPU "flash" where its kernels take the model (`for_tpu`); elsewhere
+    # jax.nn.dot_product_attention (fused kernels) unless attention dropout is active, which
+    # the fused kernels cannot apply, then einsum; "einsum": the plain reference path;
     # "xla" / "cudnn": force that dot_product_attention implementation; "flash": this
     # project's Pallas TPU kernel (interpreted off TPU), attention dropout drawn inside it
     # (bertjax.models.kernels.dropout_attention); "flash_jax": JAX's Pallas flash-attention kernels,
@@ -99,8 +100,7 @@ class BertConfig:
             )
 
         if self.attention_impl == "flash":
-            width = heads_per_tile(self.num_heads, self.head_dim) * self.head_dim
-            if width % TILE_LANES and width != self.hidden_size:
+            if not self.heads_fill_tiles:
                 raise ConfigError(
                     f"model.attention_impl='flash' needs heads that fill {TILE_LANES}-lane "
                     f"tiles (head_dim {self.head_dim}, {self.num_heads} heads); use "
@@ -110,6 +110,23 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_heads
+
+    @property
+    def heads_fill_tiles(self) -> bool:
+        """Whether the flash kernel's grid steps, groups of heads side by side, fill its
+        128-lane tiles (or hold every head)."""
+        width = heads_per_tile(self.num_heads, self.head_dim) * self.head_dim
+        return width % TILE_LANES == 0 or width == self.hidden_size
+
+    def for_tpu(self) -> BertConfig:
+        """This config as a TPU runs it: "auto" attention becomes "flash" (this project's
+        Pallas kernels, attention dropout drawn inside them: the fastest path the compiled
+        schedules show at 128 and 512 tokens, docs/tpu_aot.md) where the kernels take the
+        model (heads that fill tiles, sequences of one block); anything else is unchanged."""
+        if (self.attention_impl == "auto" and self.heads_fill_tiles
+                and self.max_position_embeddings <= MAX_SEQ):
+            return dataclasses.replace(self, attention_impl="flash")
+        return self
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> BertConfig:

@@ -297,9 +297,11 @@ class BertModel(nn.Module):
     config: BertConfig
 
     def setup(self):
-        self.embeddings = Embeddings(self.config)
-        self.encoder = Encoder(self.config)
-        self.pooler = Pooler(self.config)
+        # "auto" attention is decided where the program is traced: the kernels on a TPU.
+        self.cfg = self.config.for_tpu() if flash_lib.traced_for_tpu() else self.config
+        self.embeddings = Embeddings(self.cfg)
+        self.encoder = Encoder(self.cfg)
+        self.pooler = Pooler(self.cfg)
 
     def __call__(
         self,
@@ -321,7 +323,7 @@ class BertModel(nn.Module):
           for that token only (the same values, less of the last layer's work), and
           `sequence_output` is [batch, 1, hidden], that token's final vector.
         """
-        cfg = self.config
+        cfg = self.cfg
         if segment_ids is None:
             segment_ids = jnp.zeros_like(input_ids)
         if position_ids is None:

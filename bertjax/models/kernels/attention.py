@@ -123,10 +123,11 @@ def fused_attention(
 
 def attention_path(cfg, training: bool, platform: str) -> str:
     """Which attention BertSelfAttention runs for `cfg` on `platform` ("cpu", "gpu", "tpu"),
-    in training (dropout active) or not, as benchmarks report it. "auto" applies attention
-    dropout on the einsum path (XLA); without dropout it runs `fused_attention`: the
+    in training (dropout active) or not, as benchmarks report it. "auto" runs the flash kernels
+    on a TPU where they take the model (`BertConfig.for_tpu`); elsewhere it applies attention
+    dropout on the einsum path (XLA), and without dropout runs `fused_attention`: the
     heads-first einsum on a CPU, `jax.nn.dot_product_attention`'s XLA path elsewhere."""
-    impl = cfg.attention_impl
+    impl = cfg.for_tpu().attention_impl if platform == "tpu" else cfg.attention_impl
     if impl == "flash":
         return {"tpu": "flash (Pallas TPU)", "gpu": "flash (Pallas GPU)"}.get(
             platform, "flash (interpreted)")

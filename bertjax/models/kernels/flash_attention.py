@@ -66,6 +66,17 @@ def sharded_like(batch_sharding: NamedSharding | None):
         _BATCH_SHARDING.reset(token)
 
 
+def traced_for_tpu() -> bool:
+    """Whether the program being traced runs on TPUs: the step's mesh (`sharded_like`) is of
+    TPU chips (also a slice compiled ahead of time on another machine), or, outside a step,
+    this process's backend is a TPU."""
+    sharding = _BATCH_SHARDING.get()
+    devices = getattr(getattr(sharding, "mesh", None), "devices", None)
+    if devices is not None and devices.size:
+        return devices.flat[0].platform == "tpu"
+    return jax.default_backend() == "tpu"
+
+
 def segment_ids(input_mask: jax.Array | None, packing_ids: jax.Array | None,
                 shape: tuple[int, int]) -> jax.Array:
     """Segment ids [batch, seq] int32: the packed example (0 unpacked), PAD_SEGMENT on padding.
