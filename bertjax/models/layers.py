@@ -110,6 +110,32 @@ def interleaved_halves(words: Array) -> Array:
     return jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*words.shape[:-1], -1)
 
 
+@jax.custom_vjp
+def gelu(x: Array) -> Array:
+    """The exact (erf) GELU, x · Φ(x), evaluated in float32 (or x's wider dtype) and returned
+    in x's dtype; its gradient Φ(x) + x · φ(x) is recomputed from x alone. Autodiff of
+    `jax.nn.gelu` keeps a float32 copy of the [tokens, intermediate] activation for the
+    backward pass (twice the bytes of a bfloat16 x, written and read once per layer)."""
+    x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return (0.5 * x32 * (1.0 + jax.lax.erf(x32 * _SQRT_HALF))).astype(x.dtype)
+
+
+def _gelu_fwd(x: Array) -> tuple[Array, Array]:
+    return gelu(x), x
+
+
+def _gelu_bwd(x: Array, g: Array) -> tuple[Array]:
+    x32 = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    cdf = 0.5 * (1.0 + jax.lax.erf(x32 * _SQRT_HALF))
+    pdf = jnp.exp(-0.5 * x32 * x32) * _INV_SQRT_2PI
+    return ((g.astype(x32.dtype) * (cdf + x32 * pdf)).astype(x.dtype),)
+
+
+gelu.defvjp(_gelu_fwd, _gelu_bwd)
+_SQRT_HALF = float(np.sqrt(0.5))
+_INV_SQRT_2PI = float(1.0 / np.sqrt(2.0 * np.pi))
+
+
 class Dropout(nn.Module):
     """Inverted dropout (kept values scaled by 1 / keep probability) with `dropout_keep_mask`."""
 

@@ -158,12 +158,12 @@ def test_flash_takes_heads_that_fill_128_lane_tiles():
     BertConfig(hidden_size=64, num_heads=1, intermediate_size=256, attention_impl="flash")
 
 
-def _runs_kernels(model, ids, dropout: bool) -> bool:
+def _runs_kernels(model, ids, training: bool) -> bool:
     """Whether the traced training step (forward and gradient) of `model` calls Pallas."""
     params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids, ids))
 
     def loss(params):
-        out = model.apply(params, ids, ids, ids, deterministic=not dropout,
+        out = model.apply(params, ids, ids, ids, deterministic=not training,
                           rngs={"dropout": jax.random.key(1)})
         return jnp.sum(out["sequence_output"])
 
@@ -190,13 +190,13 @@ def test_auto_attention_is_the_flash_kernels_where_traced_for_tpus():
                       num_layers=1, max_position_embeddings=128, attention_dropout_prob=0.1)
     odd = dataclasses.replace(fits, hidden_size=192, num_heads=3)  # 3 heads of 64
     assert fits.attention_impl == "auto" and not odd.heads_fill_tiles
-    for dropout in (True, False):
+    for training in (True, False):
         with flash.sharded_like(on["tpu"]):
-            assert _runs_kernels(BertModel(fits), ids, dropout)
-            assert not _runs_kernels(BertModel(odd), ids, dropout)
+            assert _runs_kernels(BertModel(fits), ids, training)
+            assert not _runs_kernels(BertModel(odd), ids, training)
         with flash.sharded_like(on["cpu"]):
-            assert not _runs_kernels(BertModel(fits), ids, dropout)
-        assert not _runs_kernels(BertModel(fits), ids, dropout)
+            assert not _runs_kernels(BertModel(fits), ids, training)
+        assert not _runs_kernels(BertModel(fits), ids, training)
     assert attn_lib.attention_path(fits, True, "tpu") == "flash (Pallas TPU)"
     assert attn_lib.attention_path(fits, True, "cpu") == "einsum (dropout)"
     assert attn_lib.attention_path(odd, True, "tpu") == "einsum (dropout)"

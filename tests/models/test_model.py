@@ -527,3 +527,33 @@ def test_softmax_cross_entropy_and_its_gradient_against_float64(dtype):
     np.testing.assert_allclose(nll, expected, rtol=1e-6, atol=1e-6)
     tolerance = 1e-6 if dtype == jnp.float32 else 2 ** -8
     np.testing.assert_allclose(np.asarray(grad, np.float64), expected_grad, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype,atol", [(jnp.float32, 2e-6), (jnp.bfloat16, 0.0)])
+def test_gelu_and_its_gradient_equal_float64_erf_rounded_once(dtype, atol):
+    """layers.gelu (the FFN's exact GELU, a custom VJP that keeps only its input for the
+    backward pass) against x·Φ(x) and Φ(x) + x·φ(x) in float64: within float32 rounding, and
+    in bfloat16 the float64 value rounded once."""
+    from bertjax.models.layers import gelu
+
+    x64 = np.concatenate([np.linspace(-9, 9, 4001), [0.0, -1e-3, 1e-3, -30.0, 30.0]])
+    x = jnp.asarray(x64, dtype)
+    exact = np.asarray(x, np.float64)  # the inputs as the dtype holds them
+    value = np_gelu(exact)
+    slope = 0.5 * (1 + erf(exact / np.sqrt(2))) + exact * np.exp(-exact ** 2 / 2) / np.sqrt(
+        2 * np.pi)
+    got = np.asarray(gelu(x), np.float64)
+    grad = np.asarray(jax.grad(lambda v: jnp.sum(gelu(v).astype(jnp.float32)))(x), np.float64)
+    if dtype == jnp.bfloat16:
+        # 1 + erf in float32 cancels below x ≈ -4 (Φ < 3e-5): there the error is absolute,
+        # ~1e-7 · |x|, as jax.nn.gelu's; elsewhere the float32 value rounds to the bfloat16 nearest
+        # the float64 one, or near a tie to its neighbour.
+        body = exact > -4
+        for ours, want in ((got, value), (grad, slope)):
+            rounded = np.asarray(jnp.asarray(want, jnp.bfloat16), np.float64)
+            assert np.mean(ours[body] == rounded[body]) > 0.99
+            assert np.all(np.abs(ours - want) <= np.abs(want) * 2.0 ** -8
+                          + 1e-7 * (1 + np.abs(exact)))
+    else:
+        np.testing.assert_allclose(got, value, atol=atol, rtol=2e-6)
+        np.testing.assert_allclose(grad, slope, atol=atol, rtol=2e-6)

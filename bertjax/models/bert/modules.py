@@ -18,14 +18,14 @@ from bertjax.models.dense import Dense
 from bertjax.models.kernels import attention as attn_lib
 from bertjax.models.kernels import dropout_attention
 from bertjax.models.kernels import flash_attention as flash_lib
-from bertjax.models.layers import Dropout, maybe_remat
+from bertjax.models.layers import Dropout, gelu, maybe_remat
 
 Array = jax.Array
 
 
 def activation(name: str):
     return {
-        "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact erf GELU
+        "gelu": gelu,  # exact erf GELU
         "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
         "relu": jax.nn.relu,
     }[name]

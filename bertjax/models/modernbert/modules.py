@@ -54,7 +54,14 @@ from bertjax.errors import ConfigError
 from bertjax.models import dense as dense_lib
 from bertjax.models.kernels import attention as attn_lib
 from bertjax.models.kernels import splash_attention as splash_lib
-from bertjax.models.layers import Dropout, apply_rope, gather_positions, maybe_remat, rope_tables
+from bertjax.models.layers import (
+    Dropout,
+    apply_rope,
+    gather_positions,
+    gelu,
+    maybe_remat,
+    rope_tables,
+)
 from bertjax.models.modernbert.config import GLOBAL, LOCAL, ModernConfig
 
 Array = jax.Array
@@ -127,7 +134,7 @@ def fused_attention(
 
 def activation(name: str):
     return {
-        "gelu": functools.partial(jax.nn.gelu, approximate=False),  # exact erf GELU
+        "gelu": gelu,  # exact erf GELU
         "gelu_tanh": functools.partial(jax.nn.gelu, approximate=True),
         "relu": jax.nn.relu,
         "silu": jax.nn.silu,
