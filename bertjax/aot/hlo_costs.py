@@ -252,11 +252,12 @@ def matmul_flops(instruction: Instruction, computations: dict[str, list[Instruct
 
 
 def op_name(instruction: Instruction) -> str:
-    """The metadata op_name without its `jit(train_step)/` prefix, layers as `layer_N`; ""
-    for none, or one the compiler made up ("broadcast.2168")."""
+    """The metadata op_name without its `jit(train_step)/` prefix, layers as `layer_N` (BERT's
+    `layer_3`) or `layers_N` (ModernBERT's `layers_3`); "" for none, or one the compiler made
+    up ("broadcast.2168")."""
     match = re.search(r'op_name="(jit\([^)]*\)/[^"]*)"', instruction.attributes)
     name = re.sub(r"^jit\([^)]*\)/", "", match.group(1)) if match else ""
-    return re.sub(r"layer_\d+", "layer_N", name)
+    return re.sub(r"(layers?)_\d+", r"\1_N", name)
 
 
 KERNELS, KERNEL_ESTIMATES, XLA_OPS = "Pallas kernels", "Pallas kernels' cost estimates", "XLA ops"

@@ -704,6 +704,12 @@ def test_unnamed_ops_are_other_unless_they_make_random_bits():
     made_up = hlo_costs.parse_instruction(
         '  %b = u32[64,2]{1,0} broadcast(%x), metadata={op_name="broadcast.2168"}')
     assert hlo_costs.op_name(made_up) == ""
+    for layer, named in (("bert/encoder/layer_11", "bert/encoder/layer_N"),
+                         ("model/layers_21", "model/layers_N")):
+        op = hlo_costs.parse_instruction(
+            f'  %d = bf16[8,8]{{1,0}} fusion(%x), metadata={{op_name="jit(train_step)/'
+            f'jvp(M)/{layer}/attn/dot_general"}}')
+        assert hlo_costs.op_name(op) == f"jvp(M)/{named}/attn/dot_general"
     assert hlo_costs.category("broadcast", "", made_up.shape) == "dropout + RNG"
     assert hlo_costs.category("broadcast", "", "f32[64,2]{1,0}") == "other"
 

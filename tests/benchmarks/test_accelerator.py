@@ -55,7 +55,11 @@ def test_attention_path_names_what_auto_runs():
     assert attention_path(cfg, False, "gpu") == "xla fused"
     assert attention_path(cfg, False, "cpu") == "einsum, heads first"
     no_dropout = BertConfig.from_preset("tiny", attention_dropout_prob=0.0)
-    assert attention_path(no_dropout, True, "tpu") == "xla fused"
+    # On a TPU the flash kernels, where they take the heads (2 of 64 fill a tile; 3 do not).
+    assert attention_path(no_dropout, True, "tpu") == "flash (Pallas TPU)"
+    assert attention_path(cfg, True, "tpu") == "flash (Pallas TPU)"
+    odd = BertConfig(hidden_size=192, num_heads=3, attention_dropout_prob=0.0)
+    assert attention_path(odd, True, "tpu") == "xla fused"
     explicit = BertConfig.from_preset("tiny", attention_impl="cudnn", attention_dropout_prob=0.0)
     assert attention_path(explicit, False, "gpu") == "cudnn"
     kernels = BertConfig.from_preset("tiny", attention_impl="flash")
