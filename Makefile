@@ -61,7 +61,7 @@ parity: install
 
 # End-to-end fidelity with transformers (bertjax.fidelity): every fine-tuning family by
 # bertjax's command and by a transformers script on the same real files, 3 seeds a side (5 for
-# the noisy families), means and spreads tested; fidelity.md and fidelity.json in
+# the noisy families, 7 for tagging), means and spreads tested; fidelity.md and fidelity.json in
 # $(FIDELITY_WORKDIR). FIDELITY_FAMILIES=a,b runs a subset (e.g. the slow tagging_rare alone).
 FIDELITY_WORKDIR ?= runs/fidelity
 fidelity: install fidelity_model data/rotten_tomatoes/train.jsonl data/demo_corpus.txt \
