@@ -71,6 +71,8 @@ class OpCost:
     flops: float
     count: float = 1.0  # executions per step (a loop body's trip count)
     cycles: float = 0.0  # the TPU cost model's estimate, per step (see `estimated_cycles`)
+    # The same without kernels' schedules: a Pallas kernel as XLA's cost model sees it.
+    unscheduled_cycles: float = 0.0
 
 
 def _closing(text: str, start: int) -> int:
@@ -379,12 +381,13 @@ def op_costs(text: str, clock_hz: float = 0.0, peak_flops: float = 1.0,
                 moved = hbm_bytes(instruction.shape, first_only=prefetch) + sum(
                     hbm_bytes(shapes.get(o, "")) for o in instruction.operands)
             label = op_name(instruction) or prefetched.get(instruction.name, "")
+            rates = (clock_hz, peak_flops, hbm_bytes_per_s)
             costs.append(OpCost(instruction.name, instruction.opcode, label,
                                 category(instruction.opcode, label, instruction.shape),
                                 moved * count,
                                 matmul_flops(instruction, computations, shapes) * count, count,
-                                estimated_cycles(instruction, clock_hz, peak_flops,
-                                                 hbm_bytes_per_s, kernel_cycles) * count))
+                                estimated_cycles(instruction, *rates, kernel_cycles) * count,
+                                estimated_cycles(instruction, *rates) * count))
 
     walk(entry, 1.0)
     return costs

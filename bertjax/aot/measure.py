@@ -93,7 +93,7 @@ def measure(compiled, slice_: topology_lib.Slice | None, flash: tuple[float, boo
                   "op": hlo_costs.group(ops, hlo_costs.short_label, *rates, clock),
                   "source": hlo_costs.group(ops, hlo_costs.source, *rates, clock)}
         # The kernels as XLA's cost model sees them, for the report's reconciliation.
-        as_estimated = [o for o in (hlo_costs.op_costs(text, clock, *rates) if scheduled else ())
+        as_estimated = [dataclasses.replace(o, cycles=o.unscheduled_cycles) for o in ops
                         if hlo_costs.source(o) == hlo_costs.KERNELS]
         groups["source"].update(hlo_costs.group(
             as_estimated, lambda o: hlo_costs.KERNEL_ESTIMATES, *rates, clock))

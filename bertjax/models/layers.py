@@ -110,6 +110,10 @@ def interleaved_halves(words: Array) -> Array:
     return jax.lax.bitcast_convert_type(words, jnp.uint16).reshape(*words.shape[:-1], -1)
 
 
+_SQRT_HALF = float(np.sqrt(0.5))
+_INV_SQRT_2PI = float(1.0 / np.sqrt(2.0 * np.pi))
+
+
 @jax.custom_vjp
 def gelu(x: Array) -> Array:
     """The exact (erf) GELU, x · Φ(x), evaluated in float32 (or x's wider dtype) and returned
@@ -132,8 +136,6 @@ def _gelu_bwd(x: Array, g: Array) -> tuple[Array]:
 
 
 gelu.defvjp(_gelu_fwd, _gelu_bwd)
-_SQRT_HALF = float(np.sqrt(0.5))
-_INV_SQRT_2PI = float(1.0 / np.sqrt(2.0 * np.pi))
 
 
 class Dropout(nn.Module):
