@@ -32,7 +32,7 @@ import tempfile
 
 _BUNDLE = re.compile(r"^\s*(?:0x[0-9a-f]+|0)\s+(?:[A-Z]{2})?:?\s*(>?)\s*\{", re.M)
 _TRIP = re.compile(r"scmp\.ge\.s32\.totalorder %s\w+, (\d+) /\* loop exit test \*/")
-_OUTPUTS = re.compile(r"shape: (\w+)\[[\d,]*\], index: \d+, kind: output")
+_OPERANDS = re.compile(r"shape: (\w+)\[[\d,]*\], index: \d+, kind: (input|output)")
 _FORWARD_RESULT = re.compile(
     r"\(bf16\[(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,(\d+),1,\d+\][^ ]*\) custom-call\(.*"
     r'custom_call_target="tpu_custom_call"')
@@ -130,10 +130,10 @@ def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], 
     keys, bundles = _compiled_bundles(topology, kernels)
     cycles = {}
     for text in bundles.values():
-        outputs = _OUTPUTS.findall(text)
-        if outputs:
-            # The forward kernel's outputs include the float32 log-sum-exp.
-            name = "forward" if "f32" in outputs else "backward"
+        operands = _OPERANDS.findall(text)
+        if operands:
+            # The backward kernel's inputs include the float32 log-sum-exp.
+            name = "backward" if ("f32", "input") in operands else "forward"
             cycles[keys[name]] = scheduled_cycles(text)
     if len(cycles) != 2:
         raise RuntimeError(f"expected the forward and backward kernels' bundles, found "
@@ -204,7 +204,6 @@ def compile_kernels(spec: dict) -> dict[str, tuple[int, int]]:
 
     from bertjax.aot import topology
     from bertjax.models.kernels import dropout_attention, flash_attention
-    from bertjax.models.kernels.flash_attention import heads_per_tile
 
     k = FlashKernels(**{f.name: spec[f.name] for f in dataclasses.fields(FlashKernels)})
     device = topology.devices(topology.parse(spec["topology"]))[0]
@@ -214,19 +213,21 @@ def compile_kernels(spec: dict) -> dict[str, tuple[int, int]]:
     def arg(shape, dtype):
         return jax.ShapeDtypeStruct(shape, dtype, sharding=sharding)
 
-    qkv = arg((k.batch, k.seq, k.heads * k.head_dim), jnp.bfloat16)
+    qkv = arg((k.batch, k.seq, 3 * k.heads * k.head_dim), jnp.bfloat16)
 
-    def forward_and_backward(q, key, value, segments, seed):
-        out, vjp = jax.vjp(lambda *qkv: dropout_attention.dropout_attention(
-            *qkv, segments, seed, k.rate, k.heads, k.causal), q, key, value)
+    def forward_and_backward(qkv, bias, segments, seed):
+        out, vjp = jax.vjp(lambda qkv, bias: dropout_attention.dropout_attention(
+            qkv, bias, segments, seed, k.rate, k.heads, k.causal), qkv, bias)
         return vjp(out)
 
     with jax.set_mesh(mesh):
-        jax.jit(forward_and_backward).lower(qkv, qkv, qkv, arg((k.batch, k.seq), jnp.int32),
-                                            arg((1,), jnp.int32)).compile()
+        jax.jit(forward_and_backward).lower(
+            qkv, arg((3 * k.heads * k.head_dim,), jnp.bfloat16),
+            arg((k.batch, k.seq), jnp.int32), arg((1,), jnp.int32)).compile()
     shape = flash_attention.Shape(k.batch, k.heads, k.seq, k.head_dim, 2)
-    group = heads_per_tile(k.heads, k.head_dim)
+    static = dropout_attention.Static(k.causal, k.head_dim ** -0.5, k.rate, k.heads, k.head_dim,
+                                      dropout_attention.rows_per_step(k.batch, k.seq))
     return {name: (int(c.flops), int(c.bytes_accessed)) for name, c in (
-        ("forward", dropout_attention.forward_cost(shape, group)),
-        ("backward", dropout_attention.backward_cost(shape, group)))}
+        ("forward", dropout_attention.forward_cost(shape, static)),
+        ("backward", dropout_attention.backward_cost(shape, static)))}
 

@@ -30,11 +30,11 @@ def _dot(lhs, rhs, lhs_contract, rhs_contract, out_dtype):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int,
+def _dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, num_contract: int,
            bias_by_matmul: bool) -> jax.Array:
-    """x: [*free, *contract], kernel: [*contract, *out], bias: [*out] → [*free, *out]."""
+    """x: [*free, *contract], kernel: [*contract, *out], bias: [*out] or None → [*free, *out]."""
     y = _dot(x, kernel, range(x.ndim - num_contract, x.ndim), range(num_contract), jnp.float32)
-    return (y + bias.astype(jnp.float32)).astype(x.dtype)
+    return (y if bias is None else y + bias.astype(jnp.float32)).astype(x.dtype)
 
 
 def _dense_fwd(x, kernel, bias, num_contract, bias_by_matmul):
@@ -51,6 +51,8 @@ def _dense_bwd(num_contract, bias_by_matmul, residuals, grad):
                   range(num_contract, kernel.ndim), x.dtype)
     # d kernel [*contract, *out] = x [*free, *contract] · grad [*free, *out] over *free.
     grad_kernel = _dot(x, grad, range(num_free), range(num_free), kernel.dtype)
+    if bias is None:
+        return grad_x, grad_kernel, None
     row_sum = functools.partial(bias_grad_by_sum, num_free=num_free)
     grad_bias = (lax.platform_dependent(
         grad, cpu=row_sum, default=functools.partial(bias_grad_by_matmul, num_free=num_free))
@@ -72,9 +74,10 @@ def bias_grad_by_matmul(grad: jax.Array, num_free: int) -> jax.Array:
 _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int = 1,
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, num_contract: int = 1,
           bias_by_matmul: bool = False) -> jax.Array:
-    """x [*free, *contract] · kernel [*contract, *out] + bias [*out], all in x.dtype.
+    """x [*free, *contract] · kernel [*contract, *out] + bias [*out] (None: no bias), all in
+    x.dtype.
 
     bf16/f16: the float32-accumulating matmuls above; float32: plain `lax.dot_general`.
     bias_by_matmul: where compiled for TPU, the bias gradient is a ones-vector matmul, not a
@@ -85,7 +88,8 @@ def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, num_contract: int = 
     if x.dtype in _LOW_PRECISION:
         return checkpoint_name(_dense(x, kernel, bias, num_contract, bias_by_matmul), "dense")
     dims = ((tuple(range(x.ndim - num_contract, x.ndim)), tuple(range(num_contract))), ((), ()))
-    return lax.dot_general(x, kernel, dims) + bias
+    y = lax.dot_general(x, kernel, dims)
+    return y if bias is None else y + bias
 
 
 class Dense(nn.Module):
@@ -115,11 +119,11 @@ class Dense(nn.Module):
     truncated: bool = True
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def weights(self, in_shape: tuple[int, ...]) -> tuple[jax.Array, jax.Array]:
+        """(kernel [*in, *features], bias [*features]) in `dtype`, declared for inputs whose
+        contracted axes are `in_shape` (a caller that fuses several layers' matmuls into one
+        takes them from here)."""
         features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
-        in_shape = x.shape[x.ndim - self.num_contract:]
-        if self.flat:
-            in_shape = tuple(self.in_features or x.shape[-1:])
         draw = (nn.initializers.truncated_normal(stddev=self.stddev) if self.truncated
                 else nn.initializers.normal(stddev=self.stddev))
 
@@ -132,8 +136,15 @@ class Dense(nn.Module):
         bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros_init(),
                                                                self.bias_axes),
                           features, self.param_dtype)
-        x, kernel, bias = (jnp.asarray(a, self.dtype) for a in (x, kernel, bias))
+        return jnp.asarray(kernel, self.dtype), jnp.asarray(bias, self.dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        in_shape = x.shape[x.ndim - self.num_contract:]
+        if self.flat:
+            in_shape = tuple(self.in_features or x.shape[-1:])
+        kernel, bias = self.weights(in_shape)
+        x = jnp.asarray(x, self.dtype)
         if self.flat:  # the flash kernel's projections: their gradients come out of it
-            kernel = kernel.reshape(math.prod(in_shape), math.prod(features))
+            kernel = kernel.reshape(math.prod(in_shape), -1)
             return dense(x, kernel, bias.reshape(-1), 1, bias_by_matmul=True)
         return dense(x, kernel, bias, self.num_contract)

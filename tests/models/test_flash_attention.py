@@ -14,6 +14,7 @@ import jax.extend.core as jex
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_python
 
 from bertjax.models import BertConfig, BertModel
 from bertjax.models.bert.config import ConfigError
@@ -52,10 +53,21 @@ def _heads(x, heads):
     return x.reshape(*x.shape[:2], heads, -1)
 
 
+def _fused(q, k, v):
+    """[batch, seq, heads, head_dim] each → `dropout_attention`'s [batch, seq, 3·heads·head_dim]."""
+    return dropout.fuse_qkv(*(_packed(x) for x in (q, k, v)), q.shape[2])
+
+
+def _no_bias(q):
+    """A zero q/k/v bias for [batch, seq, heads, head_dim] inputs: [3·heads·head_dim]."""
+    return jnp.zeros((3 * q.shape[2] * q.shape[3],), q.dtype)
+
+
 IMPLS = {  # attention_impl: the attention function (segments, causal) of bert.SelfAttention
     "flash": lambda q, k, v, segments, causal: _heads(dropout.dropout_attention(
-        *(_packed(x) for x in (q, k, v)), segments, jnp.zeros((1,), jnp.int32), 0.0,
-        q.shape[2], causal), q.shape[2]),
+        _fused(q, k, v), _no_bias(q), segments, jnp.zeros((1,), jnp.int32), 0.0, q.shape[2],
+        causal),
+        q.shape[2]),
     "flash_jax": flash.flash_attention,
 }
 
@@ -379,7 +391,7 @@ def test_dropout_scales_kept_probabilities_by_one_over_keep():
     q = jnp.zeros((batch, seq, heads, 64), jnp.float32)  # equal scores: uniform softmax
     v = jnp.ones_like(q)
     segments = jnp.zeros((batch, seq), jnp.int32)
-    out = dropout.dropout_attention(_packed(q), _packed(q), _packed(v), segments,
+    out = dropout.dropout_attention(_fused(q, q, v), _no_bias(q), segments,
                                     jnp.array([3], jnp.int32), rate, heads)
     kept = dropout_hash.keep_probability(rate)
     sd = math.sqrt((1 - kept) / (kept * seq)) / math.sqrt(batch * heads * seq)
@@ -389,7 +401,7 @@ def test_dropout_scales_kept_probabilities_by_one_over_keep():
 
 def _gpu_kernels_interpreted(call, gpu_call, static, *args):
     """dropout_attention's platform switch taking the GPU (Triton) kernels, interpreted."""
-    return gpu_call(dropout.gpu_static(static, args[1]), True, *args)
+    return gpu_call(static, True, *args)
 
 
 @pytest.mark.parametrize("platform,causal,rate,seq", [
@@ -414,10 +426,8 @@ def test_dropout_kernel_equals_einsum_with_the_same_mask(platform, causal, rate,
     real = input_mask.astype(jnp.float32)
 
     def kernel(q, k, v):  # the kernels' layout: each token's heads side by side
-        def packed(x):
-            return x.reshape(batch, seq, heads * head_dim)
-        out = dropout._attend(seed, packed(q), packed(k), packed(v), segments, static)
-        return out.reshape(batch, seq, heads, head_dim)
+        return _heads(dropout._attend(seed, _fused(q, k, v), _no_bias(q), segments, static),
+                      heads)
 
     def reference(q, k, v):
         return attn_lib.einsum_attention(
@@ -428,6 +438,85 @@ def test_dropout_kernel_equals_einsum_with_the_same_mask(platform, causal, rate,
     for name, a, b in zip(("loss", "dq", "dk", "dv"), jax.tree.leaves(got),
                           jax.tree.leaves(expected)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-5, err_msg=name)
+
+
+@pytest.mark.parametrize("platform", ["tpu", "gpu"])
+def test_the_kernels_add_the_bias_and_sum_its_gradient(platform, monkeypatch):
+    """The q/k/v bias the kernels add: values and the qkv gradient equal those with the bias
+    added beforehand (and none given), and the bias gradient is the qkv gradient summed over
+    rows and tokens (the kernels' sums per grid step of 2 rows, added up; the GPU kernels
+    behind the same switch)."""
+    if platform == "gpu":
+        monkeypatch.setattr(dropout, "_on_platform", _gpu_kernels_interpreted)
+    batch, heads, seq, head_dim, rate = 4, 4, 128, 32, 0.1
+    q, k, v, _ = _inputs(3, batch, seq, heads, head_dim)
+    qkv = _fused(q, k, v)
+    bias = jax.random.normal(jax.random.key(4), (3 * heads * head_dim,), jnp.float32)
+    weights = jax.random.normal(jax.random.key(5), (batch, seq, heads * head_dim))
+    input_mask = jnp.asarray(np.arange(seq)[None] < np.array([[seq], [90], [seq], [17]]))
+    segments = flash.segment_ids(input_mask, None, (batch, seq))
+    static = dropout.Static(False, head_dim ** -0.5, rate, heads, head_dim, rows=2)
+    seed = jnp.array([31], jnp.int32)
+
+    def loss(qkv, bias):
+        return jnp.sum(dropout._attend(seed, qkv, bias, segments, static) * weights)
+
+    value, (d_qkv, d_bias) = jax.jit(jax.value_and_grad(loss, (0, 1)))(qkv, bias)
+    want, want_d_qkv = jax.jit(jax.value_and_grad(loss))(qkv + bias, jnp.zeros_like(bias))
+    np.testing.assert_allclose(value, want, rtol=1e-5)
+    np.testing.assert_allclose(d_qkv, want_d_qkv, atol=2e-5, rtol=1e-5)
+    np.testing.assert_allclose(d_bias, want_d_qkv.sum((0, 1)), atol=1e-4, rtol=1e-5)
+    assert float(jnp.abs(d_bias).max()) > 1.0  # a gradient that is there to compare
+
+
+SHARDED_SCRIPT = r"""
+import flax.linen as nn, jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from bertjax.models.kernels import dropout_attention as dropout, flash_attention as flash
+
+batch, seq, heads, head_dim = 8, 128, 4, 32
+keys = jax.random.split(jax.random.key(0), 3)
+qkv = jax.random.normal(keys[0], (batch, seq, 3 * heads * head_dim))
+bias = jax.random.normal(keys[1], (3 * heads * head_dim,))
+weights = jax.random.normal(keys[2], (batch, seq, heads * head_dim))
+segments = jnp.zeros((batch, seq), jnp.int32)
+seed = jnp.array([5], jnp.int32)
+
+def loss(qkv, bias):
+    out = dropout.dropout_attention(qkv, bias, segments, seed, 0.0, heads)
+    return jnp.sum(out * weights)
+
+grads = jax.jit(jax.grad(loss, (0, 1)))
+want = grads(qkv, bias)
+rows = NamedSharding(Mesh(np.array(jax.devices()), ("data",)), P("data"))
+with flash.sharded_like(rows):  # the kernels per batch shard: the bias's gradient summed
+    got = grads(jax.device_put(qkv, rows), bias)
+
+def replicas(qkv, bias):  # the bfloat16 gradient reduction's vmap over the data axis
+    split = qkv.reshape(4, batch // 4, *qkv.shape[1:])
+    def one(qkv, segments, weights):
+        out = dropout.dropout_attention(qkv, bias, segments, seed, 0.0, heads)
+        return jnp.sum(out * weights)
+    per = jax.vmap(jax.grad(one, (0,)), spmd_axis_name="data")(
+        split, segments.reshape(4, -1, seq), weights.reshape(4, -1, seq, weights.shape[-1]))
+    return per[0].reshape(qkv.shape)
+
+with flash.sharded_like(rows), nn.logical_axis_rules((("batch", None),)):
+    vmapped = jax.jit(replicas)(jax.device_put(qkv, rows), bias)
+for a, b in zip(got + (vmapped,), want + want[:1]):
+    np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-5)
+print("SHARDED_OK")
+"""
+
+
+@pytest.mark.slow
+def test_kernels_per_batch_shard_give_the_whole_batch_gradients():
+    """On 4 CPU devices: the kernels run per batch shard (`sharded_like`), the bias given whole
+    to each, and the gradients equal the unsharded ones, also inside a vmap over the data
+    axis (`spmd_axis_name`, as the bfloat16 gradient reduction runs its replicas)."""
+    proc = run_python(["-c", SHARDED_SCRIPT],
+                      env={"XLA_FLAGS": "--xla_force_host_platform_device_count=4"})
+    assert "SHARDED_OK" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_gpu_kernels_handle_packed_rows_like_the_tpu_kernel(monkeypatch):
@@ -442,10 +531,8 @@ def test_gpu_kernels_handle_packed_rows_like_the_tpu_kernel(monkeypatch):
     seed = jnp.array([77], jnp.int32)
 
     def kernel(q, k, v):
-        def packed(x):
-            return x.reshape(batch, seq, heads * head_dim)
-        out = dropout._attend(seed, packed(q), packed(k), packed(v), segments, static)
-        return out.reshape(batch, seq, heads, head_dim)
+        return _heads(dropout._attend(seed, _fused(q, k, v), _no_bias(q), segments, static),
+                      heads)
 
     real = jnp.ones((batch, seq), jnp.float32)
     tpu = _loss_and_grads(kernel, q, k, v, weights, real)
@@ -463,15 +550,17 @@ def test_dropout_cost_estimates_match_the_kernels(heads):
     segments = jnp.zeros((batch, seq), jnp.int32)
     static = dropout.Static(False, 0.125, 0.1, heads, head_dim)
 
-    def loss(q, k, v):
-        out = dropout._attend(jnp.array([1], jnp.int32), q, k, v, segments, static)
+    def loss(qkv, bias):
+        out = dropout._attend(jnp.array([1], jnp.int32), qkv, bias, segments, static)
         return out.astype(jnp.float32).sum()
 
-    calls = _pallas_calls(jax.make_jaxpr(jax.grad(loss, (0, 1, 2)))(q, q, q).jaxpr)
+    qkv = dropout.fuse_qkv(q, q, q, heads)
+    bias = jnp.zeros((3 * heads * head_dim,), jnp.bfloat16)
+    calls = _pallas_calls(jax.make_jaxpr(jax.grad(loss, (0, 1)))(qkv, bias).jaxpr)
     by_kernel = {eqn.params["jaxpr"].debug_info.func_name: eqn for eqn in calls}
     shape = flash.Shape(batch, heads, seq, head_dim, 2)
-    expected = {"_forward_kernel": (dropout.forward_cost(shape, static.group), 1),
-                "_backward_kernel": (dropout.backward_cost(shape, static.group), 2)}
+    expected = {"_forward_kernel": (dropout.forward_cost(shape, static), 1),
+                "_backward_kernel": (dropout.backward_cost(shape, static), 2)}
     # The GPU kernels (dropout_attention_gpu.py) sit beside them behind the platform switch.
     assert set(by_kernel) == set(expected) | {"_forward_gpu_kernel", "_dq_gpu_kernel",
                                               "_dkv_gpu_kernel"}

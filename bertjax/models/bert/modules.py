@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax.models import dense as dense_lib
 from bertjax.models.bert.config import BertConfig
 from bertjax.models.dense import Dense
 from bertjax.models.kernels import attention as attn_lib
@@ -129,46 +130,57 @@ class SelfAttention(nn.Module):
         impl = cfg.attention_impl
         packed = impl == "flash"  # [batch, seq, heads·head_dim] throughout: the kernel's layout
 
-        def project(name, rows=x):
-            y = Dense(
+        def projection(name):  # parameters [hidden, heads, head_dim], [heads, head_dim]
+            return Dense(
                 (cfg.num_heads, cfg.head_dim),
                 kernel_axes=("embed", "heads", "kv"),
                 bias_axes=("heads", "kv"),
                 stddev=cfg.initializer_range,
                 dtype=cfg.dtype,
                 param_dtype=cfg.param_dtype,
-                flat=packed,
                 name=name,
-            )(rows)
-            axes = ("batch", "length", "heads") + (() if packed else ("kv",))
-            return nn.with_logical_constraint(y, axes)
+            )
 
-        query = project("query", x if queries is None else queries)
-        key, value = project("key"), project("value")
+        def project(name, rows=x):
+            return nn.with_logical_constraint(projection(name)(rows),
+                                              ("batch", "length", "heads", "kv"))
+
         dropout_active = not self.deterministic and cfg.attention_dropout_prob > 0
-        if impl == "flash":  # dropout drawn inside the kernel
+        if impl == "flash":  # one matmul for q, k and v; dropout drawn inside the kernel
+            hidden = x.shape[-1]
+            kernels, biases = zip(*(projection(name).weights((hidden,))
+                                    for name in ("query", "key", "value")))
+            kernel = dropout_attention.fuse_qkv(*(k.reshape(hidden, -1) for k in kernels),
+                                                cfg.num_heads)  # [hidden, 3·heads·head_dim]
+            bias = dropout_attention.fuse_qkv(*(b.reshape(-1) for b in biases), cfg.num_heads)
+            # [batch, seq, 3·heads·head_dim]; the kernels add the bias
+            qkv = dense_lib.dense(x.astype(cfg.dtype), kernel, None)
+            qkv = nn.with_logical_constraint(qkv, ("batch", "length", "heads"))
             seed, rate = jnp.zeros((1,), jnp.int32), 0.0
             if dropout_active:
                 bits = jax.random.bits(self.make_rng("dropout"), (1,), jnp.uint32)
                 seed = jax.lax.bitcast_convert_type(bits, jnp.int32)
                 rate = cfg.attention_dropout_prob
-            context = dropout_attention.dropout_attention(query, key, value, mask, seed, rate,
+            context = dropout_attention.dropout_attention(qkv, bias, mask, seed, rate,
                                                           cfg.num_heads, cfg.causal)
-        elif impl == "flash_jax":  # BertConfig rules out attention dropout with it
-            context = flash_lib.flash_attention(query, key, value, mask, cfg.causal)
-        elif impl == "einsum" or (impl == "auto" and dropout_active):
-            dropout = None
-            if dropout_active:
-                dropout = Dropout(cfg.attention_dropout_prob).keep_mask
-            context = attn_lib.einsum_attention(query, key, value, mask, dropout)
         else:
-            if dropout_active:
-                raise ValueError(
-                    f"model.attention_impl={impl!r} cannot apply attention dropout; set "
-                    "model.attention_dropout_prob=0.0 or model.attention_impl='auto'"
-                )
-            implementation = None if impl == "auto" else impl
-            context = attn_lib.fused_attention(query, key, value, mask, implementation)
+            query = project("query", x if queries is None else queries)
+            key, value = project("key"), project("value")
+            if impl == "flash_jax":  # BertConfig rules out attention dropout with it
+                context = flash_lib.flash_attention(query, key, value, mask, cfg.causal)
+            elif impl == "einsum" or (impl == "auto" and dropout_active):
+                dropout = None
+                if dropout_active:
+                    dropout = Dropout(cfg.attention_dropout_prob).keep_mask
+                context = attn_lib.einsum_attention(query, key, value, mask, dropout)
+            else:
+                if dropout_active:
+                    raise ValueError(
+                        f"model.attention_impl={impl!r} cannot apply attention dropout; set "
+                        "model.attention_dropout_prob=0.0 or model.attention_impl='auto'"
+                    )
+                implementation = None if impl == "auto" else impl
+                context = attn_lib.fused_attention(query, key, value, mask, implementation)
         out = Dense(
             cfg.hidden_size,
             kernel_axes=("heads", "kv", "embed"),

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 from jax._src import config as jax_config
@@ -287,52 +288,60 @@ def flash_attention(
     Scaled by 1/sqrt(head_dim)."""
     scale = float(query.shape[-1]) ** -0.5
 
-    def attend(q, k, v, segments, shard):
+    def attend(tokens, segments, shard):
         del shard
-        return _flash(q, k, v, segments, causal, scale)
+        return _flash(*tokens, segments, causal, scale)
 
-    return run_padded(attend, query, key, value, segments)
+    return run_padded(attend, (query, key, value), segments)
 
 
-def run_padded(attend, query, key, value, segments, *extra, tokens: tuple = ()):
-    """attend(q, k, v, segments, shard, *extra, *tokens) → out, on the kernels' layout with
-    the sequence padded to a multiple of BLOCK with PAD_SEGMENT tokens (dropped again from the
-    output), per batch shard under `sharded_like` (shard: the shard's int32 index, 0
-    unsharded). query/key/value and the result: [batch, seq, heads, head_dim], which the
-    kernels take as [batch, heads, padded, head_dim]; or [batch, seq, heads·head_dim], taken
-    as it is (padded). extra: given whole to every shard; tokens: more arrays laid out as
-    query, padded and split as it is."""
-    seq = query.shape[1]
+def _batch_axes(sharding: NamedSharding):
+    """The mesh axes the batch is split over here: by the logical-axis rules in force where
+    they are set (inside a vmap over the `data` axis, as the bfloat16 gradient reduction runs
+    its replicas, they no longer name it, and the vmap adds it), else by `sharding`."""
+    rules = nn.get_logical_axis_rules()
+    spec = nn.logical_to_mesh_axes(("batch",), rules) if rules else sharding.spec
+    return tuple(spec)[0] if len(spec) else None
+
+
+def run_padded(attend, tokens: tuple, segments, *extra):
+    """attend(tokens, segments, shard, *extra) → out, on the kernels' layout with the sequence
+    padded to a multiple of BLOCK with PAD_SEGMENT tokens (dropped again from the output), per
+    batch shard under `sharded_like` (shard: the shard's int32 index, 0 unsharded).
+
+    tokens: arrays [batch, seq, ...] (q, k, v and the like), padded and split that way: a
+    [batch, seq, heads, head_dim] one is given to the kernels as [batch, heads, padded,
+    head_dim], a [batch, seq, features] one as it is (padded). The result is laid out as the
+    first. extra: given whole to every shard."""
+    seq = tokens[0].shape[1]
     padded = -(-seq // BLOCK) * BLOCK
-    packed = query.ndim == 3
 
     def to_kernel(x):
-        if packed:
+        if x.ndim == 3:
             return jnp.pad(x, ((0, 0), (0, padded - seq), (0, 0)))
         x = jnp.swapaxes(x, 1, 2)  # [batch, heads, seq, head_dim]
         return jnp.pad(x, ((0, 0), (0, 0), (0, padded - seq), (0, 0)))
 
     def from_kernel(out):
-        return out[:, :seq] if packed else jnp.swapaxes(out[:, :, :seq], 1, 2)
+        return out[:, :seq] if tokens[0].ndim == 3 else jnp.swapaxes(out[:, :, :seq], 1, 2)
 
     segments = jnp.pad(segments.astype(jnp.int32), ((0, 0), (0, padded - seq)),
                        constant_values=PAD_SEGMENT)
 
-    def run(q, k, v, segments, *rest):
-        return attend(q, k, v, segments, jnp.int32(0), *rest)
+    def run(tokens, segments, *rest):
+        return attend(tokens, segments, jnp.int32(0), *rest)
 
     sharding = _BATCH_SHARDING.get()
     if sharding is not None and sharding.mesh.size > 1:
-        batch_axes = tuple(sharding.spec)[0] if len(sharding.spec) else None
-        rows, token_rows = PartitionSpec(batch_axes), PartitionSpec(batch_axes, None)
+        batch_axes = _batch_axes(sharding)
+        rows = PartitionSpec(batch_axes)
 
-        def per_shard(q, k, v, segments, *rest):
+        def per_shard(tokens, segments, *rest):
             shard = jnp.int32(0) if batch_axes is None else jax.lax.axis_index(batch_axes)
-            return attend(q, k, v, segments, shard, *rest)
+            return attend(tokens, segments, shard, *rest)
 
         run = jax.shard_map(per_shard, mesh=sharding.mesh,
-                            in_specs=((rows,) * 3 + (token_rows,) + (PartitionSpec(),) * len(extra)
-                                      + (rows,) * len(tokens)),
+                            in_specs=((rows,) * len(tokens), PartitionSpec(batch_axes, None))
+                            + (PartitionSpec(),) * len(extra),
                             out_specs=rows, check_vma=False)
-    return from_kernel(run(to_kernel(query), to_kernel(key), to_kernel(value), segments, *extra,
-                           *map(to_kernel, tokens)))
+    return from_kernel(run(tuple(map(to_kernel, tokens)), segments, *extra))

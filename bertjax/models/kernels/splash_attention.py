@@ -576,13 +576,13 @@ def splash_attention(
     query = query * jnp.asarray(head_dim ** -0.5, query.dtype)  # RoPE is linear: either order
     tables = () if rope is None else tuple(t.astype(query.dtype) for t in rope)
 
-    def attend(q, k, v, segments, shard, *tables):
+    def attend(tokens, segments, shard):
         del shard
+        (q, k, v), tables = tokens[:3], tuple(tokens[3:])
         static = Static(q.shape[1], block_size(q.shape[1]), radius, num_heads, head_dim,
                         rope=bool(tables))
         segments = jnp.where(segments == flash.PAD_SEGMENT, PAD, segments)
         index, live = block_table(segments, static)
         return _splash(q, k, v, segments, index, live, tables, static)
 
-    return flash.run_padded(attend, query, key, value, segments,
-                            tokens=tables).reshape(shape)
+    return flash.run_padded(attend, (query, key, value, *tables), segments).reshape(shape)
