@@ -36,10 +36,10 @@ _OPERANDS = re.compile(r"shape: (\w+)\[[\d,]*\], index: \d+, kind: (input|output
 _FORWARD_RESULT = re.compile(
     r"\(bf16\[(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,(\d+),1,\d+\][^ ]*\) custom-call\(.*"
     r'custom_call_target="tpu_custom_call"')
-# splash_attention's forward: o [batch, seq, heads·head_dim] and the log-sum-exp
-# [batch, heads, seq, 128].
+# splash_attention's forward: o [batch, seq, heads·head_dim] and the log-sum-exp rows
+# [batch, heads, 8, seq].
 _SPLASH_FORWARD_RESULT = re.compile(
-    r"\(bf16\[(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,(\d+),\2,128\][^ ]*\) custom-call\(.*"
+    r"\(bf16\[(\d+),(\d+),(\d+)\][^ ]*, f32\[\d+,(\d+),8,\2\][^ ]*\) custom-call\(.*"
     r'custom_call_target="tpu_custom_call"')
 
 
@@ -65,7 +65,6 @@ class SplashKernels:
     heads: int
     head_dim: int
     radius: int | None
-    rope: bool = True  # the kernels rotate q and k (the model's use)
 
 
 def scheduled_cycles(bundles: str) -> int:
@@ -168,22 +167,20 @@ def _compile_splash(spec: dict) -> dict[str, tuple[int, int]]:
     device = topology.devices(topology.parse(spec["topology"]))[0]
     mesh = Mesh(np.array([device]), ("data",))  # Pallas reads the chip from the mesh
     sharding = NamedSharding(mesh, PartitionSpec())
-    qkv = jax.ShapeDtypeStruct((k.batch, k.seq, k.heads * k.head_dim), jnp.bfloat16,
-                               sharding=sharding)
+    width = k.heads * k.head_dim
+    qkv = jax.ShapeDtypeStruct((k.batch, k.seq, 3 * width), jnp.bfloat16, sharding=sharding)
     mask = jax.ShapeDtypeStruct((k.batch, k.seq), jnp.int32, sharding=sharding)
-    table = jax.ShapeDtypeStruct(qkv.shape, jnp.float32, sharding=sharding)
 
-    def forward_and_backward(q, key, value, mask, cos, sin):
-        out, vjp = jax.vjp(lambda *qkv: splash_attention.splash_attention(
-            *qkv, mask, None, k.radius, num_heads=k.heads,
-            rope=(cos, sin) if k.rope else None), q, key, value)
+    def forward_and_backward(qkv, mask):
+        out, vjp = jax.vjp(lambda qkv: splash_attention.splash_attention(
+            qkv, mask, None, k.radius, k.heads), qkv)
         return vjp(out)
 
     with jax.set_mesh(mesh):
-        jax.jit(forward_and_backward).lower(qkv, qkv, qkv, mask, table, table).compile()
+        jax.jit(forward_and_backward).lower(qkv, mask).compile()
     static = splash_attention.Static(k.seq, splash_attention.block_size(k.seq), k.radius,
-                                     k.heads, k.head_dim, k.rope)
-    shaped = jax.ShapeDtypeStruct(qkv.shape, jnp.bfloat16)
+                                     k.heads, k.head_dim)
+    shaped = jax.ShapeDtypeStruct((k.batch, k.seq, width), jnp.bfloat16)
     return {name: (int(c.flops), int(c.bytes_accessed))
             for name, c in splash_attention.kernel_costs(static, shaped).items()}
 

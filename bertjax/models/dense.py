@@ -29,19 +29,19 @@ def _dot(lhs, rhs, lhs_contract, rhs_contract, out_dtype):
     return lax.dot_general(lhs, rhs, dims, preferred_element_type=jnp.float32).astype(out_dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
-def _dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, num_contract: int,
-           bias_by_matmul: bool) -> jax.Array:
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None,
+           num_contract: int) -> jax.Array:
     """x: [*free, *contract], kernel: [*contract, *out], bias: [*out] or None → [*free, *out]."""
     y = _dot(x, kernel, range(x.ndim - num_contract, x.ndim), range(num_contract), jnp.float32)
     return (y if bias is None else y + bias.astype(jnp.float32)).astype(x.dtype)
 
 
-def _dense_fwd(x, kernel, bias, num_contract, bias_by_matmul):
-    return _dense(x, kernel, bias, num_contract, bias_by_matmul), (x, kernel, bias)
+def _dense_fwd(x, kernel, bias, num_contract):
+    return _dense(x, kernel, bias, num_contract), (x, kernel, bias)
 
 
-def _dense_bwd(num_contract, bias_by_matmul, residuals, grad):
+def _dense_bwd(num_contract, residuals, grad):
     x, kernel, bias = residuals
     grad = grad.astype(x.dtype)
     num_free = x.ndim - num_contract
@@ -53,11 +53,7 @@ def _dense_bwd(num_contract, bias_by_matmul, residuals, grad):
     grad_kernel = _dot(x, grad, range(num_free), range(num_free), kernel.dtype)
     if bias is None:
         return grad_x, grad_kernel, None
-    row_sum = functools.partial(bias_grad_by_sum, num_free=num_free)
-    grad_bias = (lax.platform_dependent(
-        grad, cpu=row_sum, default=functools.partial(bias_grad_by_matmul, num_free=num_free))
-        if bias_by_matmul else row_sum(grad))
-    return grad_x, grad_kernel, grad_bias.astype(bias.dtype)
+    return grad_x, grad_kernel, bias_grad_by_sum(grad, num_free).astype(bias.dtype)
 
 
 def bias_grad_by_sum(grad: jax.Array, num_free: int) -> jax.Array:
@@ -65,28 +61,18 @@ def bias_grad_by_sum(grad: jax.Array, num_free: int) -> jax.Array:
     return jnp.sum(grad.astype(jnp.float32), axis=tuple(range(num_free)))
 
 
-def bias_grad_by_matmul(grad: jax.Array, num_free: int) -> jax.Array:
-    """The same sum as ones [*free] · grad, accumulated in float32 (on the MXU on TPU)."""
-    ones = jnp.ones(grad.shape[:num_free], grad.dtype)
-    return _dot(ones, grad, range(num_free), range(num_free), jnp.float32)
-
-
 _dense.defvjp(_dense_fwd, _dense_bwd)
 
 
-def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None, num_contract: int = 1,
-          bias_by_matmul: bool = False) -> jax.Array:
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array | None,
+          num_contract: int = 1) -> jax.Array:
     """x [*free, *contract] · kernel [*contract, *out] + bias [*out] (None: no bias), all in
     x.dtype.
 
     bf16/f16: the float32-accumulating matmuls above; float32: plain `lax.dot_general`.
-    bias_by_matmul: where compiled for TPU, the bias gradient is a ones-vector matmul, not a
-    row reduction (for gradients that come out of a Pallas kernel, which no XLA fusion can
-    reduce as it writes them: the TPU compiler's estimate of that standalone reduction was
-    twice the matmul's, docs/tpu_aot.md).
-    """
+"""
     if x.dtype in _LOW_PRECISION:
-        return checkpoint_name(_dense(x, kernel, bias, num_contract, bias_by_matmul), "dense")
+        return checkpoint_name(_dense(x, kernel, bias, num_contract), "dense")
     dims = ((tuple(range(x.ndim - num_contract, x.ndim)), tuple(range(num_contract))), ((), ()))
     y = lax.dot_general(x, kernel, dims)
     return y if bias is None else y + bias
@@ -144,7 +130,7 @@ class Dense(nn.Module):
             in_shape = tuple(self.in_features or x.shape[-1:])
         kernel, bias = self.weights(in_shape)
         x = jnp.asarray(x, self.dtype)
-        if self.flat:  # the flash kernel's projections: their gradients come out of it
+        if self.flat:  # the flash kernels' layout: [batch, seq, heads·head_dim] in
             kernel = kernel.reshape(math.prod(in_shape), -1)
-            return dense(x, kernel, bias.reshape(-1), 1, bias_by_matmul=True)
+            return dense(x, kernel, bias.reshape(-1), 1)
         return dense(x, kernel, bias, self.num_contract)

@@ -553,12 +553,12 @@ def test_flash_kernels_are_found_by_the_forward_kernels_results():
 
 
 def test_splash_kernels_are_found_by_the_forward_kernels_results():
-    """A splash forward's results are o [batch, seq, heads·head_dim] and the log-sum-exp
-    [batch, heads, seq, 128]; each shape is taken for every radius asked (global and local
+    """A splash forward's results are o [batch, seq, heads·head_dim] and the log-sum-exp rows
+    [batch, heads, 8, seq]; each shape is taken for every radius asked (global and local
     layers share it). A flash forward's (log-sum-exp [batch, heads, 1, seq]) is not one."""
     from bertjax.aot import kernel_schedule
 
-    forward = ('  %f = (bf16[64,1024,768]{2,1,0:T(8,128)(2,1)}, f32[64,12,1024,128]{3,2,1,0})'
+    forward = ('  %f = (bf16[64,1024,768]{2,1,0:T(8,128)(2,1)}, f32[64,12,8,1024]{3,2,1,0})'
                ' custom-call(%i, %l, %q, %k, %v), custom_call_target="tpu_custom_call", x\n')
     dq = ('  %g = (bf16[64,1024,768]{2,1,0}) custom-call(%i), '
           'custom_call_target="tpu_custom_call"\n')
@@ -575,10 +575,11 @@ def test_splash_kernels_are_found_by_the_forward_kernels_results():
 @needs_libtpu
 @pytest.mark.extended
 def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofline():
-    """Compiled for one v5p chip: the three splash kernels' cycles, keyed by the estimates
-    the step's HLO carries (a local layer's differ from a global one's of the same shape),
-    double with the batch (the grid's parallel steps, split over the 2 TensorCores), and the
-    vector work (masks, softmax) makes each slower than its roofline."""
+    """Compiled for one v5p chip: the splash kernels' cycles (forward, dk/dv, dq and di),
+    keyed by the estimates the step's HLO carries (a local layer's attention kernels differ
+    from a global one's of the same shape), double with the batch (the grid's parallel steps,
+    split over the 2 TensorCores), and each is slower than its roofline (the attention
+    kernels by their vector work: masks, softmax)."""
     import jax
     import jax.numpy as jnp
 
@@ -586,12 +587,12 @@ def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofl
     from bertjax.models.kernels import splash_attention
 
     slice_ = topology.parse("v5p-8")
-    cycles = {}
+    cycles, di = {}, {}
     for batch in (2, 4):
         for radius in (None, 64):
             kernels = kernel_schedule.SplashKernels(batch, 1024, 2, 64, radius)
             cycles[batch, radius] = kernel_schedule.splash_cycles(slice_.topology_name, kernels)
-            static = splash_attention.Static(1024, 512, radius, 2, 64, rope=True)
+            static = splash_attention.Static(1024, 512, radius, 2, 64)
             shaped = jax.ShapeDtypeStruct((batch, 1024, 2 * 64), jnp.bfloat16)
             costs = splash_attention.kernel_costs(static, shaped)
             assert set(cycles[batch, radius]) == {
@@ -602,13 +603,19 @@ def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofl
                     cost.flops / slice_.peak_flops,
                     cost.bytes_accessed / (slice_.chip.hbm_gbps * 1e9))
                 assert scheduled > roofline
-        assert not set(cycles[batch, None]) & set(cycles[batch, 64])
+        # Every attention kernel's key tells a global layer from a local one (di's, the same
+        # kernel in both, is shared).
+        di[batch] = (int(costs["di"].flops), int(costs["di"].bytes_accessed))
+        assert set(cycles[batch, None]) & set(cycles[batch, 64]) == {di[batch]}
     # 2·1·2·2 grid steps at batch 2 (one group of 2 heads), twice that at 4, halved over the
-    # cores, +2 to fill
+    # cores, +2 to fill; di's grid has no key steps: 2·1·2
     for radius in (None, 64):
-        small, large = (sorted(cycles[b, radius].values()) for b in (2, 4))
-        for s, l_ in zip(small, large):
+        small, large = ([v for k, v in sorted(cycles[b, radius].items()) if k != di[b]]
+                        for b in (2, 4))
+        for s, l_ in zip(sorted(small), sorted(large)):
             assert l_ / s == pytest.approx((16 // 2 + 2) / (8 // 2 + 2), rel=0.05)
+        assert cycles[4, radius][di[4]] / cycles[2, radius][di[2]] == pytest.approx(
+            (8 // 2 + 2) / (4 // 2 + 2), rel=0.05)
 
 
 @needs_libtpu

@@ -30,6 +30,16 @@ def _inputs(seed, batch, seq, heads, head_dim):
     return [jax.random.normal(k, (batch, seq, heads, head_dim), jnp.float32) for k in keys]
 
 
+def _splash(q, k, v, input_mask, packing_ids, radius, rope=None):
+    """splash_attention on q, k, v [batch, seq, heads, head_dim] (or flat, heads given by the
+    rope tables' caller: 2), fused as the model's projection writes them → q's shape."""
+    shape = q.shape
+    heads = shape[2] if q.ndim == 4 else 2
+    qkv = jnp.concatenate([x.reshape(*shape[:2], -1) for x in (q, k, v)], axis=-1)
+    out = splash.splash_attention(qkv, input_mask, packing_ids, radius, heads, rope)
+    return out.reshape(shape)
+
+
 def _reference(q, k, v, input_mask, packing_ids, radius):
     """einsum_attention under the dense mask ModernBertModel builds for this layer type."""
     masks = modern.attention_masks(input_mask, packing_ids, q.shape[1],
@@ -67,7 +77,7 @@ def test_splash_equals_einsum_values_and_gradients(case):
     cotangent = weights * input_mask.astype(jnp.float32)[:, :, None, None]
 
     def value_and_grads(q, k, v, splash_path):
-        attend = splash.splash_attention if splash_path else _reference
+        attend = _splash if splash_path else _reference
         out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, input_mask, packing_ids, radius),
                            q, k, v)
         return out, vjp(cotangent)  # the gradients of Σ out · cotangent: real query rows only
@@ -240,7 +250,7 @@ def test_packed_rows_skip_blocks_and_keep_the_einsum_values():
             return out, vjp(cotangent)
 
         (got_out, got), (want_out, want) = (value_and_grads(q, k, v, attend)
-                                            for attend in (splash.splash_attention, _reference))
+                                            for attend in (_splash, _reference))
         rows = np.asarray(input_mask, bool)
         np.testing.assert_allclose(np.asarray(got_out)[rows], np.asarray(want_out)[rows],
                                    atol=TOL, rtol=0)
@@ -260,13 +270,15 @@ def _pallas_calls(jaxpr):
 
 def test_cost_estimates_count_the_band():
     """The kernels' cost estimates count the computed blocks: at 2,048 tokens in blocks of
-    512 with radius 64, 10 of 16 blocks per head; the matmuls on the 2 heads' 128-lane tile."""
+    512 with radius 64, 10 of 16 blocks per head; the matmuls on the 2 heads' 128-lane tile;
+    di's kernel a product and a sum per element of o; the rope kernels' per element of q and
+    k."""
     batch, seq, heads, head_dim, radius = 2, 2048, 2, 64, 64
     q = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), jnp.bfloat16)
     mask = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
 
     def step(q, k, v, mask):
-        return jax.grad(lambda q, k, v: jnp.sum(splash.splash_attention(
+        return jax.grad(lambda q, k, v: jnp.sum(_splash(
             q, k, v, mask, None, radius).astype(jnp.float32)), (0, 1, 2))(q, k, v)
 
     calls = _pallas_calls(jax.make_jaxpr(step)(q, q, q, mask).jaxpr)
@@ -275,7 +287,7 @@ def test_cost_estimates_count_the_band():
     flops = {}
     for eqn in calls:  # each kernel twice: the TPU branch and the interpreted one
         name = eqn.params["jaxpr"].debug_info.func_name
-        kind = next(k for k in ("fwd", "dkv", "dq") if f"_{k}" in name)
+        kind = next(k for k in ("fwd", "dkv", "dq", "di", "rope") if f"_{k}" in name)
         flops.setdefault(kind, set()).add(eqn.params["cost_estimate"].flops)
     elementwise = {"fwd": flash.FORWARD_ELEMENTWISE, "dq": flash.BACKWARD_ELEMENTWISE,
                    "dkv": flash.BACKWARD_ELEMENTWISE}
@@ -283,6 +295,9 @@ def test_cost_estimates_count_the_band():
         want = (2 * matmuls * computed * head_dim * 2  # the group's two heads' lanes
                 + (elementwise[kind] + splash.WINDOW_ELEMENTWISE) * computed)  # a local layer
         assert flops[kind] == {want}, kind
+    assert flops["di"] == {2 * batch * seq * heads * head_dim}  # o·do summed per head
+    # q and k rotated and scaled once, and back (the same work each way)
+    assert flops["rope"] == {splash.ROPE_ELEMENTWISE * 2 * batch * seq * heads * head_dim}
 
 
 @pytest.mark.parametrize("radius", [None, 40])
@@ -301,8 +316,7 @@ def test_rope_inside_the_kernels_equals_rotating_first(radius):
     cotangent = weights * input_mask.astype(jnp.float32)[:, :, None]
 
     def kernels(q, k, v):
-        return splash.splash_attention(q, k, v, input_mask, packing_ids, radius,
-                                       num_heads=heads, rope=(cos, sin))
+        return _splash(q, k, v, input_mask, packing_ids, radius, rope=(cos, sin))
 
     def reference(q, k, v):
         q, k = (modern.apply_rope(x, cos, sin, head_dim) for x in (q, k))

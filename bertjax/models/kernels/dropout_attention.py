@@ -14,10 +14,12 @@ the projection is one matmul forward and backward, and no [..., heads, head_dim]
 64-lane rows (half-empty vector registers, and a relayout copy at each end) is ever made. o
 is [batch, seq, heads·head_dim]. The kernels add the projection's bias to the tiles they read,
 and the backward sums its gradient over the tiles it writes: as a reduction of the whole
-[batch, seq, 3·heads·head_dim] gradient in XLA it cost twice the projection's matmul. The score tile is kept transposed, [keys, queries]: the
-softmax's reductions over keys then leave [1, queries] rows, so the log-sum-exp travels as
-float32 [batch, heads, 1, seq], not broadcast to 128 lanes as in JAX's flash kernels, and the
-backward computes di = Σ out·d_out per query itself, as such a row.
+[batch, seq, 3·heads·head_dim] gradient in XLA it cost twice the projection's matmul.
+
+The score tile is kept transposed, [keys, queries]: the softmax's reductions over keys then
+leave [1, queries] rows, so the log-sum-exp travels as float32 [batch, heads, 1, seq], not
+broadcast to 128 lanes as in JAX's flash kernels, and the backward computes di = Σ out·d_out
+per query itself, as such a row.
 
 The keep mask is a stateless hash of (seed, batch row, head, query, key) computed in the
 kernel from iotas (dropout_hash.py): the forward and the backward draw the same mask, nothing

@@ -34,11 +34,19 @@ heads (2 for head_dim 64, as dropout_attention): no [.., heads, head_dim] layout
 rows fill half of each vector register and of each HBM tile, is made, and nothing is
 transposed to or from the kernels. Grids are (batch, head groups, blocks, steps): the first
 three "parallel" (megacore splits them), the steps "arbitrary" (an online softmax, or a sum).
-The forward keeps the scores [queries, keys] with its row statistics broadcast to 128 lanes,
-as JAX's kernels do; the backward kernels keep them transposed, [keys, queries], so that the
-per-query log-sum-exp and di enter as [1, queries] rows, stored [batch, heads, 8, seq]
-(sublane-broadcast), not [seq, 128]. The queries are scaled by 1/sqrt(head_dim) before the
-kernels (exactly, in bfloat16 too, for head_dim 64).
+All three kernels keep the scores transposed, [keys, queries] (JAX's kernels keep the
+forward's [queries, keys], its statistics broadcast to 128 lanes): the softmax's reductions
+over keys run down the sublanes and leave [1, queries] rows, and the per-query log-sum-exp
+and di are stored as such rows, [batch, heads, 8, seq] (sublane-broadcast), not [seq, 128].
+The forward accumulates o transposed, [width, queries], and transposes it once as a block
+finishes; a small kernel (`splash_passes.di_call`) writes di from o and do. Neither is a relayout in
+XLA. RoPE and the 1/sqrt(head_dim) scale are applied to q and k once, by a small kernel
+(`splash_passes`, lane rolls in VMEM) writing [q' | k'] before the attention kernels, and its
+transpose after them (which also writes dv into the fused gradient):
+rotating each tile as an attention kernel read it cost 16% of each kernel's compiled
+schedule (v5p, 1,024 and 8,192 tokens), a walked tile being read once per step; the same
+rotation as XLA ops cost more than it saved (lane shuffles through HBM). v is read in place
+from the fused qkv.
 
 Blocks (`block_size`): 512 x 512 where the padded sequence allows (1,024 and 8,192 tokens),
 else 256, else 128. A grid step has a fixed cost (~0.35 µs) that a 128 x 128 x 64 step's
@@ -66,11 +74,13 @@ from jax.experimental.pallas import tpu as pltpu
 
 from bertjax.errors import ConfigError
 from bertjax.models.kernels import flash_attention as flash
+from bertjax.models.kernels import splash_passes as passes
 from bertjax.models.kernels.flash_attention import heads_per_tile
 from bertjax.models.kernels.splash_costs import (  # noqa: F401  (its costs, as attributes)
     ROPE_ELEMENTWISE,
     WINDOW_ELEMENTWISE,
     backward_costs,
+    di_cost,
     forward_cost,
 )
 
@@ -97,7 +107,11 @@ class Static:
     radius: int | None
     heads: int = 1
     head_dim: int = LANES
-    rope: bool = False  # the kernels rotate q and k themselves (tables given)
+
+    @property
+    def scale(self) -> float:
+        """The scores' 1/sqrt(head_dim), applied to q before the kernels."""
+        return self.head_dim ** -0.5
 
     @property
     def blocks(self) -> int:
@@ -182,40 +196,6 @@ def _per_head(static, rows: list, width: int):
     return out
 
 
-def _rotate_half(static, x):
-    """x [rows, width] f32 → each head's second half negated, then its first (lane rolls)."""
-    half = static.head_dim // 2
-    first = lax.broadcasted_iota(jnp.int32, x.shape, 1) % static.head_dim < half
-    return jnp.where(first, -pltpu.roll(x, x.shape[1] - half, 1), pltpu.roll(x, half, 1))
-
-
-def _rope(static, x, cos_ref, sin_ref):
-    """A [rows, width] tile rotated by its positions' tables (float32, cast back)."""
-    x32 = x.astype(jnp.float32)
-    return (x32 * cos_ref[...].astype(jnp.float32)
-            + _rotate_half(static, x32) * sin_ref[...].astype(jnp.float32)).astype(x.dtype)
-
-
-def _rope_transposed(static, g, cos_ref, sin_ref):
-    """The gradient through `_rope` of g [rows, width] f32: rotate_half's transpose is its
-    negation."""
-    cos, sin = (r[...].astype(jnp.float32) for r in (cos_ref, sin_ref))
-    return g * cos - _rotate_half(static, g * sin)
-
-
-def _rotate_own(static, rope, own_ref, own_tables, rotated_ref):
-    """At a block's first step: its own q or k tile rotated once, into scratch (with RoPE)."""
-    if rope:
-        rotated_ref[...] = _rope(static, own_ref[...], *own_tables)
-
-
-def _tiles(static, rope, own_ref, walked_ref, walked_tables, rotated_ref):
-    """(own tile, this step's walked tile), rotated with RoPE (the own one from scratch)."""
-    if not rope:
-        return own_ref[...], walked_ref[...]
-    return rotated_ref[...], _rope(static, walked_ref[...], *walked_tables)
-
-
 def _allowed(static, q_block, k_block, same_segment, keys_first: bool):
     """same_segment [q, k] (or [k, q] when keys_first), and within the window in a local
     layer: the pairs a score is kept for (one mask for the step's heads)."""
@@ -230,49 +210,60 @@ def _allowed(static, q_block, k_block, same_segment, keys_first: bool):
 
 def _forward_kernel(index_ref, live_ref, *refs, static):
     """One (row, head group, query block) over its key steps: the online softmax of each head,
-    q·kᵀ as [q, k]. Refs: q, k, v, query ids, key ids, [cos, sin of q, of k,] o, lse, then
-    scratch peak, total ([group, q, 128], lanes alike), acc [q, width], [rotated q]."""
-    q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref = refs[:5]
-    rope = refs[5:9] if static.rope else None
-    o_ref, lse_ref, peak_ref, total_ref, acc_ref = refs[9 if static.rope else 5:][:5]
+    its scores transposed, kᵀ·q as [k, q], so that the reductions over keys run down the
+    sublanes and leave [1, q] rows. Refs: q, k, v, query ids (a [8, q] row), key ids (a
+    [k, 128] column), o, lse rows [group, 8, q], then scratch peak, total ([group, 8, q]
+    rows), acc [width, q] (o transposed)."""
+    q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, peak_ref, total_ref, acc_ref = refs
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    repeats = static.block // LANES
 
     @pl.when(t == 0)
     def _init():
         peak_ref[...] = jnp.full(peak_ref.shape, flash.MASK_VALUE, jnp.float32)
         total_ref[...] = jnp.zeros(total_ref.shape, jnp.float32)
         acc_ref[...] = jnp.zeros(acc_ref.shape, jnp.float32)
-        _rotate_own(static, rope, q_ref, rope and rope[:2], refs[-1])
 
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
-        q, k = _tiles(static, rope, q_ref, k_ref, rope and rope[2:], refs[-1])
-        v = v_ref[...]
-        same = jnp.tile(q_ids_ref[...], (1, repeats)) == k_ids_ref[:1, :]
-        allowed = _allowed(static, i, index_ref[b, i, t], same, keys_first=False)
+        q, k = q_ref[...], k_ref[...]
+        v_t = v_ref[...].astype(jnp.float32).T.astype(v_ref.dtype)  # [width, k]
+        allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
         alphas, update = [], 0.0
         for j in range(static.group):
-            s = lax.dot_general(q, _only(static, j, k), NT, preferred_element_type=jnp.float32)
-            s = jnp.where(allowed, s, flash.MASK_VALUE)
-            peak = peak_ref[j]
-            new_peak = jnp.maximum(peak, jnp.max(s, axis=1, keepdims=True))
-            p = jnp.exp(s - jnp.tile(new_peak, (1, repeats)))
+            s = lax.dot_general(_only(static, j, k), q, NT, preferred_element_type=jnp.float32)
+            s = jnp.where(allowed, s, flash.MASK_VALUE)  # [k, q]
+            peak = peak_ref[j, :1, :]
+            new_peak = jnp.maximum(peak, jnp.max(s, axis=0, keepdims=True))  # [1, q]
+            p = jnp.exp(s - new_peak)
             alpha = jnp.exp(peak - new_peak)
-            total_ref[j] = alpha * total_ref[j] + jnp.sum(p, axis=1, keepdims=True)
-            peak_ref[j] = new_peak
+            total = alpha * total_ref[j, :1, :] + jnp.sum(p, axis=0, keepdims=True)
+            total_ref[j] = jnp.broadcast_to(total, total_ref.shape[1:])
+            peak_ref[j] = jnp.broadcast_to(new_peak, peak_ref.shape[1:])
             alphas.append(alpha)
-            # head j's lanes only: the heads' updates do not overlap
-            update += lax.dot(p.astype(v.dtype), _only(static, j, v),
-                              preferred_element_type=jnp.float32)
-        acc_ref[...] = _per_head(static, alphas, static.width) * acc_ref[...] + update
+            # head j's rows of oᵀ only: the heads' updates do not overlap
+            rows = lax.broadcasted_iota(jnp.int32, v_t.shape, 0) // static.head_dim
+            v_j = jnp.where(rows == j, v_t, jnp.zeros_like(v_t))
+            update += lax.dot(v_j, p.astype(v_t.dtype), preferred_element_type=jnp.float32)
+        acc_ref[...] = _head_rows_of(static, alphas) * acc_ref[...] + update
 
     @pl.when(t == static.steps - 1)
     def _finish():
-        inverse = _per_head(static, [1.0 / total_ref[j] for j in range(static.group)],
-                            static.width)
-        o_ref[...] = (acc_ref[...] * inverse).astype(o_ref.dtype)
-        lse_ref[...] = peak_ref[...] + jnp.log(total_ref[...])
+        totals = [total_ref[j, :1, :] for j in range(static.group)]
+        out = acc_ref[...] * _head_rows_of(static, [1.0 / x for x in totals])
+        o_ref[...] = out.T.astype(o_ref.dtype)
+        for j in range(static.group):
+            lse_ref[j] = peak_ref[j] + jnp.log(total_ref[j])
+
+
+def _head_rows_of(static, rows: list):
+    """[width, q]: head j's rows (its head_dim lanes of o, transposed) are rows[j] ([1, q])."""
+    head = lax.broadcasted_iota(jnp.int32, (static.width, rows[0].shape[1]), 0) // static.head_dim
+    out = jnp.broadcast_to(rows[0], head.shape)
+    for j in range(1, len(rows)):
+        out = jnp.where(head == j, rows[j], out)
+    return out
+
+
 def _probabilities(static, j, q, k, lse_ref, allowed):
     """Head j's softmax probabilities of a (key block, query block) pair, transposed:
     [k, q]. lse_ref: [group, 8, q] rows."""
@@ -287,22 +278,20 @@ def _backward_allowed(static, q_ids_ref, k_ids_ref, q_block, k_block):
 
 def _dkv_kernel(index_ref, live_ref, *refs, static):
     """One (row, head group, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q.
-    Refs: q, k, v, do, lse, di, query ids, key ids, [cos, sin of q, of k,] dk, dv, then
-    scratch dk, dv [k, width] float32, [rotated k]."""
-    q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref = refs[:8]
-    rope = refs[8:12] if static.rope else None
-    dk_ref, dv_ref, dk_acc, dv_acc = refs[12 if static.rope else 8:][:4]
+    Refs: q, k, v, do, lse, di, query ids, key ids, dk, dv, then scratch dk, dv [k, width]
+    float32."""
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref, dk_ref, dv_ref, dk_acc,
+     dv_acc) = refs
     b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
     @pl.when(t == 0)
     def _init():
         dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
         dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
-        _rotate_own(static, rope, k_ref, rope and rope[2:], refs[-1])
 
     @pl.when(live_ref[b, j, t] != 0)
     def _compute():
-        k, q = _tiles(static, rope, k_ref, q_ref, rope and rope[:2], refs[-1])
+        k, q = k_ref[...], q_ref[...]
         v, do = v_ref[...], do_ref[...]
         allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, index_ref[b, j, t], j)
         dk, dv = 0.0, 0.0
@@ -320,28 +309,23 @@ def _dkv_kernel(index_ref, live_ref, *refs, static):
 
     @pl.when(t == static.steps - 1)
     def _finish():
-        dk = _rope_transposed(static, dk_acc[...], *rope[2:]) if rope else dk_acc[...]
-        dk_ref[...] = dk.astype(dk_ref.dtype)
+        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
         dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
 
 
 def _dq_kernel(index_ref, live_ref, *refs, static):
     """One (row, head group, query block) over its key steps: dq = Σ ds·k. Refs: q, k, v, do,
-    lse, di, query ids, key ids, [cos, sin of q, of k,] dq, then scratch dq [q, width] float32,
-    [rotated q]."""
-    q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref = refs[:8]
-    rope = refs[8:12] if static.rope else None
-    dq_ref, dq_acc = refs[12 if static.rope else 8:][:2]
+    lse, di, query ids, key ids, dq, then scratch dq [q, width] float32."""
+    q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref, dq_ref, dq_acc = refs
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
     @pl.when(t == 0)
     def _init():
         dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
-        _rotate_own(static, rope, q_ref, rope and rope[:2], refs[-1])
 
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
-        q, k = _tiles(static, rope, q_ref, k_ref, rope and rope[2:], refs[-1])
+        q, k = q_ref[...], k_ref[...]
         v, do = v_ref[...], do_ref[...]
         allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
         dq = 0.0
@@ -355,8 +339,7 @@ def _dq_kernel(index_ref, live_ref, *refs, static):
 
     @pl.when(t == static.steps - 1)
     def _finish():
-        dq = _rope_transposed(static, dq_acc[...], *rope[:2]) if rope else dq_acc[...]
-        dq_ref[...] = dq.astype(dq_ref.dtype)
+        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -365,11 +348,13 @@ def _dq_kernel(index_ref, live_ref, *refs, static):
 # "walked" the step's.
 
 
-def _tile(static, walked: bool):
-    """A block's [block, width] tile of a [batch, seq, heads·head_dim] array: its group's
-    heads."""
+def _tile(static, walked: bool, part: int = 0):
+    """A block's [block, width] tile of a [batch, seq, heads·head_dim] array, its group's
+    heads; of the fused [batch, seq, 3·heads·head_dim] q, k, v: `part` 0, 1, 2 (q, k or v)."""
+    groups = static.heads // static.group
+
     def index_map(b, g, i, t, index, live):
-        return (b, index[b, i, t] if walked else i, g)
+        return (b, index[b, i, t] if walked else i, part * groups + g)
 
     return pl.BlockSpec((None, static.block, static.width), index_map)
 
@@ -406,11 +391,6 @@ def _segment_arrays(segments):
             lax.broadcast_in_dim(segments, (batch, SUBLANES, seq), (0, 2)))
 
 
-def _rows(x):
-    """[batch, heads, seq] float32 → [batch, heads, 8, seq] (sublane-broadcast)."""
-    return lax.broadcast_in_dim(x, (*x.shape[:2], SUBLANES, x.shape[2]), (0, 1, 3))
-
-
 def _grid(q, static):
     return (q.shape[0], static.heads // static.group, static.blocks, static.steps)
 
@@ -429,92 +409,69 @@ def kernel_costs(static: Static, q) -> dict[str, pl.CostEstimate]:
     windowed = static.radius is not None
     dkv, dq = backward_costs(shape, computed, static.block, static.group, windowed)
     costs = {"fwd": forward_cost(shape, computed, static.block, static.group, windowed),
-             "dkv": dkv, "dq": dq}
-    if static.rope:  # every kernel rotates its own tile once and each walked tile
-        rotated = computed // static.block * static.width // static.group + q.size
-        costs = {name: pl.CostEstimate(
-            flops=c.flops + ROPE_ELEMENTWISE * rotated,
-            transcendentals=c.transcendentals,
-            bytes_accessed=c.bytes_accessed + 2 * rotated * q.dtype.itemsize)
-            for name, c in costs.items()}
+             "dkv": dkv, "dq": dq, "di": di_cost(shape)}
     return costs
 
 
-def _rope_inputs(static, tables, own_first: bool):
-    """The rope tables (cos, sin [batch, seq, width·groups]) as the kernels read them: the
-    grid's own block's and the walked block's tiles (own first, or walked first), and the
-    scratch for the rotated own tile; nothing without RoPE."""
-    if not static.rope:
-        return [], [], []
-    own, walked = [_tile(static, False)] * 2, [_tile(static, True)] * 2
-    return ([*tables, *tables], own + walked if own_first else walked + own,
-            [pltpu.VMEM((static.block, static.width), tables[0].dtype)])
-
-
-def _forward_call(static, interpret, q, k, v, segments, index, live, tables):
-    batch, seq, _ = q.shape
+def _forward_call(static, interpret, qk, qkv, segments, index, live):
+    """q (rotated, scaled) and k (rotated) read in place from qk [batch, seq,
+    2·heads·head_dim] (`_rope_call`), v from qkv [batch, seq, 3·heads·head_dim]."""
+    batch, seq, _ = qkv.shape
+    q = jax.ShapeDtypeStruct((batch, seq, qkv.shape[-1] // 3), qkv.dtype)
     column, row = _segment_arrays(segments)
-    stats = (static.group, static.block, LANES)
-    rope, rope_specs, rope_scratch = _rope_inputs(static, tables, own_first=True)
+    stats = (static.group, SUBLANES, static.block)
     out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
-            in_specs=[_tile(static, False), _tile(static, True), _tile(static, True),
-                      _column(static, False), _row(static, True), *rope_specs],
-            out_specs=[_tile(static, False),
-                       pl.BlockSpec((None, *stats), lambda b, g, i, t, index, live:
-                                    (b, g, i, 0))],
+            in_specs=[_tile(static, False), _tile(static, True, 1), _tile(static, True, 2),
+                      _row(static, False), _column(static, True)],
+            out_specs=[_tile(static, False), _head_rows(static, False)],
             scratch_shapes=[pltpu.VMEM(stats, jnp.float32), pltpu.VMEM(stats, jnp.float32),
-                            pltpu.VMEM((static.block, static.width), jnp.float32),
-                            *rope_scratch]),
+                            pltpu.VMEM((static.width, static.block), jnp.float32)]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, static.heads, seq, LANES), jnp.float32)],
+                   jax.ShapeDtypeStruct((batch, static.heads, SUBLANES, seq), jnp.float32)],
         compiler_params=_params(), cost_estimate=kernel_costs(static, q)["fwd"],
         interpret=interpret, name="splash_fwd",
-    )(index, live, q, k, v, column, row, *rope)
-    return out, lse[..., 0]
+    )(index, live, qk, qk, qkv, row, column)
+    return out, lse
 
 
-def _backward_call(static, interpret, q, k, v, segments, index, live, tables, out, lse,
-                   d_out):
-    batch, seq, _ = q.shape
+def _backward_call(static, interpret, qk, qkv, segments, index, live, out, lse, d_out):
+    """(dq, dk, dv) [batch, seq, heads·head_dim]: of the rotated, scaled q and the rotated k
+    (`_forward_call`'s inputs, in qk), and of v."""
+    q = jax.ShapeDtypeStruct(out.shape, out.dtype)
     column, row = _segment_arrays(segments)
-    per_head = (batch, seq, static.heads, static.head_dim)
-    di = jnp.einsum("bshd,bshd->bhs", out.reshape(per_head).astype(jnp.float32),
-                    d_out.reshape(per_head).astype(jnp.float32))
+    di = passes.di_call(static, interpret, out, d_out)
     costs = kernel_costs(static, q)
     accumulator = pltpu.VMEM((static.block, static.width), jnp.float32)
-    # dk/dv: the grid's block is a key block, the walk over query blocks (q's tables walked).
-    rope, rope_specs, rope_scratch = _rope_inputs(static, tables, own_first=False)
+    # dk/dv: the grid's block is a key block, the walk over query blocks.
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
-            in_specs=[_tile(static, True), _tile(static, False), _tile(static, False),
+            in_specs=[_tile(static, True), _tile(static, False, 1), _tile(static, False, 2),
                       _tile(static, True), _head_rows(static, True), _head_rows(static, True),
-                      _row(static, True), _column(static, False), *rope_specs],
+                      _row(static, True), _column(static, False)],
             out_specs=[_tile(static, False)] * 2,
-            scratch_shapes=[accumulator, accumulator, *rope_scratch]),
-        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype)] * 2,
+            scratch_shapes=[accumulator, accumulator]),
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] * 2,
         compiler_params=_params(), cost_estimate=costs["dkv"],
         interpret=interpret, name="splash_dkv",
-    )(index, live, q, k, v, d_out, _rows(lse), _rows(di), row, column, *rope)
-    rope, rope_specs, rope_scratch = _rope_inputs(static, tables, own_first=True)
+    )(index, live, qk, qk, qkv, d_out, lse, di, row, column)
     (dq,) = pl.pallas_call(
         functools.partial(_dq_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
-            in_specs=[_tile(static, False), _tile(static, True), _tile(static, True),
+            in_specs=[_tile(static, False), _tile(static, True, 1), _tile(static, True, 2),
                       _tile(static, False), _head_rows(static, False),
-                      _head_rows(static, False), _row(static, False), _column(static, True),
-                      *rope_specs],
+                      _head_rows(static, False), _row(static, False), _column(static, True)],
             out_specs=[_tile(static, False)],
-            scratch_shapes=[accumulator, *rope_scratch]),
+            scratch_shapes=[accumulator]),
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)],
         compiler_params=_params(), cost_estimate=costs["dq"],
         interpret=interpret, name="splash_dq",
-    )(index, live, q, k, v, d_out, _rows(lse), _rows(di), row, column, *rope)
+    )(index, live, qk, qk, qkv, d_out, lse, di, row, column)
     return dq, dk, dv
 
 
@@ -524,65 +481,63 @@ def _on_platform(call, static, *args):
                                   default=functools.partial(call, static, True))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _splash(q, k, v, segments, index, live, tables, static):
-    """tables: (cos, sin) when static.rope (q and k then un-rotated), else ()."""
-    return _on_platform(_forward_call, static, q, k, v, segments, index, live, tables)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _splash(qkv, segments, index, live, tables, static):
+    """tables: (cos, sin) [batch, seq, width] (q and k given un-rotated), or ()."""
+    return _splash_fwd(qkv, segments, index, live, tables, static)[0]
 
 
-def _splash_fwd(q, k, v, segments, index, live, tables, static):
-    out, lse = _on_platform(_forward_call, static, q, k, v, segments, index, live, tables)
-    return out, (q, k, v, segments, index, live, tables, out, lse)
+def _splash_fwd(qkv, segments, index, live, tables, static):
+    qk = _on_platform(passes.rope_call, static, qkv, tables)
+    out, lse = _on_platform(_forward_call, static, qk, qkv, segments, index, live)
+    return out, (qk, qkv, segments, index, live, tables, out, lse)
 
 
 def _splash_bwd(static, residuals, d_out):
-    dq, dk, dv = _on_platform(_backward_call, static, *residuals, d_out)
-    return dq, dk, dv, None, None, None, None  # positions' tables: no gradient
+    qk, qkv, segments, index, live, tables, out, lse = residuals
+    dq, dk, dv = _on_platform(_backward_call, static, qk, qkv, segments, index, live, out, lse,
+                              d_out)
+    d_qkv = _on_platform(passes.rope_back_call, static, dq, dk, dv, tables)
+    return d_qkv, None, None, None, None
 
 
 _splash.defvjp(_splash_fwd, _splash_bwd)
 
 
 def splash_attention(
-    query: jax.Array,
-    key: jax.Array,
-    value: jax.Array,
+    qkv: jax.Array,
     input_mask: jax.Array | None,
     packing_ids: jax.Array | None,
     radius: int | None,
-    num_heads: int | None = None,
+    num_heads: int,
     rope: tuple[jax.Array, jax.Array] | None = None,
 ) -> jax.Array:
     """Attention through the splash kernels, the values of `attention.einsum_attention` under
     `modernbert.attention_masks` on every real query (padding queries: see the module docstring).
 
-    query/key/value: [batch, seq, heads, head_dim], or [batch, seq, heads·head_dim] (each
-    token's heads side by side, the kernels' own layout: nothing is transposed) with
-    num_heads given → the same shape. input_mask (1 real, 0 pad) / packing_ids: [batch, seq]
-    int or None. radius: the local window's (|q - k| <= radius), None for a global layer.
-    Scaled by 1/sqrt(head_dim). rope: (cos, sin) [batch, seq, heads·head_dim] (the flat
-    layout only): query and key are given un-rotated and the kernels rotate each tile they
-    read (rotate_half by lane rolls in VMEM), the model's `apply_rope` done in float32.
+    qkv: [batch, seq, 3·heads·head_dim], the queries, keys and values side by side, each
+    [.., heads·head_dim] with each token's heads side by side (the fused projection's output;
+    the kernels read v from it in place) → [batch, seq, heads·head_dim]. input_mask (1 real, 0
+    pad) / packing_ids: [batch, seq] int or None. radius: the local window's (|q - k| <=
+    radius), None for a global layer. Scaled by 1/sqrt(head_dim). rope: (cos, sin) [batch, seq,
+    heads·head_dim], alike for every head (`rope_tables`): q and k are given un-rotated and
+    are rotated once before the attention kernels (`splash_passes`, the model's `apply_rope`
+    in float32), from the tables' first head group.
     """
     if radius is not None and radius < 0:
         raise ConfigError(f"splash attention's window radius must be >= 0, got {radius}")
-    shape = query.shape
-    if query.ndim == 4:
-        num_heads = shape[2]
-        query, key, value = (x.reshape(*shape[:2], -1) for x in (query, key, value))
-    batch, seq, width = query.shape
-    head_dim = width // num_heads
+    batch, seq, features = qkv.shape
+    head_dim = features // (3 * num_heads)
     segments = flash.segment_ids(input_mask, packing_ids, (batch, seq))
-    query = query * jnp.asarray(head_dim ** -0.5, query.dtype)  # RoPE is linear: either order
-    tables = () if rope is None else tuple(t.astype(query.dtype) for t in rope)
+    width = heads_per_tile(num_heads, head_dim) * head_dim
+    tables = () if rope is None else tuple(t[..., :width].astype(qkv.dtype) for t in rope)
 
     def attend(tokens, segments, shard):
         del shard
-        (q, k, v), tables = tokens[:3], tuple(tokens[3:])
-        static = Static(q.shape[1], block_size(q.shape[1]), radius, num_heads, head_dim,
-                        rope=bool(tables))
+        qkv, tables = tokens[0], tuple(tokens[1:])
+        static = Static(qkv.shape[1], block_size(qkv.shape[1]), radius, num_heads, head_dim)
         segments = jnp.where(segments == flash.PAD_SEGMENT, PAD, segments)
         index, live = block_table(segments, static)
-        return _splash(q, k, v, segments, index, live, tables, static)
+        return _splash(qkv, segments, index, live, tables, static)
 
-    return flash.run_padded(attend, (query, key, value, *tables), segments).reshape(shape)
+    return flash.run_padded(attend, (qkv, *tables), segments)

@@ -10,12 +10,12 @@ from bertjax.models.kernels import flash_attention as flash
 
 SUBLANES = flash.SUBLANES
 
+# Per rotated element of q or k (two rolls, a negation, a choice, two products, a sum, the
+# scale).
+ROPE_ELEMENTWISE = 8
 # Elementwise FLOPs per score of the window's mask in a local layer (positions from iotas,
 # their distance, its absolute value, the comparison, the conjunction).
 WINDOW_ELEMENTWISE = 5
-# Per rotated element of q or k (two rolls, a negation, a choice, two products, a sum), whose
-# cos and sin are read too.
-ROPE_ELEMENTWISE = 7
 
 
 def forward_cost(shape: flash.Shape, computed: int, block: int, group: int = 1,
@@ -24,9 +24,9 @@ def forward_cost(shape: flash.Shape, computed: int, block: int, group: int = 1,
     · block²). q·kᵀ and p·v are 4·D FLOPs per score on the group's whole tile width (`group`
     heads side by side: 4·D·group), one exp each, and the elementwise work
     (WINDOW_ELEMENTWISE more in a local layer, `windowed`); it reads q and the query segment
-    ids ([seq, 128] int32) once per head group, a key and a value block and its key segment
-    ids ([8, block]) per computed block, and writes o and the log-sum-exp ([seq, 128]
-    float32)."""
+    ids (an [8, seq] int32 row) once per head group, a key and a value block and its key
+    segment ids (a [block, 128] column) per computed block, and writes o and the log-sum-exp
+    ([8, seq] rows, float32)."""
     s = shape
     fetched = computed // block  # key rows fetched: `block` of them per computed block
     return pl.CostEstimate(
@@ -34,7 +34,7 @@ def forward_cost(shape: flash.Shape, computed: int, block: int, group: int = 1,
                + (flash.FORWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
         transcendentals=computed,
         bytes_accessed=(2 * s.qkv_bytes + 2 * fetched * s.head_dim * s.itemsize
-                        + 2 * s.lane_bytes + fetched * SUBLANES * 4))
+                        + 2 * SUBLANES * s.vector_bytes + fetched * flash.LANES * 4))
 
 
 def backward_costs(shape: flash.Shape, computed: int, block: int, group: int = 1,
@@ -60,3 +60,11 @@ def backward_costs(shape: flash.Shape, computed: int, block: int, group: int = 1
     dkv = cost(4, 4 * s.qkv_bytes + rows + 2 * fetched * SUBLANES * 4 + ids + s.lane_bytes)
     dq = cost(3, 2 * s.qkv_bytes + rows + vectors + ids + s.lane_bytes)
     return dkv, dq
+
+
+def di_cost(shape: flash.Shape) -> pl.CostEstimate:
+    """The di kernel: reads o and do, writes di as [8, seq] rows (float32); a product and a
+    sum per element."""
+    s = shape
+    return pl.CostEstimate(flops=2 * s.batch * s.heads * s.seq * s.head_dim, transcendentals=0,
+                           bytes_accessed=2 * s.qkv_bytes + SUBLANES * s.vector_bytes)

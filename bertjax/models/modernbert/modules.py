@@ -186,8 +186,7 @@ class Linear(nn.Module):
         dtype = jnp.dtype(cfg.dtype)
         features = (math.prod(self.features),) if self.flat else tuple(self.features)
         kernel = kernel.astype(dtype).reshape(contracted + features)
-        zero_bias = jnp.zeros(features, dtype)  # folded away by XLA
-        return dense_lib.dense(x.astype(dtype), kernel, zero_bias, self.num_contract)
+        return dense_lib.dense(x.astype(dtype), kernel, None, self.num_contract)
 
 
 class ModernEmbeddings(nn.Module):
@@ -230,16 +229,17 @@ class ModernAttention(nn.Module):
         width = cfg.num_heads * cfg.head_dim
         qkv = Linear(cfg, (3, cfg.num_heads, cfg.head_dim), ("embed", None, "heads", "kv"),
                      cfg.initializer_range, flat=True, name="wqkv")(x)  # [b, s, 3·width]
-        query, key, value = (qkv[..., i * width:(i + 1) * width] for i in range(3))
-        axes = ("batch", "length", "heads")
-        query, key, value = (nn.with_logical_constraint(t, axes) for t in (query, key, value))
         dropout_active = not deterministic and cfg.attention_dropout > 0
         impl = cfg.attention_impl
 
         def split(attend):
-            """attend on rotated q, k and [.., heads, head_dim] views, the result flat. (The
-            splash kernels take the flat layout and rotate q and k themselves.)"""
-            def run(q, k, v, *rest):
+            """attend on q, k, v sliced from qkv, q and k rotated, as [.., heads, head_dim]
+            views, the result flat. (The splash kernels read qkv as it is and rotate q and k
+            themselves.)"""
+            def run(qkv, *rest):
+                q, k, v = (nn.with_logical_constraint(qkv[..., i * width:(i + 1) * width],
+                                                      ("batch", "length", "heads"))
+                           for i in range(3))
                 q, k = (apply_rope(t, cos, sin, cfg.head_dim) for t in (q, k))
                 q, k, v = (t.reshape(*t.shape[:2], cfg.num_heads, cfg.head_dim)
                            for t in (q, k, v))
@@ -249,7 +249,7 @@ class ModernAttention(nn.Module):
 
         if impl == "einsum" or (impl == "auto" and dropout_active):
             keep_mask = Dropout(cfg.attention_dropout).keep_mask if dropout_active else None
-            context = split(attn_lib.einsum_attention)(query, key, value, mask, keep_mask)
+            context = split(attn_lib.einsum_attention)(qkv, mask, keep_mask)
         else:
             if dropout_active:
                 raise ConfigError(
@@ -260,15 +260,15 @@ class ModernAttention(nn.Module):
             splash = functools.partial(splash_lib.splash_attention, radius=radius,
                                        num_heads=cfg.num_heads, rope=(cos, sin))
             if impl == "xla":
-                context = fused(query, key, value, input_mask, packing_ids)
+                context = fused(qkv, input_mask, packing_ids)
             elif impl == "splash":
-                context = splash(query, key, value, input_mask, packing_ids)
+                context = splash(qkv, input_mask, packing_ids)
             else:  # "auto": chosen when lowering, as attention.fused_attention
                 context = jax.lax.platform_dependent(
-                    query, key, value, mask, input_mask, packing_ids,
-                    cpu=lambda q, k, v, m, _i, _p: split(attn_lib.einsum_attention)(q, k, v, m),
-                    tpu=lambda q, k, v, _m, i, p: splash(q, k, v, i, p),
-                    default=lambda q, k, v, _m, i, p: fused(q, k, v, i, p))
+                    qkv, mask, input_mask, packing_ids,
+                    cpu=lambda qkv, m, _i, _p: split(attn_lib.einsum_attention)(qkv, m),
+                    tpu=lambda qkv, _m, i, p: splash(qkv, i, p),
+                    default=lambda qkv, _m, i, p: fused(qkv, i, p))
         out = Linear(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), _out_stddev(cfg),
                      in_shape=(cfg.num_heads, cfg.head_dim), name="wo")(context)
         out = Dropout(cfg.attention_dropout)(out, deterministic=deterministic)
