@@ -187,15 +187,6 @@ def _only(static, j: int, x):
     return jnp.where(inside, x, jnp.zeros_like(x))
 
 
-def _per_head(static, rows: list, width: int):
-    """[rows, width] with head j's lanes taken from rows[j] ([rows, 128] lane-broadcast)."""
-    lane = lax.broadcasted_iota(jnp.int32, (rows[0].shape[0], width), 1) // static.head_dim
-    out = jnp.tile(rows[0], (1, -(-width // LANES)))[:, :width]
-    for j in range(1, len(rows)):
-        out = jnp.where(lane == j, jnp.tile(rows[j], (1, -(-width // LANES)))[:, :width], out)
-    return out
-
-
 def _allowed(static, q_block, k_block, same_segment, keys_first: bool):
     """same_segment [q, k] (or [k, q] when keys_first), and within the window in a local
     layer: the pairs a score is kept for (one mask for the step's heads)."""
