@@ -133,6 +133,11 @@ class Static:
     def width(self) -> int:
         return self.group * self.head_dim
 
+    @property
+    def groups(self) -> int:
+        """Head groups: grid steps along the heads."""
+        return self.heads // self.group
+
     def walked(self) -> np.ndarray:
         """[blocks, steps] int32: the block each step walks (the band's first block + t)."""
         first = np.arange(self.blocks)
@@ -342,7 +347,7 @@ def _dq_kernel(index_ref, live_ref, *refs, static):
 def _tile(static, walked: bool, part: int = 0):
     """A block's [block, width] tile of a [batch, seq, heads·head_dim] array, its group's
     heads; of the fused [batch, seq, 3·heads·head_dim] q, k, v: `part` 0, 1, 2 (q, k or v)."""
-    groups = static.heads // static.group
+    groups = static.groups
 
     def index_map(b, g, i, t, index, live):
         return (b, index[b, i, t] if walked else i, part * groups + g)
@@ -383,7 +388,7 @@ def _segment_arrays(segments):
 
 
 def _grid(q, static):
-    return (q.shape[0], static.heads // static.group, static.blocks, static.steps)
+    return (q.shape[0], static.groups, static.blocks, static.steps)
 
 
 def _params():

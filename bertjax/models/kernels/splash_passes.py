@@ -50,7 +50,7 @@ def di_call(static, interpret, out, d_out):
     tile = spec((None, static.block, static.width), lambda b, g, i: (b, i, g))
     return pl.pallas_call(
         functools.partial(_di_kernel, static=static),
-        grid=(batch, static.heads // static.group, static.blocks),
+        grid=(batch, static.groups, static.blocks),
         in_specs=[tile, tile],
         out_specs=spec((None, static.group, SUBLANES, static.block),
                        lambda b, g, i: (b, g, 0, i)),
@@ -76,7 +76,7 @@ def _rope_kernel(*refs, static, rope: bool):
     if rope:
         cos, sin = (r[...].astype(jnp.float32) for r in refs[1:3])
         y = y * cos + _rotate_half(static, y) * sin
-    scale = jnp.where(pl.program_id(2) < static.heads // static.group, static.scale, 1.0)
+    scale = jnp.where(pl.program_id(2) < static.groups, static.scale, 1.0)
     o_ref[...] = (y * scale).astype(o_ref.dtype)
 
 
@@ -85,7 +85,7 @@ def _rope_back_kernel(*refs, static, rope: bool):
     (c < groups) and dk' (the next groups), dv copied (the last). Refs: dq', dk', dv tiles,
     [cos, sin tiles,] out tile."""
     dq_ref, dk_ref, dv_ref, o_ref = refs[0], refs[1], refs[2], refs[-1]
-    groups = static.heads // static.group
+    groups = static.groups
     part = pl.program_id(2) // groups
 
     def back(g_ref, scale):
@@ -126,7 +126,7 @@ def rope_call(static, interpret, qkv, tables):
     """[q' | k'] [batch, seq, 2·heads·head_dim] of qkv [batch, seq, 3·heads·head_dim]: q
     rotated and scaled, k rotated (`_rope_kernel`); tables [batch, seq, width] or ()."""
     batch, seq, features = qkv.shape
-    groups = static.heads // static.group
+    groups = static.groups
     return pl.pallas_call(
         functools.partial(_rope_kernel, static=static, rope=bool(tables)),
         grid=(batch, static.blocks, 2 * groups),
@@ -143,7 +143,7 @@ def rope_back_call(static, interpret, dq, dk, dv, tables):
     """d qkv [batch, seq, 3·heads·head_dim] from the kernels' dq', dk' (of the rotated,
     scaled q and the rotated k) and dv, each [batch, seq, heads·head_dim]."""
     batch, seq, width = dq.shape
-    groups = static.heads // static.group
+    groups = static.groups
     return pl.pallas_call(
         functools.partial(_rope_back_kernel, static=static, rope=bool(tables)),
         grid=(batch, static.blocks, 3 * groups),
@@ -162,7 +162,7 @@ def rope_cost(static, x, tables: int, back: bool) -> pl.CostEstimate:
     reads; forward reads q, k and writes them rotated; backward also copies dv."""
     batch, seq = x.shape[:2]
     elements = 2 * batch * seq * static.heads * static.head_dim
-    tables_bytes = tables * batch * seq * static.width * 4 * 2 * static.heads // static.group
+    tables_bytes = tables * batch * seq * static.width * 4 * 2 * static.groups
     moved = elements * x.dtype.itemsize * (2 + (1 if back else 0))
     return pl.CostEstimate(flops=ROPE_ELEMENTWISE * elements, transcendentals=0,
                            bytes_accessed=moved + tables_bytes)
