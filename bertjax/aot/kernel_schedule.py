@@ -10,9 +10,9 @@ stalls (DMA waits, which the kernels' double buffering hides while a grid step i
 compute-bound), so it is a lower bound, like the roofline; the dry run takes the larger.
 
 Two families are read this way: `dropout_attention`'s flash kernels (BERT, `flash_kernels`)
-and `splash_attention`'s block-sparse ones (ModernBERT, `splash_kernels`). A splash kernel's
-steps are data-dependent (a dead block pair computes nothing), its schedule counts every step
-the grid walks as computed, as its cost estimate counts every block of the window's band.
+and `splash_attention`'s block-sparse ones (ModernBERT, `splash_kernels`). A global splash
+kernel's steps are data-dependent (a dead block pair computes nothing); its schedule counts
+every step the grid walks as computed, as its cost estimate counts every block pair.
 
 libtpu reads its flags once per process, so the kernels are compiled in a child process
 (`compile_kernels`) for one chip of the slice.

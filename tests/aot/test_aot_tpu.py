@@ -607,13 +607,14 @@ def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofl
         # kernel in both, is shared).
         di[batch] = (int(costs["di"].flops), int(costs["di"].bytes_accessed))
         assert set(cycles[batch, None]) & set(cycles[batch, 64]) == {di[batch]}
-    # 2·1·2·2 grid steps at batch 2 (one group of 2 heads), twice that at 4, halved over the
-    # cores, +2 to fill; di's grid has no key steps: 2·1·2
-    for radius in (None, 64):
+    # A global layer's kernels: 2·1·2·2 grid steps at batch 2 (one group of 2 heads), twice
+    # that at 4, halved over the cores, +2 to fill; a local layer's kernels have no key steps,
+    # nor has di's grid: 2·1·2
+    for radius, steps in ((None, 8), (64, 4)):
         small, large = ([v for k, v in sorted(cycles[b, radius].items()) if k != di[b]]
                         for b in (2, 4))
         for s, l_ in zip(sorted(small), sorted(large)):
-            assert l_ / s == pytest.approx((16 // 2 + 2) / (8 // 2 + 2), rel=0.05)
+            assert l_ / s == pytest.approx((steps + 2) / (steps // 2 + 2), rel=0.05)
         assert cycles[4, radius][di[4]] / cycles[2, radius][di[2]] == pytest.approx(
             (8 // 2 + 2) / (4 // 2 + 2), rel=0.05)
 

@@ -2,9 +2,9 @@
 splash_attention.py), interpreted on CPU, against the einsum path under ModernBERT's masks:
 values and gradients of global and local layers with padded and packed rows, at lengths below,
 at and above the window and off the block multiple, and with blocks skipped by documents; a
-whole ModernBertModel; and the block sparsity itself: the grid walks the window's band (a count
-made here from the window), the per-row tables keep exactly the block pairs the dense mask
-needs, and the cost estimates count the band's blocks."""
+whole ModernBertModel; and the sparsity itself: a local layer's chunks read their window's keys
+and few more, a global layer's per-row tables keep exactly the block pairs the dense mask needs,
+and the cost estimates count the scores computed."""
 
 import dataclasses
 
@@ -57,7 +57,7 @@ CASES = {  # name: (seq, radius, lengths of the two rows, documents per row or N
     "local, below the window": (50, 40, (50, 37), None),  # window 81 > 50 tokens
     "local, at the window": (81, 40, (81, 81), None),
     "local, packed": (300, 40, (300, 260), 4),  # documents shorter and longer than 81
-    # 600 → 5 blocks of 128, grid shrunk to the band's 3 key steps per query block
+    # 600 → 5 blocks of 128: each reads 384 keys, shifted into the row at its ends
     "local, packed, 5 blocks": (600, 40, (600, 555), 3),
 }
 
@@ -157,31 +157,25 @@ def band(seq, block, radius):
     return (start[None, :] - radius <= end[:, None]) & (end[None, :] + radius >= start[:, None])
 
 
-@pytest.mark.parametrize("seq,block,radius", [(8192, 512, 64), (8192, 128, 64),
-                                              (1024, 512, 64), (2048, 128, 300)])
-def test_local_kernels_walk_the_band_only(seq, block, radius):
-    """The grid walks as many key (dk/dv: query) blocks per block as the band's widest row,
-    and on a row with one document the live steps are exactly the band's blocks: at 8,192
-    tokens, 46 of 256 blocks of 512 (3 per query block, 2 at the ends), 190 of 4,096 of 128."""
-    want = band(seq, block, radius)
-    static = splash.Static(seq, block, radius)
-    per_row = int(want.sum(axis=1).max())
-    # an interior query block's keys run from radius before it to radius after it
-    assert per_row == min((block - 1 + radius) // block + -(-radius // block) + 1,
-                          seq // block)
-    assert static.steps == per_row  # the grid is the band's width, not seq / block
-    index, live = splash.block_table(jnp.zeros((1, seq), jnp.int32), static)
-    walked = np.zeros_like(want)
-    rows = np.arange(seq // block)[:, None]
-    np.add.at(walked, (np.broadcast_to(rows, index.shape[1:]), np.asarray(index[0])),
-              np.asarray(live[0]))
-    np.testing.assert_array_equal(walked, want)  # each band block once, nothing else
-    assert splash.computed_blocks(static) == int(want.sum())
+@pytest.mark.parametrize("seq,radius", [(8192, 64), (1024, 64), (2048, 300), (640, 40),
+                                        (384, 40)])
+def test_local_chunks_read_their_whole_window_and_little_else(seq, radius):
+    """A local layer's chunk of 128 queries (keys) reads `span` keys (queries): 128-aligned,
+    inside the row, holding the window of every token of the chunk; at 8,192 tokens with
+    radius 64, 384 per query, under a third of what a walk of blocks of 512 computed."""
+    static = splash.Static(seq, splash.block_size(seq), radius)
+    assert static.span == min(128 + 2 * 128 * -(-radius // 128), seq)
+    for first in range(0, seq, 128):
+        start = int(static.span_start(jnp.int32(first)))
+        assert start % 128 == 0 and 0 <= start and start + static.span <= seq
+        assert start <= max(first - radius, 0)
+        assert start + static.span >= min(first + 128 + radius, seq)
+    assert splash.computed_scores(static, 1) == seq * static.span
     if seq == 8192:
-        assert int(want.sum()) == {512: 46, 128: 190}[block]
-        assert int(want.sum()) * 5 < want.size  # far fewer than all blocks
-    full = splash.Static(seq, block, None)
-    assert full.steps == seq // block and splash.computed_blocks(full) == want.size
+        walked_by_the_band = int(band(seq, 512, radius).sum()) * 512 * 512
+        assert static.span == 384 and seq * static.span * 3 < walked_by_the_band
+    full = splash.Static(seq, splash.block_size(seq), None)
+    assert splash.computed_scores(full, 1) == seq * seq
 
 
 def _packed_segments(rng, batch, seq, documents, lengths):
@@ -195,39 +189,28 @@ def _packed_segments(rng, batch, seq, documents, lengths):
     return np.stack(rows).astype(np.int32)
 
 
-@pytest.mark.parametrize("radius", [None, 40, 300])
-def test_block_table_skips_the_blocks_no_pair_needs(radius):
-    """A walked block is live iff some query of the grid's block and some key of it share a
-    document (padding: its own) within the window, from the dense mask; a dead step repeats a
-    live step's block (nothing new is fetched), and each block is walked at most once."""
+def test_block_table_skips_the_blocks_no_pair_needs():
+    """A global layer's walked block is live iff some query of the grid's block and some key
+    of it share a document (padding: its own), from the dense mask; a dead step repeats a live
+    step's block (nothing new is fetched)."""
     seq, block = 1024, 128
-    static = splash.Static(seq, block, radius)
-    segments = _packed_segments(np.random.default_rng(radius or 0), 3, seq, 9, (1024, 700, 130))
+    static = splash.Static(seq, block, None)
+    segments = _packed_segments(np.random.default_rng(0), 3, seq, 9, (1024, 700, 130))
     aligned = 1 + np.arange(seq) // (2 * block)  # documents of two blocks each
     segments = np.concatenate([segments, aligned[None].astype(np.int32)])
     index, live = (np.asarray(x) for x in splash.block_table(jnp.asarray(segments), static))
     blocks = seq // block
-    position = np.arange(seq)
-    within = (np.ones((seq, seq), bool) if radius is None
-              else np.abs(position[:, None] - position[None]) <= radius)
+    assert index.shape == live.shape == (4, blocks, blocks)
     for row in range(4):
-        needed = (segments[row][:, None] == segments[row][None]) & within
+        needed = segments[row][:, None] == segments[row][None]
         needed = needed.reshape(blocks, block, blocks, block).any(axis=(1, 3))
-        got = np.zeros_like(needed)
+        np.testing.assert_array_equal(live[row] > 0, needed, err_msg=f"row {row}")
         for i in range(blocks):
-            walked = static.walked()[i]
-            assert len(set(walked)) == len(walked)
-            got[i, walked] = live[row, i] > 0
-            live_blocks = walked[live[row, i] > 0]
-            assert set(index[row, i]) <= set(live_blocks)  # dead steps repeat a live block
+            assert set(index[row, i]) <= set(np.flatnonzero(live[row, i]))
             assert np.all(np.diff(index[row, i]) >= 0)
-        np.testing.assert_array_equal(got, needed, err_msg=f"row {row}")
-    # Blocks the band alone would compute and the documents skip: on the aligned row, every
-    # pair of blocks in different documents.
-    skipped = int((static.band() & (live[3] == 0)).sum())
-    assert skipped == int((static.band() & (aligned[static.walked() * block]
-                                            != aligned[np.arange(blocks) * block][:, None])).sum())
-    assert skipped > 0
+    # On the aligned row, every pair of blocks in different documents is skipped.
+    first_tokens = aligned[np.arange(blocks) * block]
+    assert int((live[3] == 0).sum()) == int((first_tokens[:, None] != first_tokens).sum()) > 0
 
 
 def test_packed_rows_skip_blocks_and_keep_the_einsum_values():
@@ -240,9 +223,9 @@ def test_packed_rows_skip_blocks_and_keep_the_einsum_values():
     packing_ids = jnp.where(input_mask > 0, jnp.asarray(segments), 0)
     q, k, v, weights = _inputs(3, 2, seq, heads, head_dim)
     cotangent = weights * input_mask.astype(jnp.float32)[:, :, None, None]
+    _, live = splash.block_table(jnp.asarray(segments), splash.Static(seq, 128, None))
+    assert int((np.asarray(live) == 0).sum()) > 0
     for radius in (None, 40):
-        _, live = splash.block_table(jnp.asarray(segments), splash.Static(seq, 128, radius))
-        assert int((np.asarray(live) == 0).sum()) > 0
 
         def value_and_grads(q, k, v, attend, radius=radius):
             out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, input_mask, packing_ids, radius),
@@ -268,11 +251,11 @@ def _pallas_calls(jaxpr):
     return found
 
 
-def test_cost_estimates_count_the_band():
-    """The kernels' cost estimates count the computed blocks: at 2,048 tokens in blocks of
-    512 with radius 64, 10 of 16 blocks per head; the matmuls on the 2 heads' 128-lane tile;
-    di's kernel a product and a sum per element of o; the rope kernels' per element of q and
-    k."""
+def test_cost_estimates_count_the_computed_scores():
+    """The kernels' cost estimates count the scores computed: at 2,048 tokens with radius 64,
+    384 keys per query (a chunk of 128 and one on each side); the matmuls on the 2 heads'
+    128-lane tile; di's kernel a product and a sum per element of o; the rope kernels' per
+    element of q and k."""
     batch, seq, heads, head_dim, radius = 2, 2048, 2, 64, 64
     q = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), jnp.bfloat16)
     mask = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
@@ -282,8 +265,7 @@ def test_cost_estimates_count_the_band():
             q, k, v, mask, None, radius).astype(jnp.float32)), (0, 1, 2))(q, k, v)
 
     calls = _pallas_calls(jax.make_jaxpr(step)(q, q, q, mask).jaxpr)
-    computed = batch * heads * int(band(seq, 512, radius).sum()) * 512 * 512
-    assert int(band(seq, 512, radius).sum()) == 10
+    computed = batch * heads * seq * 384
     flops = {}
     for eqn in calls:  # each kernel twice: the TPU branch and the interpreted one
         name = eqn.params["jaxpr"].debug_info.func_name

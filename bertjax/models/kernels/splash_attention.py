@@ -1,52 +1,44 @@
-"""Splash (sparse flash) attention: ModernBERT's attention on our Pallas TPU kernels, which skip
-every [query block, key block] pair that no query-key pair of theirs needs
+"""Splash (sparse flash) attention: ModernBERT's attention on our Pallas TPU kernels, which
+compute only the scores a layer's masks keep, at the granularity of blocks
 (`model.attention_impl="splash"`).
 
 Why: a local layer needs only |q - k| <= r (r = 64: 129 keys of 8,192), and a packed row's
-documents see only themselves, yet a dense or flash kernel computes every pair of blocks. Both
-vary with the layer and the row, so each call builds a per-row block table on device from the
-segment ids (`block_table`, a few integer ops over [batch, blocks]) and the kernels read it as
-scalar-prefetched memory:
+documents see only themselves, yet a dense or flash kernel computes every pair of blocks.
 
-  * For query block i the kernels walk `steps` key blocks: a global layer every block of the
-    row; a local layer the band's width, 2·ceil(r / block) + 1 blocks around i (clipped to the
-    row), so the grid itself is the band (3 steps at 8,192 tokens in blocks of 512, not 16).
-  * Step t's key block is `index[b, i, t]`; it is `live[b, i, t]` when the two blocks' segment
-    ranges [min, max] overlap (implied by any query and key sharing a document; equivalent to
-    it for packed rows, whose documents are contiguous) and, in a local layer, their nearest
-    tokens are within r. A dead step computes nothing and repeats the previous live step's
-    block index, so nothing is fetched for it either (a block is copied in only when its index
-    changes between steps).
-  * The relation is symmetric, so the same table walks the query blocks of each key block in
-    the dk/dv kernel.
+  * A local layer (`splash_local`): each chunk of 128 queries reads the keys of its window,
+    rounded out to whole chunks (384 for r = 64), from the row held in VMEM; one grid step per
+    block, no walk, a one-pass softmax.
+  * A global layer (this module): query block i walks every key block of the row; step t's key
+    block is `index[b, i, t]`, computed where `live[b, i, t]`, i.e. where the two blocks'
+    segment ranges [min, max] overlap (implied by any query and key sharing a document;
+    equivalent to it for packed rows, whose documents are contiguous). The per-row table is
+    built on device from the segment ids (`block_table`, a few integer ops over [batch,
+    blocks]) and read as scalar-prefetched memory. A dead step computes nothing and repeats
+    the previous live step's block index, so nothing is fetched for it either (a block is
+    copied in only when its index changes between steps). The relation is symmetric, so the
+    same table walks the query blocks of each key block in the dk/dv kernel.
 
-Inside a computed block, scores are masked by segment and window, elementwise. Segment ids are
+Inside what is computed, scores are masked by segment and window, elementwise. Segment ids are
 `flash.segment_ids` (the document; padding is given PAD, above every document: its own segment,
 so a padding query attends to the padding keys, itself at least, and no row is empty). A
 padding query's output is never read by a real token, whose values and gradients equal the
 einsum path's.
 
-Shapes: query / key / value [batch, seq, heads·head_dim] (each token's heads side by side, as
-the projections write them; [batch, seq, heads, head_dim] is taken too) → the same. Per batch
-shard (`flash.sharded_like`: XLA cannot partition a Mosaic kernel), with the sequence padded to
-a multiple of 128 (`flash.run_padded`). A grid step takes [block, 128] tiles holding a group of
-heads (2 for head_dim 64, as dropout_attention): no [.., heads, head_dim] layout, whose 64-lane
-rows fill half of each vector register and of each HBM tile, is made, and nothing is
-transposed to or from the kernels. Grids are (batch, head groups, blocks, steps): the first
-three "parallel" (megacore splits them), the steps "arbitrary" (an online softmax, or a sum).
-All three kernels keep the scores transposed, [keys, queries] (JAX's kernels keep the
-forward's [queries, keys], its statistics broadcast to 128 lanes): the softmax's reductions
-over keys run down the sublanes and leave [1, queries] rows, and the per-query log-sum-exp
-and di are stored as such rows, [batch, heads, 8, seq] (sublane-broadcast), not [seq, 128].
-The forward accumulates o transposed, [width, queries], and transposes it once as a block
-finishes; a small kernel (`splash_passes.di_call`) writes di from o and do. Neither is a relayout in
-XLA. RoPE and the 1/sqrt(head_dim) scale are applied to q and k once, by a small kernel
-(`splash_passes`, lane rolls in VMEM) writing [q' | k'] before the attention kernels, and its
-transpose after them (which also writes dv into the fused gradient):
-rotating each tile as an attention kernel read it cost 16% of each kernel's compiled
-schedule (v5p, 1,024 and 8,192 tokens), a walked tile being read once per step; the same
-rotation as XLA ops cost more than it saved (lane shuffles through HBM). v is read in place
-from the fused qkv.
+Shapes: the fused qkv [batch, seq, 3·heads·head_dim] (each token's heads side by side, as the
+projection writes them) → [batch, seq, heads·head_dim]. Per batch shard
+(`flash.sharded_like`: XLA cannot partition a Mosaic kernel), with the sequence padded to a
+multiple of 128 (`flash.run_padded`). Tiles hold a group of heads (`splash_common`): no [..,
+heads, head_dim] layout, whose 64-lane rows fill half of each vector register and of each HBM
+tile, is made, and nothing is transposed to or from the kernels. A global layer's grids are
+(batch, head groups, blocks, steps): the first three "parallel" (megacore splits them), the
+steps "arbitrary" (an online softmax, or a sum). Its forward accumulates o transposed, [width,
+queries], and transposes it once as a block finishes; a small kernel (`splash_passes.di_call`)
+writes di from o and do. RoPE and the 1/sqrt(head_dim) scale are applied to q and k once, by a
+small kernel (`splash_passes`, lane rolls in VMEM) writing [q' | k'] before the attention
+kernels, and its transpose after them (which also writes dv into the fused gradient): rotating
+each tile as an attention kernel read it cost 16% of each kernel's compiled schedule (v5p,
+1,024 and 8,192 tokens); the same rotation as XLA ops cost more than it saved (lane shuffles
+through HBM). v is read in place from the fused qkv.
 
 Blocks (`block_size`): 512 x 512 where the padded sequence allows (1,024 and 8,192 tokens),
 else 256, else 128. A grid step has a fixed cost (~0.35 µs) that a 128 x 128 x 64 step's
@@ -56,13 +48,12 @@ matmuls (4 MFLOP) leave uncovered and a 512 x 512 step's (67 MFLOP) roughly cove
 Interpret or kernel is decided when lowering (`lax.platform_dependent`, as flash_attention): a
 TPU, also an ahead-of-time compile for a TPU topology on a CPU host, gets the Mosaic kernels,
 anything else the Pallas interpreter (plain HLO). Costs (`pl.CostEstimate`) must be known when
-compiling, documents are not: each kernel's estimate counts the blocks of the window's band
-(all of them in a global layer), the work of rows with no document boundary, an upper bound.
+compiling, documents are not: each kernel's estimate counts the scores of a row with no
+document boundary (`splash_common.computed_scores`), an upper bound.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -74,97 +65,40 @@ from jax.experimental.pallas import tpu as pltpu
 
 from bertjax.errors import ConfigError
 from bertjax.models.kernels import flash_attention as flash
+from bertjax.models.kernels import splash_local as local
 from bertjax.models.kernels import splash_passes as passes
 from bertjax.models.kernels.flash_attention import heads_per_tile
+from bertjax.models.kernels.splash_common import (  # noqa: F401  (Static, PAD, ... as attributes)
+    LANES,
+    NT,
+    PAD,
+    SUBLANES,
+    Static,
+    allowed,
+    block_size,
+    computed_scores,
+    head_rows_of,
+    kernel_costs,
+    only,
+    segment_arrays,
+)
 from bertjax.models.kernels.splash_costs import (  # noqa: F401  (its costs, as attributes)
     ROPE_ELEMENTWISE,
     WINDOW_ELEMENTWISE,
-    backward_costs,
-    di_cost,
-    forward_cost,
 )
-
-BLOCKS = (512, 256, 128)  # preferred first; all multiples of the kernels' 128 lanes
-PAD = int(np.iinfo(np.int32).max)  # padding's segment in the kernels: above every document
-LANES = flash.LANES
-SUBLANES = flash.SUBLANES
-NT = (((1,), (1,)), ((), ()))  # a @ b.T
-
-
-def block_size(seq: int) -> int:
-    """The block (query and key, every kernel) for a sequence padded to a multiple of 128."""
-    return next(block for block in BLOCKS if seq % block == 0)
-
-
-@dataclasses.dataclass(frozen=True)
-class Static:
-    """A call's compile-time settings. radius: the local window's (|q - k| <= radius), None
-    for a global layer; heads, head_dim: the layout of the [batch, seq, heads·head_dim]
-    operands (`group` heads side by side in each 128-lane tile)."""
-
-    seq: int  # padded
-    block: int
-    radius: int | None
-    heads: int = 1
-    head_dim: int = LANES
-
-    @property
-    def scale(self) -> float:
-        """The scores' 1/sqrt(head_dim), applied to q before the kernels."""
-        return self.head_dim ** -0.5
-
-    @property
-    def blocks(self) -> int:
-        return self.seq // self.block
-
-    @property
-    def steps(self) -> int:
-        """Key (dk/dv: query) blocks walked per query (key) block."""
-        if self.radius is None:
-            return self.blocks
-        return min(2 * -(-self.radius // self.block) + 1, self.blocks)
-
-    @property
-    def group(self) -> int:
-        """Heads per grid step: side by side in a tile's lanes (2 for head_dim 64)."""
-        return heads_per_tile(self.heads, self.head_dim)
-
-    @property
-    def width(self) -> int:
-        return self.group * self.head_dim
-
-    @property
-    def groups(self) -> int:
-        """Head groups: grid steps along the heads."""
-        return self.heads // self.group
-
-    def walked(self) -> np.ndarray:
-        """[blocks, steps] int32: the block each step walks (the band's first block + t)."""
-        first = np.arange(self.blocks)
-        if self.radius is None:
-            first = np.zeros_like(first)
-        else:
-            first = np.clip(first - (self.steps - 1) // 2, 0, self.blocks - self.steps)
-        return (first[:, None] + np.arange(self.steps)[None]).astype(np.int32)
-
-    def band(self) -> np.ndarray:
-        """[blocks, steps] bool: the walked block's nearest token is within the window of the
-        block's (always true in a global layer)."""
-        distance = np.abs(self.walked() - np.arange(self.blocks)[:, None])
-        gap = np.maximum(distance - 1, 0) * self.block + (distance > 0)
-        return np.ones(gap.shape, bool) if self.radius is None else gap <= self.radius
 
 
 def block_table(segments: jax.Array, static: Static) -> tuple[jax.Array, jax.Array]:
-    """The kernels' walk over one shard: (index, live), each [batch, blocks, steps] int32.
+    """A global layer's walk over one shard: (index, live), each [batch, blocks, blocks]
+    int32: step t of block i walks block index[b, i, t], computed where live.
 
     segments: [batch, padded seq] int32 (PAD on padding)."""
     batch = segments.shape[0]
     by_block = segments.reshape(batch, static.blocks, static.block)
     low, high = by_block.min(axis=-1), by_block.max(axis=-1)  # [batch, blocks]
-    walked = static.walked()
-    live = ((low[:, :, None] <= high[:, walked]) & (low[:, walked] <= high[:, :, None])
-            & static.band()[None])
+    walked = np.broadcast_to(np.arange(static.blocks, dtype=np.int32),
+                             (static.blocks, static.blocks))
+    live = (low[:, :, None] <= high[:, None, :]) & (low[:, None, :] <= high[:, :, None])
     # A dead step repeats the last live block before it (the first live one at the start):
     # the block index does not change, so nothing is fetched. The diagonal is always live.
     index = lax.cummax(jnp.where(live, walked[None], -1), axis=2)
@@ -173,35 +107,9 @@ def block_table(segments: jax.Array, static: Static) -> tuple[jax.Array, jax.Arr
     return index.astype(jnp.int32), live.astype(jnp.int32)
 
 
-def computed_blocks(static: Static) -> int:
-    """Blocks of one head and row the cost estimates count: the band's (see the docstring)."""
-    return int(static.band().sum())
-
-
 # ---------------------------------------------------------------------------------------------
-# Kernels. Scalar-prefetched: index_ref, live_ref [batch, blocks, steps] int32. A grid step
-# holds a group of heads side by side in [block, width] tiles; head j is computed on the whole
-# tile with the other heads' lanes of one operand zeroed (`_only`), which costs the MXU
-# nothing (it is 128 lanes deep and wide either way) and slices no head out of a tile.
-
-
-def _only(static, j: int, x):
-    """x [rows, width] with every lane outside head j zeroed."""
-    lane = lax.broadcasted_iota(jnp.int32, x.shape, 1)
-    inside = (lane >= j * static.head_dim) & (lane < (j + 1) * static.head_dim)
-    return jnp.where(inside, x, jnp.zeros_like(x))
-
-
-def _allowed(static, q_block, k_block, same_segment, keys_first: bool):
-    """same_segment [q, k] (or [k, q] when keys_first), and within the window in a local
-    layer: the pairs a score is kept for (one mask for the step's heads)."""
-    if static.radius is None:
-        return same_segment
-    q_axis, k_axis = (1, 0) if keys_first else (0, 1)
-    shape = same_segment.shape
-    queries = q_block * static.block + lax.broadcasted_iota(jnp.int32, shape, q_axis)
-    keys = k_block * static.block + lax.broadcasted_iota(jnp.int32, shape, k_axis)
-    return same_segment & (jnp.abs(queries - keys) <= static.radius)
+# Kernels. Scalar-prefetched: index_ref, live_ref [batch, blocks, blocks] int32. A grid step
+# holds a group of heads side by side in [block, width] tiles (`splash_common`).
 
 
 def _forward_kernel(index_ref, live_ref, *refs, static):
@@ -223,11 +131,11 @@ def _forward_kernel(index_ref, live_ref, *refs, static):
     def _compute():
         q, k = q_ref[...], k_ref[...]
         v_t = v_ref[...].astype(jnp.float32).T.astype(v_ref.dtype)  # [width, k]
-        allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
+        kept = allowed(static, q_ids_ref[:1, :], k_ids_ref[...])
         alphas, update = [], 0.0
         for j in range(static.group):
-            s = lax.dot_general(_only(static, j, k), q, NT, preferred_element_type=jnp.float32)
-            s = jnp.where(allowed, s, flash.MASK_VALUE)  # [k, q]
+            s = lax.dot_general(only(static, j, k), q, NT, preferred_element_type=jnp.float32)
+            s = jnp.where(kept, s, flash.MASK_VALUE)  # [k, q]
             peak = peak_ref[j, :1, :]
             new_peak = jnp.maximum(peak, jnp.max(s, axis=0, keepdims=True))  # [1, q]
             p = jnp.exp(s - new_peak)
@@ -240,36 +148,22 @@ def _forward_kernel(index_ref, live_ref, *refs, static):
             rows = lax.broadcasted_iota(jnp.int32, v_t.shape, 0) // static.head_dim
             v_j = jnp.where(rows == j, v_t, jnp.zeros_like(v_t))
             update += lax.dot(v_j, p.astype(v_t.dtype), preferred_element_type=jnp.float32)
-        acc_ref[...] = _head_rows_of(static, alphas) * acc_ref[...] + update
+        acc_ref[...] = head_rows_of(static, alphas) * acc_ref[...] + update
 
-    @pl.when(t == static.steps - 1)
+    @pl.when(t == static.blocks - 1)
     def _finish():
         totals = [total_ref[j, :1, :] for j in range(static.group)]
-        out = acc_ref[...] * _head_rows_of(static, [1.0 / x for x in totals])
+        out = acc_ref[...] * head_rows_of(static, [1.0 / x for x in totals])
         o_ref[...] = out.T.astype(o_ref.dtype)
         for j in range(static.group):
             lse_ref[j] = peak_ref[j] + jnp.log(total_ref[j])
 
 
-def _head_rows_of(static, rows: list):
-    """[width, q]: head j's rows (its head_dim lanes of o, transposed) are rows[j] ([1, q])."""
-    head = lax.broadcasted_iota(jnp.int32, (static.width, rows[0].shape[1]), 0) // static.head_dim
-    out = jnp.broadcast_to(rows[0], head.shape)
-    for j in range(1, len(rows)):
-        out = jnp.where(head == j, rows[j], out)
-    return out
-
-
-def _probabilities(static, j, q, k, lse_ref, allowed):
+def _probabilities(static, j, q, k, lse_ref, kept):
     """Head j's softmax probabilities of a (key block, query block) pair, transposed:
     [k, q]. lse_ref: [group, 8, q] rows."""
-    s = lax.dot_general(_only(static, j, k), q, NT, preferred_element_type=jnp.float32)
-    return jnp.exp(jnp.where(allowed, s, flash.MASK_VALUE) - lse_ref[j, :1, :])
-
-
-def _backward_allowed(static, q_ids_ref, k_ids_ref, q_block, k_block):
-    same = jnp.tile(k_ids_ref[...], (1, static.block // LANES)) == q_ids_ref[:1, :]
-    return _allowed(static, q_block, k_block, same, keys_first=True)
+    s = lax.dot_general(only(static, j, k), q, NT, preferred_element_type=jnp.float32)
+    return jnp.exp(jnp.where(kept, s, flash.MASK_VALUE) - lse_ref[j, :1, :])
 
 
 def _dkv_kernel(index_ref, live_ref, *refs, static):
@@ -289,21 +183,21 @@ def _dkv_kernel(index_ref, live_ref, *refs, static):
     def _compute():
         k, q = k_ref[...], q_ref[...]
         v, do = v_ref[...], do_ref[...]
-        allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, index_ref[b, j, t], j)
+        kept = allowed(static, q_ids_ref[:1, :], k_ids_ref[...])
         dk, dv = 0.0, 0.0
         for h in range(static.group):
-            p = _probabilities(static, h, q, k, lse_ref, allowed)
-            dv += lax.dot(p.astype(do.dtype), _only(static, h, do),
+            p = _probabilities(static, h, q, k, lse_ref, kept)
+            dv += lax.dot(p.astype(do.dtype), only(static, h, do),
                           preferred_element_type=jnp.float32)
-            dp = lax.dot_general(_only(static, h, v), do, NT,
+            dp = lax.dot_general(only(static, h, v), do, NT,
                                  preferred_element_type=jnp.float32)  # [k, q]
             ds = p * (dp - di_ref[h, :1, :])
-            dk += lax.dot(ds.astype(q.dtype), _only(static, h, q),
+            dk += lax.dot(ds.astype(q.dtype), only(static, h, q),
                           preferred_element_type=jnp.float32)
         dk_acc[...] += dk
         dv_acc[...] += dv
 
-    @pl.when(t == static.steps - 1)
+    @pl.when(t == static.blocks - 1)
     def _finish():
         dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
         dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
@@ -323,17 +217,17 @@ def _dq_kernel(index_ref, live_ref, *refs, static):
     def _compute():
         q, k = q_ref[...], k_ref[...]
         v, do = v_ref[...], do_ref[...]
-        allowed = _backward_allowed(static, q_ids_ref, k_ids_ref, i, index_ref[b, i, t])
+        kept = allowed(static, q_ids_ref[:1, :], k_ids_ref[...])
         dq = 0.0
         for h in range(static.group):
-            p = _probabilities(static, h, q, k, lse_ref, allowed)
-            dp = lax.dot_general(_only(static, h, v), do, NT, preferred_element_type=jnp.float32)
+            p = _probabilities(static, h, q, k, lse_ref, kept)
+            dp = lax.dot_general(only(static, h, v), do, NT, preferred_element_type=jnp.float32)
             ds = p * (dp - di_ref[h, :1, :])  # [k, q]
-            dq += lax.dot(ds.T.astype(k.dtype), _only(static, h, k),
+            dq += lax.dot(ds.T.astype(k.dtype), only(static, h, k),
                           preferred_element_type=jnp.float32)
         dq_acc[...] += dq
 
-    @pl.when(t == static.steps - 1)
+    @pl.when(t == static.blocks - 1)
     def _finish():
         dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
 
@@ -380,15 +274,8 @@ def _head_rows(static, walked: bool):
     return pl.BlockSpec((None, static.group, SUBLANES, static.block), index_map)
 
 
-def _segment_arrays(segments):
-    """segments [batch, seq] → as a column [batch, seq, 128] and a row [batch, 8, seq]."""
-    batch, seq = segments.shape
-    return (lax.broadcast_in_dim(segments, (batch, seq, LANES), (0, 1)),
-            lax.broadcast_in_dim(segments, (batch, SUBLANES, seq), (0, 2)))
-
-
 def _grid(q, static):
-    return (q.shape[0], static.groups, static.blocks, static.steps)
+    return (q.shape[0], static.groups, static.blocks, static.blocks)
 
 
 def _params():
@@ -396,25 +283,12 @@ def _params():
         dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
 
 
-def kernel_costs(static: Static, q) -> dict[str, pl.CostEstimate]:
-    """The three kernels' estimates ("fwd", "dkv", "dq") for q [batch, seq, heads·head_dim]
-    (a shard's, padded)."""
-    shape = flash.Shape(q.shape[0], static.heads, q.shape[1], static.head_dim,
-                        q.dtype.itemsize)
-    computed = q.shape[0] * static.heads * computed_blocks(static) * static.block ** 2
-    windowed = static.radius is not None
-    dkv, dq = backward_costs(shape, computed, static.block, static.group, windowed)
-    costs = {"fwd": forward_cost(shape, computed, static.block, static.group, windowed),
-             "dkv": dkv, "dq": dq, "di": di_cost(shape)}
-    return costs
-
-
 def _forward_call(static, interpret, qk, qkv, segments, index, live):
     """q (rotated, scaled) and k (rotated) read in place from qk [batch, seq,
     2·heads·head_dim] (`_rope_call`), v from qkv [batch, seq, 3·heads·head_dim]."""
     batch, seq, _ = qkv.shape
     q = jax.ShapeDtypeStruct((batch, seq, qkv.shape[-1] // 3), qkv.dtype)
-    column, row = _segment_arrays(segments)
+    column, row = segment_arrays(segments)
     stats = (static.group, SUBLANES, static.block)
     out, lse = pl.pallas_call(
         functools.partial(_forward_kernel, static=static),
@@ -437,7 +311,7 @@ def _backward_call(static, interpret, qk, qkv, segments, index, live, out, lse, 
     """(dq, dk, dv) [batch, seq, heads·head_dim]: of the rotated, scaled q and the rotated k
     (`_forward_call`'s inputs, in qk), and of v."""
     q = jax.ShapeDtypeStruct(out.shape, out.dtype)
-    column, row = _segment_arrays(segments)
+    column, row = segment_arrays(segments)
     di = passes.di_call(static, interpret, out, d_out)
     costs = kernel_costs(static, q)
     accumulator = pltpu.VMEM((static.block, static.width), jnp.float32)
@@ -477,24 +351,32 @@ def _on_platform(call, static, *args):
                                   default=functools.partial(call, static, True))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
-def _splash(qkv, segments, index, live, tables, static):
-    """tables: (cos, sin) [batch, seq, width] (q and k given un-rotated), or ()."""
-    return _splash_fwd(qkv, segments, index, live, tables, static)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _splash(qkv, segments, walk, tables, static):
+    """walk: a global layer's (index, live) (`block_table`), () in a local layer; tables:
+    (cos, sin) [batch, seq, width] (q and k given un-rotated), or ()."""
+    return _splash_fwd(qkv, segments, walk, tables, static)[0]
 
 
-def _splash_fwd(qkv, segments, index, live, tables, static):
+def _splash_fwd(qkv, segments, walk, tables, static):
     qk = _on_platform(passes.rope_call, static, qkv, tables)
-    out, lse = _on_platform(_forward_call, static, qk, qkv, segments, index, live)
-    return out, (qk, qkv, segments, index, live, tables, out, lse)
+    if walk:
+        out, lse = _on_platform(_forward_call, static, qk, qkv, segments, *walk)
+    else:
+        out, lse = _on_platform(local.forward_call, static, qk, qkv, segments)
+    return out, (qk, qkv, segments, walk, tables, out, lse)
 
 
 def _splash_bwd(static, residuals, d_out):
-    qk, qkv, segments, index, live, tables, out, lse = residuals
-    dq, dk, dv = _on_platform(_backward_call, static, qk, qkv, segments, index, live, out, lse,
-                              d_out)
+    qk, qkv, segments, walk, tables, out, lse = residuals
+    if walk:
+        dq, dk, dv = _on_platform(_backward_call, static, qk, qkv, segments, *walk, out, lse,
+                                  d_out)
+    else:
+        dq, dk, dv = _on_platform(local.backward_call, static, qk, qkv, segments, out, lse,
+                                  d_out)
     d_qkv = _on_platform(passes.rope_back_call, static, dq, dk, dv, tables)
-    return d_qkv, None, None, None, None
+    return d_qkv, None, None if walk else (), None
 
 
 _splash.defvjp(_splash_fwd, _splash_bwd)
@@ -533,7 +415,7 @@ def splash_attention(
         qkv, tables = tokens[0], tuple(tokens[1:])
         static = Static(qkv.shape[1], block_size(qkv.shape[1]), radius, num_heads, head_dim)
         segments = jnp.where(segments == flash.PAD_SEGMENT, PAD, segments)
-        index, live = block_table(segments, static)
-        return _splash(qkv, segments, index, live, tables, static)
+        walk = block_table(segments, static) if radius is None else ()
+        return _splash(qkv, segments, walk, tables, static)
 
     return flash.run_padded(attend, (qkv, *tables), segments)

@@ -18,17 +18,19 @@ ROPE_ELEMENTWISE = 8
 WINDOW_ELEMENTWISE = 5
 
 
-def forward_cost(shape: flash.Shape, computed: int, block: int, group: int = 1,
+def forward_cost(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
                  windowed: bool = False) -> pl.CostEstimate:
-    """The forward kernel. computed: scores computed over the batch and heads (computed blocks
-    · block²). q·kᵀ and p·v are 4·D FLOPs per score on the group's whole tile width (`group`
-    heads side by side: 4·D·group), one exp each, and the elementwise work
+    """The forward kernel. computed: scores computed over the batch and heads; reuse: scores
+    computed per key row fetched (a global layer's block: a block fetched per computed block;
+    a local layer's span: its whole rows fetched once). q·kᵀ and p·v are 4·D FLOPs per score
+    on the group's whole tile width (`group` heads side by side: 4·D·group), one exp each, and
+    the elementwise work
     (WINDOW_ELEMENTWISE more in a local layer, `windowed`); it reads q and the query segment
-    ids (an [8, seq] int32 row) once per head group, a key and a value block and its key
-    segment ids (a [block, 128] column) per computed block, and writes o and the log-sum-exp
-    ([8, seq] rows, float32)."""
+    ids (an [8, seq] int32 row) once per head group, the fetched keys' and values' rows and
+    their segment ids (a column of 128 lanes), and writes o and the log-sum-exp ([8, seq]
+    rows, float32)."""
     s = shape
-    fetched = computed // block  # key rows fetched: `block` of them per computed block
+    fetched = computed // reuse  # key rows fetched
     return pl.CostEstimate(
         flops=(4 * computed * s.head_dim * group
                + (flash.FORWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
@@ -37,17 +39,17 @@ def forward_cost(shape: flash.Shape, computed: int, block: int, group: int = 1,
                         + 2 * SUBLANES * s.vector_bytes + fetched * flash.LANES * 4))
 
 
-def backward_costs(shape: flash.Shape, computed: int, block: int, group: int = 1,
+def backward_costs(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
                    windowed: bool = False) -> tuple[pl.CostEstimate, pl.CostEstimate]:
-    """(dk/dv kernel, dq kernel), over the computed blocks as `forward_cost` (matmuls on the
-    group's tile width). dk/dv recomputes kᵀ·q, then p·do, v·doᵀ, ds·q (8·D FLOPs per
-    score), reading k and v once and a q, do,
-    log-sum-exp, di and query-id block per computed block, writing dk, dv; dq recomputes kᵀ·q
-    and v·doᵀ, then dsᵀ·k (6·D), reading q, do, the key-id column and its rows once and a k, v
-    and key-id block per computed block, writing dq. One exp per score each."""
+    """(dk/dv kernel, dq kernel), over the computed scores as `forward_cost` (matmuls on the
+    group's tile width; rows fetched per `reuse` scores). dk/dv recomputes kᵀ·q, then p·do,
+    v·doᵀ, ds·q (8·D FLOPs per score), reading k and v once and the fetched rows of q, do,
+    log-sum-exp, di and query ids, writing dk, dv; dq recomputes kᵀ·q and v·doᵀ, then dsᵀ·k
+    (6·D), reading q, do, the key-id column and its rows once and the fetched rows of k, v
+    and key ids, writing dq. One exp per score each."""
     s = shape
-    fetched = computed // block
-    rows = 2 * fetched * s.head_dim * s.itemsize  # two [block, head_dim] operands per block
+    fetched = computed // reuse
+    rows = 2 * fetched * s.head_dim * s.itemsize  # two operands' fetched rows
     ids = fetched * SUBLANES * 4
     vectors = 2 * SUBLANES * s.vector_bytes  # log-sum-exp and di as [8, seq] rows
 

@@ -19,13 +19,13 @@ implementation="xla")` given the structure instead of a mask: the window as
 `local_window_size=(r, r)`, key padding as `key_value_seq_lengths` (right-padded rows; any other
 padding as a [batch, 1, 1, k] key mask), and a [batch, 1, q, k] mask only for packed rows.
 "splash" is our block-sparse Pallas TPU kernels (`splash_attention`, interpreted off a TPU),
-for long sequences: per-row block tables built from the segment ids skip every pair of blocks
-outside the window's band (the grid is the band) or between different documents (or padding);
-inside a computed block, window and segments are masked. Neither "xla" nor "splash" forms a
-dense mask, and neither applies attention dropout (a ConfigError). "auto" (the default) runs
-einsum where attention dropout is active (training with attention_dropout > 0) and on a CPU,
-"splash" on a TPU (also when compiled ahead of time for one) and the "xla" path elsewhere
-(GPUs).
+for long sequences: a local layer's chunks of 128 queries read their window's keys only, a
+global layer's per-row block tables built from the segment ids skip every pair of blocks
+between different documents (or padding); inside, window and segments are masked. Neither
+"xla" nor "splash" forms a dense mask, and neither applies attention dropout (a ConfigError).
+"auto" (the default) runs einsum where attention dropout is active (training with
+attention_dropout > 0) and on a CPU, "splash" on a TPU (also when compiled ahead of time for
+one) and the "xla" path elsewhere (GPUs).
 
 Parameters (every one with logical axis names):
     model/embeddings/tok_embeddings/embedding [vocab, hidden]   ("vocab", "embed")
