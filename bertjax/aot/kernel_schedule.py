@@ -57,7 +57,7 @@ class FlashKernels:
 
 @dataclasses.dataclass(frozen=True)
 class SplashKernels:
-    """What `splash_attention`'s three kernels compile to for one chip's shard, in a global
+    """What `splash_attention`'s kernels compile to for one chip's shard, in a global
     layer (radius None) or a local one."""
 
     batch: int
@@ -142,8 +142,8 @@ def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], 
 
 @functools.cache
 def splash_cycles(topology: str, kernels: SplashKernels) -> dict[tuple[int, int], int]:
-    """As `flash_cycles`, for the splash kernels (forward, dk/dv, dq: named in their bundle
-    files)."""
+    """As `flash_cycles`, for the splash kernels (named in their bundle files: forward, di, and
+    a global layer's dk/dv and dq, a local layer's one backward)."""
     keys, bundles = _compiled_bundles(topology, kernels)
     cycles = {keys[kind]: scheduled_cycles(text) for name, text in bundles.items()
               for kind in keys if f"splash_{kind}" in name}

@@ -57,8 +57,11 @@ CASES = {  # name: (seq, radius, lengths of the two rows, documents per row or N
     "local, below the window": (50, 40, (50, 37), None),  # window 81 > 50 tokens
     "local, at the window": (81, 40, (81, 81), None),
     "local, packed": (300, 40, (300, 260), 4),  # documents shorter and longer than 81
-    # 600 → 5 blocks of 128: each reads 384 keys, shifted into the row at its ends
+    # 600 → 5 blocks of 128: each chunk reads 224 keys, shifted into the row at its ends
     "local, packed, 5 blocks": (600, 40, (600, 555), 3),
+    # the window wider than a block of 128: the backward's accumulators zeroed and written once
+    # per row, not a block at a time
+    "local, wider than a block": (384, 200, (384, 300), 2),
 }
 
 
@@ -158,22 +161,23 @@ def band(seq, block, radius):
 
 
 @pytest.mark.parametrize("seq,radius", [(8192, 64), (1024, 64), (2048, 300), (640, 40),
-                                        (384, 40)])
+                                        (384, 40), (384, 200)])
 def test_local_chunks_read_their_whole_window_and_little_else(seq, radius):
-    """A local layer's chunk of 128 queries (keys) reads `span` keys (queries): 128-aligned,
-    inside the row, holding the window of every token of the chunk; at 8,192 tokens with
-    radius 64, 384 per query, under a third of what a walk of blocks of 512 computed."""
+    """A local layer's chunk of 128 queries reads `span` keys: 16-aligned (bf16's sublane
+    tile), inside the row, holding the window of every query of the chunk; at 8,192 tokens
+    with radius 64, 256 per query, a sixth of what the band of blocks of 512 computed."""
     static = splash.Static(seq, splash.block_size(seq), radius)
-    assert static.span == min(128 + 2 * 128 * -(-radius // 128), seq)
+    span = static.span
+    assert span == min(128 + 2 * 16 * -(-radius // 16), seq)
     for first in range(0, seq, 128):
         start = int(static.span_start(jnp.int32(first)))
-        assert start % 128 == 0 and 0 <= start and start + static.span <= seq
+        assert start % 16 == 0 and 0 <= start and start + span <= seq
         assert start <= max(first - radius, 0)
-        assert start + static.span >= min(first + 128 + radius, seq)
-    assert splash.computed_scores(static, 1) == seq * static.span
+        assert start + span >= min(first + 128 + radius, seq)
+    assert splash.computed_scores(static, 1) == seq * span
     if seq == 8192:
         walked_by_the_band = int(band(seq, 512, radius).sum()) * 512 * 512
-        assert static.span == 384 and seq * static.span * 3 < walked_by_the_band
+        assert span == 256 and seq * span * 5 < walked_by_the_band
     full = splash.Static(seq, splash.block_size(seq), None)
     assert splash.computed_scores(full, 1) == seq * seq
 
@@ -251,12 +255,14 @@ def _pallas_calls(jaxpr):
     return found
 
 
-def test_cost_estimates_count_the_computed_scores():
+@pytest.mark.parametrize("radius", [64, None])
+def test_cost_estimates_count_the_computed_scores(radius):
     """The kernels' cost estimates count the scores computed: at 2,048 tokens with radius 64,
-    384 keys per query (a chunk of 128 and one on each side); the matmuls on the 2 heads'
-    128-lane tile; di's kernel a product and a sum per element of o; the rope kernels' per
-    element of q and k."""
-    batch, seq, heads, head_dim, radius = 2, 2048, 2, 64, 64
+    256 keys per query (a chunk of 128 and 64 on each side), globally all 2,048; the matmuls
+    on the 2 heads' 128-lane tile (a local layer's backward is one kernel of 5 matmuls, a
+    global layer's dk/dv and dq kernels 4 and 3); di's kernel a product and a sum per element
+    of o; the rope kernels' per element of q and k."""
+    batch, seq, heads, head_dim = 2, 2048, 2, 64
     q = jax.ShapeDtypeStruct((batch, seq, heads, head_dim), jnp.bfloat16)
     mask = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
 
@@ -265,17 +271,19 @@ def test_cost_estimates_count_the_computed_scores():
             q, k, v, mask, None, radius).astype(jnp.float32)), (0, 1, 2))(q, k, v)
 
     calls = _pallas_calls(jax.make_jaxpr(step)(q, q, q, mask).jaxpr)
-    computed = batch * heads * seq * 384
+    computed = batch * heads * seq * (seq if radius is None else 256)
     flops = {}
     for eqn in calls:  # each kernel twice: the TPU branch and the interpreted one
         name = eqn.params["jaxpr"].debug_info.func_name
-        kind = next(k for k in ("fwd", "dkv", "dq", "di", "rope") if f"_{k}" in name)
+        kind = next(k for k in ("fwd", "bwd", "dkv", "dq", "di", "rope") if f"_{k}" in name)
         flops.setdefault(kind, set()).add(eqn.params["cost_estimate"].flops)
-    elementwise = {"fwd": flash.FORWARD_ELEMENTWISE, "dq": flash.BACKWARD_ELEMENTWISE,
-                   "dkv": flash.BACKWARD_ELEMENTWISE}
-    for kind, matmuls in (("fwd", 2), ("dq", 3), ("dkv", 4)):
-        want = (2 * matmuls * computed * head_dim * 2  # the group's two heads' lanes
-                + (elementwise[kind] + splash.WINDOW_ELEMENTWISE) * computed)  # a local layer
+    kernels = ({"fwd": 2, "dq": 3, "dkv": 4} if radius is None else {"fwd": 2, "bwd": 5})
+    assert set(flops) == set(kernels) | {"di", "rope"}
+    for kind, matmuls in kernels.items():
+        elementwise = flash.FORWARD_ELEMENTWISE if kind == "fwd" else flash.BACKWARD_ELEMENTWISE
+        if radius is not None:
+            elementwise += splash.WINDOW_ELEMENTWISE
+        want = 2 * matmuls * computed * head_dim * 2 + elementwise * computed  # 2 heads' lanes
         assert flops[kind] == {want}, kind
     assert flops["di"] == {2 * batch * seq * heads * head_dim}  # o·do summed per head
     # q and k rotated and scaled once, and back (the same work each way)

@@ -23,12 +23,18 @@ from jax.experimental import pallas as pl
 
 from bertjax.models.kernels import flash_attention as flash
 from bertjax.models.kernels.flash_attention import heads_per_tile
-from bertjax.models.kernels.splash_costs import backward_costs, di_cost, forward_cost
+from bertjax.models.kernels.splash_costs import (
+    backward_costs,
+    di_cost,
+    forward_cost,
+    local_backward_cost,
+)
 
 BLOCKS = (512, 256, 128)  # preferred first; all multiples of the kernels' 128 lanes
 PAD = int(np.iinfo(np.int32).max)  # padding's segment in the kernels: above every document
 LANES = flash.LANES
 SUBLANES = flash.SUBLANES
+TILE_ROWS = 16  # a bf16 tile's rows: where a slice of rows may start
 NT = (((1,), (1,)), ((), ()))  # a @ b.T
 TN = (((0,), (0,)), ((), ()))  # a.T @ b
 
@@ -75,19 +81,21 @@ class Static:
 
     @property
     def reach(self) -> int:
-        """A local layer's tokens read on each side of a chunk of 128, in whole chunks."""
-        return -(-self.radius // LANES) * LANES
+        """A local layer's keys read on each side of a chunk of 128 queries: the radius
+        rounded up to whole tiles of rows (`TILE_ROWS`)."""
+        return -(-self.radius // TILE_ROWS) * TILE_ROWS
 
     @property
     def span(self) -> int:
-        """A local layer's keys (queries) read for a chunk of 128 queries (keys): the chunk
-        and `reach` on each side, within the row."""
+        """A local layer's keys read for a chunk of 128 queries: the chunk and `reach` on
+        each side, within the row."""
         return min(2 * self.reach + LANES, self.seq)
 
     def span_start(self, first):
-        """The first of the `span` tokens read for the chunk starting at token `first`
+        """The first of the `span` keys read for the chunk starting at token `first`
         (traced): `reach` before it, shifted into the row at its ends."""
-        return pl.multiple_of(jnp.clip(first - self.reach, 0, self.seq - self.span), LANES)
+        start = jnp.clip(first - self.reach, 0, self.seq - self.span)
+        return pl.multiple_of(start, TILE_ROWS)
 
 
 def computed_scores(static: Static, batch: int) -> int:
@@ -146,15 +154,16 @@ def segment_arrays(segments):
 
 
 def kernel_costs(static: Static, q) -> dict[str, pl.CostEstimate]:
-    """The kernels' estimates ("fwd", "dkv", "dq", "di") for q [batch, seq, heads·head_dim]
-    (a shard's, padded). A global layer fetches a key (query) block per computed block; a
-    local one reads the other side's rows once per row and head group."""
+    """The kernels' estimates for q [batch, seq, heads·head_dim] (a shard's, padded): "fwd",
+    "di", and a global layer's "dkv" and "dq" (a key or query block fetched per computed
+    block), a local layer's "bwd" (whole rows read once)."""
     shape = flash.Shape(q.shape[0], static.heads, q.shape[1], static.head_dim,
                         q.dtype.itemsize)
     computed = computed_scores(static, q.shape[0])
-    windowed = static.radius is not None
-    fetched_per = static.span if windowed else static.block
-    dkv, dq = backward_costs(shape, computed, fetched_per, static.group, windowed)
-    return {"fwd": forward_cost(shape, computed, fetched_per, static.group, windowed),
+    if static.radius is not None:
+        return {"fwd": forward_cost(shape, computed, static.span, static.group, True),
+                "bwd": local_backward_cost(shape, computed, static.group),
+                "di": di_cost(shape)}
+    dkv, dq = backward_costs(shape, computed, static.block, static.group)
+    return {"fwd": forward_cost(shape, computed, static.block, static.group),
             "dkv": dkv, "dq": dq, "di": di_cost(shape)}
-

@@ -64,6 +64,19 @@ def backward_costs(shape: flash.Shape, computed: int, reuse: int, group: int = 1
     return dkv, dq
 
 
+def local_backward_cost(shape: flash.Shape, computed: int, group: int = 1) -> pl.CostEstimate:
+    """A local layer's one backward kernel over the computed scores: kᵀ·q, v·doᵀ, then dsᵀ·k,
+    ds·q, p·do (10·D FLOPs per score on the group's tile width), one exp each, the elementwise
+    work with the window's mask; it reads q, k, v, do once, the log-sum-exp and di ([8, seq]
+    rows), the segment ids (a row and a column of 128 lanes), and writes dq, dk, dv."""
+    s = shape
+    return pl.CostEstimate(
+        flops=(2 * 5 * computed * s.head_dim * group
+               + (flash.BACKWARD_ELEMENTWISE + WINDOW_ELEMENTWISE) * computed),
+        transcendentals=computed,
+        bytes_accessed=(7 * s.qkv_bytes + 2 * SUBLANES * s.vector_bytes + s.lane_bytes))
+
+
 def di_cost(shape: flash.Shape) -> pl.CostEstimate:
     """The di kernel: reads o and do, writes di as [8, seq] rows (float32); a product and a
     sum per element."""
