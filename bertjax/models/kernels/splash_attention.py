@@ -132,7 +132,6 @@ def _forward_kernel(index_ref, live_ref, *refs, static):
         q, k = q_ref[...], k_ref[...]
         v_t = v_ref[...].astype(jnp.float32).T.astype(v_ref.dtype)  # [width, k]
         kept = allowed(static, q_ids_ref[:1, :], k_ids_ref[...])
-        alphas, update = [], 0.0
         for j in range(static.group):
             s = lax.dot_general(only(static, j, k), q, NT, preferred_element_type=jnp.float32)
             s = jnp.where(kept, s, flash.MASK_VALUE)  # [k, q]
@@ -143,12 +142,10 @@ def _forward_kernel(index_ref, live_ref, *refs, static):
             total = alpha * total_ref[j, :1, :] + jnp.sum(p, axis=0, keepdims=True)
             total_ref[j] = jnp.broadcast_to(total, total_ref.shape[1:])
             peak_ref[j] = jnp.broadcast_to(new_peak, peak_ref.shape[1:])
-            alphas.append(alpha)
-            # head j's rows of oᵀ only: the heads' updates do not overlap
-            rows = lax.broadcasted_iota(jnp.int32, v_t.shape, 0) // static.head_dim
-            v_j = jnp.where(rows == j, v_t, jnp.zeros_like(v_t))
-            update += lax.dot(v_j, p.astype(v_t.dtype), preferred_element_type=jnp.float32)
-        acc_ref[...] = head_rows_of(static, alphas) * acc_ref[...] + update
+            # head j's rows of oᵀ, from its rows of vᵀ only
+            rows = _head_slice(static, j)
+            update = lax.dot(v_t[rows], p.astype(v_t.dtype), preferred_element_type=jnp.float32)
+            acc_ref[rows, :] = alpha * acc_ref[rows, :] + update
 
     @pl.when(t == static.blocks - 1)
     def _finish():
@@ -159,6 +156,18 @@ def _forward_kernel(index_ref, live_ref, *refs, static):
             lse_ref[j] = peak_ref[j] + jnp.log(total_ref[j])
 
 
+def _head_slice(static, j: int) -> slice:
+    """Head j's rows of a transposed [width, rows] tile: its head_dim of the group's lanes.
+    Transposed operands let a head's matmul stream its head_dim rows alone, half of what a
+    [rows, width] tile with the other head's lanes zeroed streams through the MXU."""
+    return slice(j * static.head_dim, (j + 1) * static.head_dim)
+
+
+def _transposed(x):
+    """A [rows, width] bf16 tile as [width, rows] (by way of float32, which Mosaic transposes)."""
+    return x.astype(jnp.float32).T.astype(x.dtype)
+
+
 def _probabilities(static, j, q, k, lse_ref, kept):
     """Head j's softmax probabilities of a (key block, query block) pair, transposed:
     [k, q]. lse_ref: [group, 8, q] rows."""
@@ -167,9 +176,9 @@ def _probabilities(static, j, q, k, lse_ref, kept):
 
 
 def _dkv_kernel(index_ref, live_ref, *refs, static):
-    """One (row, head group, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q.
-    Refs: q, k, v, do, lse, di, query ids, key ids, dk, dv, then scratch dk, dv [k, width]
-    float32."""
+    """One (row, head group, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q,
+    accumulated transposed per head (`_head_slice`). Refs: q, k, v, do, lse, di, query ids,
+    key ids, dk, dv, then scratch dkᵀ, dvᵀ [width, k] float32."""
     (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref, dk_ref, dv_ref, dk_acc,
      dv_acc) = refs
     b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -184,28 +193,28 @@ def _dkv_kernel(index_ref, live_ref, *refs, static):
         k, q = k_ref[...], q_ref[...]
         v, do = v_ref[...], do_ref[...]
         kept = allowed(static, q_ids_ref[:1, :], k_ids_ref[...])
-        dk, dv = 0.0, 0.0
+        q_t, do_t = _transposed(q), _transposed(do)
         for h in range(static.group):
             p = _probabilities(static, h, q, k, lse_ref, kept)
-            dv += lax.dot(p.astype(do.dtype), only(static, h, do),
-                          preferred_element_type=jnp.float32)
             dp = lax.dot_general(only(static, h, v), do, NT,
                                  preferred_element_type=jnp.float32)  # [k, q]
             ds = p * (dp - di_ref[h, :1, :])
-            dk += lax.dot(ds.astype(q.dtype), only(static, h, q),
-                          preferred_element_type=jnp.float32)
-        dk_acc[...] += dk
-        dv_acc[...] += dv
+            rows = _head_slice(static, h)  # head h's dvᵀ, dkᵀ: [head_dim, k]
+            dv_acc[rows, :] += lax.dot_general(do_t[rows], p.astype(do.dtype), NT,
+                                               preferred_element_type=jnp.float32)
+            dk_acc[rows, :] += lax.dot_general(q_t[rows], ds.astype(q.dtype), NT,
+                                               preferred_element_type=jnp.float32)
 
     @pl.when(t == static.blocks - 1)
     def _finish():
-        dk_ref[...] = dk_acc[...].astype(dk_ref.dtype)
-        dv_ref[...] = dv_acc[...].astype(dv_ref.dtype)
+        dk_ref[...] = dk_acc[...].T.astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[...].T.astype(dv_ref.dtype)
 
 
 def _dq_kernel(index_ref, live_ref, *refs, static):
-    """One (row, head group, query block) over its key steps: dq = Σ ds·k. Refs: q, k, v, do,
-    lse, di, query ids, key ids, dq, then scratch dq [q, width] float32."""
+    """One (row, head group, query block) over its key steps: dq = Σ ds·k, accumulated
+    transposed per head (`_head_slice`). Refs: q, k, v, do, lse, di, query ids, key ids, dq,
+    then scratch dqᵀ [width, q] float32."""
     q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref, dq_ref, dq_acc = refs
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
 
@@ -218,18 +227,18 @@ def _dq_kernel(index_ref, live_ref, *refs, static):
         q, k = q_ref[...], k_ref[...]
         v, do = v_ref[...], do_ref[...]
         kept = allowed(static, q_ids_ref[:1, :], k_ids_ref[...])
-        dq = 0.0
+        k_t = _transposed(k)
         for h in range(static.group):
             p = _probabilities(static, h, q, k, lse_ref, kept)
             dp = lax.dot_general(only(static, h, v), do, NT, preferred_element_type=jnp.float32)
             ds = p * (dp - di_ref[h, :1, :])  # [k, q]
-            dq += lax.dot(ds.T.astype(k.dtype), only(static, h, k),
-                          preferred_element_type=jnp.float32)
-        dq_acc[...] += dq
+            rows = _head_slice(static, h)  # head h's dqᵀ: [head_dim, q]
+            dq_acc[rows, :] += lax.dot(k_t[rows], ds.astype(k.dtype),
+                                       preferred_element_type=jnp.float32)
 
     @pl.when(t == static.blocks - 1)
     def _finish():
-        dq_ref[...] = dq_acc[...].astype(dq_ref.dtype)
+        dq_ref[...] = dq_acc[...].T.astype(dq_ref.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -314,7 +323,7 @@ def _backward_call(static, interpret, qk, qkv, segments, index, live, out, lse, 
     column, row = segment_arrays(segments)
     di = passes.di_call(static, interpret, out, d_out)
     costs = kernel_costs(static, q)
-    accumulator = pltpu.VMEM((static.block, static.width), jnp.float32)
+    accumulator = pltpu.VMEM((static.width, static.block), jnp.float32)  # transposed
     # dk/dv: the grid's block is a key block, the walk over query blocks.
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, static=static),

@@ -68,90 +68,86 @@ def _rotate_half(static, x):
 
 
 def _rope_kernel(*refs, static, rope: bool):
-    """One (row, block, lane tile c) of [q | k]: q's tiles (c < groups) rotated and scaled by
-    1/sqrt(head_dim), k's rotated, in float32 (the model's `apply_rope`), cast back. Refs:
-    qkv tile, [cos, sin tiles,] out tile."""
-    x_ref, o_ref = refs[0], refs[-1]
-    y = x_ref[...].astype(jnp.float32)
+    """One (row, block) of [q | k]: q's heads rotated and scaled by 1/sqrt(head_dim), k's
+    rotated, in float32 (the model's `apply_rope`), cast back, a group's 128-lane tile at a
+    time (the tables are a group's). Refs: q, k [block, heads · head_dim] (of qkv), [cos, sin
+    tiles,] out [block, 2 · heads · head_dim]."""
+    q_ref, k_ref, o_ref = refs[0], refs[1], refs[-1]
     if rope:
-        cos, sin = (r[...].astype(jnp.float32) for r in refs[1:3])
-        y = y * cos + _rotate_half(static, y) * sin
-    scale = jnp.where(pl.program_id(2) < static.groups, static.scale, 1.0)
-    o_ref[...] = (y * scale).astype(o_ref.dtype)
+        cos, sin = (r[...].astype(jnp.float32) for r in refs[2:4])
+    for part, (x_ref, scale) in enumerate(((q_ref, static.scale), (k_ref, 1.0))):
+        for lanes, out in _group_lanes(static, part):
+            y = x_ref[:, lanes].astype(jnp.float32)
+            if rope:
+                y = y * cos + _rotate_half(static, y) * sin
+            o_ref[:, out] = (y * scale).astype(o_ref.dtype)
 
 
 def _rope_back_kernel(*refs, static, rope: bool):
-    """One (row, block, lane tile c) of d qkv: the transpose of `_rope_kernel` applied to dq'
-    (c < groups) and dk' (the next groups), dv copied (the last). Refs: dq', dk', dv tiles,
-    [cos, sin tiles,] out tile."""
+    """One (row, block) of d qkv: the transpose of `_rope_kernel` applied to dq' and dk', dv
+    copied. Refs: dq', dk', dv [block, heads · head_dim], [cos, sin tiles,] out [block,
+    3 · heads · head_dim]."""
     dq_ref, dk_ref, dv_ref, o_ref = refs[0], refs[1], refs[2], refs[-1]
-    groups = static.groups
-    part = pl.program_id(2) // groups
-
-    def back(g_ref, scale):
-        g = g_ref[...].astype(jnp.float32) * scale
-        if rope:  # rotate_half's transpose is its negation
-            cos, sin = (r[...].astype(jnp.float32) for r in refs[3:5])
-            g = g * cos - _rotate_half(static, g * sin)
-        o_ref[...] = g.astype(o_ref.dtype)
-
-    @pl.when(part == 0)
-    def _q():
-        back(dq_ref, static.scale)
-
-    @pl.when(part == 1)
-    def _k():
-        back(dk_ref, 1.0)
-
-    @pl.when(part == 2)
-    def _v():
-        o_ref[...] = dv_ref[...]
+    if rope:
+        cos, sin = (r[...].astype(jnp.float32) for r in refs[3:5])
+    for part, (g_ref, scale) in enumerate(((dq_ref, static.scale), (dk_ref, 1.0))):
+        for lanes, out in _group_lanes(static, part):
+            g = g_ref[:, lanes].astype(jnp.float32) * scale
+            if rope:  # rotate_half's transpose is its negation
+                g = g * cos - _rotate_half(static, g * sin)
+            o_ref[:, out] = g.astype(o_ref.dtype)
+    features = static.groups * static.width
+    o_ref[:, 2 * features:] = dv_ref[...]
 
 
-def _lane_tile(static, shift: int = 0, tiles: int | None = None):
-    """A (row, block, lane tile c) step's [block, width] tile of a [batch, seq, n·width] array
-    at tile c - shift, clipped to [0, tiles) (an unchanged index is not fetched again)."""
-    def index_map(b, i, c):
-        tile = c - shift if tiles is None else jnp.clip(c - shift, 0, tiles - 1)
-        return (b, i, tile)
+def _group_lanes(static, part: int):
+    """(a head group's 128 lanes of a [rows, heads · head_dim] tile, the same of part `part`
+    of [rows, n · heads · head_dim]) for each group."""
+    features = static.groups * static.width
+    return [(slice(g * static.width, (g + 1) * static.width),
+             slice(part * features + g * static.width, part * features + (g + 1) * static.width))
+            for g in range(static.groups)]
 
-    return pl.BlockSpec((None, static.block, static.width), index_map)
+
+def _tokens(static, parts: int = 1, part: int = 0):
+    """A (row, block) step's [block, parts · heads · head_dim] tile of a [batch, seq, n ·
+    heads · head_dim] array, at `part` (in units of the tile's width)."""
+    features = parts * static.groups * static.width
+    return pl.BlockSpec((None, static.block, features), lambda b, i: (b, i, part))
 
 
 def _table_spec(static):
-    return pl.BlockSpec((None, static.block, static.width), lambda b, i, c: (b, i, 0))
+    return pl.BlockSpec((None, static.block, static.width), lambda b, i: (b, i, 0))
 
 
 def rope_call(static, interpret, qkv, tables):
     """[q' | k'] [batch, seq, 2·heads·head_dim] of qkv [batch, seq, 3·heads·head_dim]: q
     rotated and scaled, k rotated (`_rope_kernel`); tables [batch, seq, width] or ()."""
     batch, seq, features = qkv.shape
-    groups = static.groups
     return pl.pallas_call(
         functools.partial(_rope_kernel, static=static, rope=bool(tables)),
-        grid=(batch, static.blocks, 2 * groups),
-        in_specs=[_lane_tile(static)] + [_table_spec(static)] * len(tables),
-        out_specs=_lane_tile(static),
+        grid=(batch, static.blocks),
+        in_specs=[_tokens(static, 1, 0), _tokens(static, 1, 1)]
+        + [_table_spec(static)] * len(tables),
+        out_specs=_tokens(static, 2),
         out_shape=jax.ShapeDtypeStruct((batch, seq, features * 2 // 3), qkv.dtype),
-        compiler_params=_parallel(3),
+        compiler_params=_parallel(2),
         cost_estimate=rope_cost(static, qkv, len(tables), back=False),
         interpret=interpret, name="splash_rope",
-    )(qkv, *tables)
+    )(qkv, qkv, *tables)
 
 
 def rope_back_call(static, interpret, dq, dk, dv, tables):
     """d qkv [batch, seq, 3·heads·head_dim] from the kernels' dq', dk' (of the rotated,
     scaled q and the rotated k) and dv, each [batch, seq, heads·head_dim]."""
     batch, seq, width = dq.shape
-    groups = static.groups
     return pl.pallas_call(
         functools.partial(_rope_back_kernel, static=static, rope=bool(tables)),
-        grid=(batch, static.blocks, 3 * groups),
-        in_specs=[_lane_tile(static, part * groups, groups) for part in range(3)]
-        + [_table_spec(static)] * len(tables),
-        out_specs=_lane_tile(static),
+        grid=(batch, static.blocks),
+        in_specs=[_tokens(static)] * 3 + [_table_spec(static)] * len(tables),
+        out_specs=_tokens(static, 3),
         out_shape=jax.ShapeDtypeStruct((batch, seq, 3 * width), dq.dtype),
-        compiler_params=_parallel(3),
+        compiler_params=_parallel(2),
         cost_estimate=rope_cost(static, dq, len(tables), back=True),
         interpret=interpret, name="splash_rope_back",
     )(dq, dk, dv, *tables)
@@ -162,7 +158,7 @@ def rope_cost(static, x, tables: int, back: bool) -> pl.CostEstimate:
     reads; forward reads q, k and writes them rotated; backward also copies dv."""
     batch, seq = x.shape[:2]
     elements = 2 * batch * seq * static.heads * static.head_dim
-    tables_bytes = tables * batch * seq * static.width * 4 * 2 * static.groups
+    tables_bytes = tables * batch * seq * static.width * x.dtype.itemsize  # once per block
     moved = elements * x.dtype.itemsize * (2 + (1 if back else 0))
     return pl.CostEstimate(flops=ROPE_ELEMENTWISE * elements, transcendentals=0,
                            bytes_accessed=moved + tables_bytes)
