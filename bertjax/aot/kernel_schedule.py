@@ -142,8 +142,8 @@ def flash_cycles(topology: str, kernels: FlashKernels) -> dict[tuple[int, int], 
 
 @functools.cache
 def splash_cycles(topology: str, kernels: SplashKernels) -> dict[tuple[int, int], int]:
-    """As `flash_cycles`, for the splash kernels (named in their bundle files: forward, di, and
-    a global layer's dk/dv and dq, a local layer's one backward)."""
+    """As `flash_cycles`, for the splash kernels (forward, backward, di: named in their bundle
+    files)."""
     keys, bundles = _compiled_bundles(topology, kernels)
     cycles = {keys[kind]: scheduled_cycles(text) for name, text in bundles.items()
               for kind in keys if f"splash_{kind}" in name}

@@ -608,8 +608,8 @@ def test_the_splash_kernels_schedule_grows_with_their_grid_and_exceeds_the_roofl
         di[batch] = (int(costs["di"].flops), int(costs["di"].bytes_accessed))
         assert set(cycles[batch, None]) & set(cycles[batch, 64]) == {di[batch]}
     # A global layer's kernels: 2·1·2·2 grid steps at batch 2 (one group of 2 heads), twice
-    # that at 4, halved over the cores, +2 to fill; a local layer's kernels have no key steps,
-    # nor has di's grid: 2·1·2
+    # that at 4, halved over the cores (the backward's over its rows and head groups), +2 to
+    # fill; a local layer's kernels have no key steps, nor has di's grid: 2·1·2
     for radius, steps in ((None, 8), (64, 4)):
         small, large = ([v for k, v in sorted(cycles[b, radius].items()) if k != di[b]]
                         for b in (2, 4))

@@ -6,8 +6,8 @@ Why: a local layer needs only |q - k| <= r (r = 64: 129 keys of 8,192), and a pa
 documents see only themselves, yet a dense or flash kernel computes every pair of blocks.
 
   * A local layer (`splash_local`): each chunk of 128 queries reads the keys of its window,
-    rounded out to whole chunks (384 for r = 64), from the row held in VMEM; one grid step per
-    block, no walk, a one-pass softmax.
+    rounded out to whole tiles of 16 rows (256 keys for r = 64), from the row held in VMEM;
+    one grid step per block, no walk, a one-pass softmax.
   * A global layer (this module): query block i walks every key block of the row; step t's key
     block is `index[b, i, t]`, computed where `live[b, i, t]`, i.e. where the two blocks'
     segment ranges [min, max] overlap (implied by any query and key sharing a document;
@@ -15,8 +15,8 @@ documents see only themselves, yet a dense or flash kernel computes every pair o
     built on device from the segment ids (`block_table`, a few integer ops over [batch,
     blocks]) and read as scalar-prefetched memory. A dead step computes nothing and repeats
     the previous live step's block index, so nothing is fetched for it either (a block is
-    copied in only when its index changes between steps). The relation is symmetric, so the
-    same table walks the query blocks of each key block in the dk/dv kernel.
+    copied in only when its index changes between steps). The backward walks the same table
+    and computes each live pair's p and ds once, for dq, dk and dv (`_backward_kernel`).
 
 Inside what is computed, scores are masked by segment and window, elementwise. Segment ids are
 `flash.segment_ids` (the document; padding is given PAD, above every document: its own segment,
@@ -30,10 +30,11 @@ projection writes them) → [batch, seq, heads·head_dim]. Per batch shard
 multiple of 128 (`flash.run_padded`). Tiles hold a group of heads (`splash_common`): no [..,
 heads, head_dim] layout, whose 64-lane rows fill half of each vector register and of each HBM
 tile, is made, and nothing is transposed to or from the kernels. A global layer's grids are
-(batch, head groups, blocks, steps): the first three "parallel" (megacore splits them), the
-steps "arbitrary" (an online softmax, or a sum). Its forward accumulates o transposed, [width,
-queries], and transposes it once as a block finishes; a small kernel (`splash_passes.di_call`)
-writes di from o and do. RoPE and the 1/sqrt(head_dim) scale are applied to q and k once, by a
+(batch, head groups, blocks, steps): the forward's first three "parallel" (megacore splits
+them), the steps "arbitrary" (an online softmax); the backward's blocks "arbitrary" too (its
+dk and dv accumulate over them). The forward accumulates o transposed, [width, queries], and
+transposes it once as a block finishes; a small kernel (`splash_passes.di_call`) writes di from
+o and do. RoPE and the 1/sqrt(head_dim) scale are applied to q and k once, by a
 small kernel (`splash_passes`, lane rolls in VMEM) writing [q' | k'] before the attention
 kernels, and its transpose after them (which also writes dv into the fused gradient): rotating
 each tile as an attention kernel read it cost 16% of each kernel's compiled schedule (v5p,
@@ -175,76 +176,66 @@ def _probabilities(static, j, q, k, lse_ref, kept):
     return jnp.exp(jnp.where(kept, s, flash.MASK_VALUE) - lse_ref[j, :1, :])
 
 
-def _dkv_kernel(index_ref, live_ref, *refs, static):
-    """One (row, head group, key block) over its query steps: dv = Σ pᵀ·do, dk = Σ dsᵀ·q,
-    accumulated transposed per head (`_head_slice`). Refs: q, k, v, do, lse, di, query ids,
-    key ids, dk, dv, then scratch dkᵀ, dvᵀ [width, k] float32."""
-    (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref, dk_ref, dv_ref, dk_acc,
-     dv_acc) = refs
-    b, j, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-
-    @pl.when(t == 0)
-    def _init():
-        dk_acc[...] = jnp.zeros(dk_acc.shape, jnp.float32)
-        dv_acc[...] = jnp.zeros(dv_acc.shape, jnp.float32)
-
-    @pl.when(live_ref[b, j, t] != 0)
-    def _compute():
-        k, q = k_ref[...], q_ref[...]
-        v, do = v_ref[...], do_ref[...]
-        kept = allowed(static, q_ids_ref[:1, :], k_ids_ref[...])
-        q_t, do_t = _transposed(q), _transposed(do)
-        for h in range(static.group):
-            p = _probabilities(static, h, q, k, lse_ref, kept)
-            dp = lax.dot_general(only(static, h, v), do, NT,
-                                 preferred_element_type=jnp.float32)  # [k, q]
-            ds = p * (dp - di_ref[h, :1, :])
-            rows = _head_slice(static, h)  # head h's dvᵀ, dkᵀ: [head_dim, k]
-            dv_acc[rows, :] += lax.dot_general(do_t[rows], p.astype(do.dtype), NT,
-                                               preferred_element_type=jnp.float32)
-            dk_acc[rows, :] += lax.dot_general(q_t[rows], ds.astype(q.dtype), NT,
-                                               preferred_element_type=jnp.float32)
-
-    @pl.when(t == static.blocks - 1)
-    def _finish():
-        dk_ref[...] = dk_acc[...].T.astype(dk_ref.dtype)
-        dv_ref[...] = dv_acc[...].T.astype(dv_ref.dtype)
-
-
-def _dq_kernel(index_ref, live_ref, *refs, static):
-    """One (row, head group, query block) over its key steps: dq = Σ ds·k, accumulated
-    transposed per head (`_head_slice`). Refs: q, k, v, do, lse, di, query ids, key ids, dq,
-    then scratch dqᵀ [width, q] float32."""
-    q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref, dq_ref, dq_acc = refs
+def _backward_kernel(index_ref, live_ref, *refs, static):
+    """One (row, head group, query block i) over its key steps t: p and ds of each live block
+    pair computed once; dq = Σ ds·k accumulated for block i, dk = Σ dsᵀ·q and dv = Σ pᵀ·do for
+    the walked key block in accumulators of the whole row, all transposed per head
+    (`_head_slice`). The key blocks' columns are zeroed as the first query block walks them
+    (it walks every block, in order) and written out as the last one leaves them. Refs: q, k,
+    v, do, lse, di, query ids, key ids, dq, dk, dv (whole rows), then scratch dqᵀ [width, q],
+    dkᵀ, dvᵀ [width, seq] float32."""
+    (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref, dq_ref, dk_ref, dv_ref,
+     dq_acc, dk_acc, dv_acc) = refs
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    last = static.blocks - 1
 
     @pl.when(t == 0)
-    def _init():
+    def _init_dq():
         dq_acc[...] = jnp.zeros(dq_acc.shape, jnp.float32)
+
+    @pl.when(i == 0)
+    def _init_dkv():
+        columns = pl.ds(pl.multiple_of(t * static.block, static.block), static.block)
+        dk_acc[:, columns] = jnp.zeros((static.width, static.block), jnp.float32)
+        dv_acc[:, columns] = jnp.zeros((static.width, static.block), jnp.float32)
 
     @pl.when(live_ref[b, i, t] != 0)
     def _compute():
         q, k = q_ref[...], k_ref[...]
         v, do = v_ref[...], do_ref[...]
         kept = allowed(static, q_ids_ref[:1, :], k_ids_ref[...])
-        k_t = _transposed(k)
+        k_t, q_t, do_t = _transposed(k), _transposed(q), _transposed(do)
+        k_block = index_ref[b, i, t]
+        columns = pl.ds(pl.multiple_of(k_block * static.block, static.block), static.block)
         for h in range(static.group):
             p = _probabilities(static, h, q, k, lse_ref, kept)
-            dp = lax.dot_general(only(static, h, v), do, NT, preferred_element_type=jnp.float32)
-            ds = p * (dp - di_ref[h, :1, :])  # [k, q]
-            rows = _head_slice(static, h)  # head h's dqᵀ: [head_dim, q]
-            dq_acc[rows, :] += lax.dot(k_t[rows], ds.astype(k.dtype),
-                                       preferred_element_type=jnp.float32)
+            dp = lax.dot_general(only(static, h, v), do, NT,
+                                 preferred_element_type=jnp.float32)  # [k, q]
+            ds = (p * (dp - di_ref[h, :1, :])).astype(q.dtype)
+            p = p.astype(do.dtype)
+            rows = _head_slice(static, h)  # head h's dqᵀ [head_dim, q], dkᵀ, dvᵀ [head_dim, k]
+            dq_acc[rows, :] += lax.dot(k_t[rows], ds, preferred_element_type=jnp.float32)
+            dk_acc[rows, columns] += lax.dot_general(q_t[rows], ds, NT,
+                                                     preferred_element_type=jnp.float32)
+            dv_acc[rows, columns] += lax.dot_general(do_t[rows], p, NT,
+                                                     preferred_element_type=jnp.float32)
 
-    @pl.when(t == static.blocks - 1)
-    def _finish():
+    @pl.when(t == last)
+    def _finish_dq():
         dq_ref[...] = dq_acc[...].T.astype(dq_ref.dtype)
+
+    @pl.when(i == last)
+    def _finish_dkv():
+        # key block t is complete: later steps walk later blocks (or repeat one, dead)
+        columns = pl.ds(pl.multiple_of(t * static.block, static.block), static.block)
+        rows = pl.ds(pl.multiple_of(t * static.block, static.block), static.block)
+        dk_ref[rows, :] = dk_acc[:, columns].T.astype(dk_ref.dtype)
+        dv_ref[rows, :] = dv_acc[:, columns].T.astype(dv_ref.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
 # Block specs: index maps take (b, g, block, step, index_ref, live_ref), g the head group.
-# "own" is the grid's block (the query block in the forward and dq, the key block in dk/dv),
-# "walked" the step's.
+# "own" is the grid's query block, "walked" the step's key block.
 
 
 def _tile(static, walked: bool, part: int = 0):
@@ -320,38 +311,27 @@ def _backward_call(static, interpret, qk, qkv, segments, index, live, out, lse, 
     """(dq, dk, dv) [batch, seq, heads·head_dim]: of the rotated, scaled q and the rotated k
     (`_forward_call`'s inputs, in qk), and of v."""
     q = jax.ShapeDtypeStruct(out.shape, out.dtype)
+    batch, seq, _ = out.shape
     column, row = segment_arrays(segments)
     di = passes.di_call(static, interpret, out, d_out)
-    costs = kernel_costs(static, q)
-    accumulator = pltpu.VMEM((static.width, static.block), jnp.float32)  # transposed
-    # dk/dv: the grid's block is a key block, the walk over query blocks.
-    dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, static=static),
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=2, grid=_grid(q, static),
-            in_specs=[_tile(static, True), _tile(static, False, 1), _tile(static, False, 2),
-                      _tile(static, True), _head_rows(static, True), _head_rows(static, True),
-                      _row(static, True), _column(static, False)],
-            out_specs=[_tile(static, False)] * 2,
-            scratch_shapes=[accumulator, accumulator]),
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)] * 2,
-        compiler_params=_params(), cost_estimate=costs["dkv"],
-        interpret=interpret, name="splash_dkv",
-    )(index, live, qk, qk, qkv, d_out, lse, di, row, column)
-    (dq,) = pl.pallas_call(
-        functools.partial(_dq_kernel, static=static),
+    whole_row = pl.BlockSpec((None, seq, static.width), lambda b, g, i, t, index, live: (b, 0, g))
+    return pl.pallas_call(
+        functools.partial(_backward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=2, grid=_grid(q, static),
             in_specs=[_tile(static, False), _tile(static, True, 1), _tile(static, True, 2),
                       _tile(static, False), _head_rows(static, False),
                       _head_rows(static, False), _row(static, False), _column(static, True)],
-            out_specs=[_tile(static, False)],
-            scratch_shapes=[accumulator]),
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype)],
-        compiler_params=_params(), cost_estimate=costs["dq"],
-        interpret=interpret, name="splash_dq",
+            out_specs=[_tile(static, False), whole_row, whole_row],
+            scratch_shapes=[pltpu.VMEM((static.width, static.block), jnp.float32),
+                            pltpu.VMEM((static.width, seq), jnp.float32),
+                            pltpu.VMEM((static.width, seq), jnp.float32)]),
+        out_shape=[q] * 3,
+        compiler_params=pltpu.CompilerParams(
+            dimension_semantics=("parallel", "parallel", "arbitrary", "arbitrary"),
+            vmem_limit_bytes=local.VMEM_LIMIT),
+        cost_estimate=kernel_costs(static, q)["bwd"], interpret=interpret, name="splash_bwd",
     )(index, live, qk, qk, qkv, d_out, lse, di, row, column)
-    return dq, dk, dv
 
 
 def _on_platform(call, static, *args):

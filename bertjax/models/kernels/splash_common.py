@@ -24,10 +24,9 @@ from jax.experimental import pallas as pl
 from bertjax.models.kernels import flash_attention as flash
 from bertjax.models.kernels.flash_attention import heads_per_tile
 from bertjax.models.kernels.splash_costs import (
-    backward_costs,
     di_cost,
     forward_cost,
-    local_backward_cost,
+    fused_backward_cost,
 )
 
 BLOCKS = (512, 256, 128)  # preferred first; all multiples of the kernels' 128 lanes
@@ -154,16 +153,14 @@ def segment_arrays(segments):
 
 
 def kernel_costs(static: Static, q) -> dict[str, pl.CostEstimate]:
-    """The kernels' estimates for q [batch, seq, heads·head_dim] (a shard's, padded): "fwd",
-    "di", and a global layer's "dkv" and "dq" (a key or query block fetched per computed
-    block), a local layer's "bwd" (whole rows read once)."""
+    """The kernels' estimates ("fwd", "bwd", "di") for q [batch, seq, heads·head_dim] (a
+    shard's, padded): a global layer fetches a key block per computed block, a local one
+    reads whole rows once."""
     shape = flash.Shape(q.shape[0], static.heads, q.shape[1], static.head_dim,
                         q.dtype.itemsize)
     computed = computed_scores(static, q.shape[0])
-    if static.radius is not None:
-        return {"fwd": forward_cost(shape, computed, static.span, static.group, True),
-                "bwd": local_backward_cost(shape, computed, static.group),
-                "di": di_cost(shape)}
-    dkv, dq = backward_costs(shape, computed, static.block, static.group)
-    return {"fwd": forward_cost(shape, computed, static.block, static.group),
-            "dkv": dkv, "dq": dq, "di": di_cost(shape)}
+    windowed = static.radius is not None
+    reuse = static.span if windowed else static.block
+    return {"fwd": forward_cost(shape, computed, reuse, static.group, windowed),
+            "bwd": fused_backward_cost(shape, computed, reuse, static.group, windowed),
+            "di": di_cost(shape)}

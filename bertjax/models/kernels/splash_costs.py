@@ -39,42 +39,22 @@ def forward_cost(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
                         + 2 * SUBLANES * s.vector_bytes + fetched * flash.LANES * 4))
 
 
-def backward_costs(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
-                   windowed: bool = False) -> tuple[pl.CostEstimate, pl.CostEstimate]:
-    """(dk/dv kernel, dq kernel), over the computed scores as `forward_cost` (matmuls on the
-    group's tile width; rows fetched per `reuse` scores). dk/dv recomputes kᵀ·q, then p·do,
-    v·doᵀ, ds·q (8·D FLOPs per score), reading k and v once and the fetched rows of q, do,
-    log-sum-exp, di and query ids, writing dk, dv; dq recomputes kᵀ·q and v·doᵀ, then dsᵀ·k
-    (6·D), reading q, do, the key-id column and its rows once and the fetched rows of k, v
-    and key ids, writing dq. One exp per score each."""
+def fused_backward_cost(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
+                        windowed: bool = False) -> pl.CostEstimate:
+    """The one backward kernel over the computed scores (`reuse` per key row fetched, as
+    `forward_cost`): kᵀ·q and v·doᵀ recomputed, then dsᵀ·k, ds·q and p·do (10·D FLOPs per
+    score on the group's tile width), one exp each, the elementwise work (the window's mask
+    in a local layer); it reads q, do, the log-sum-exp and di ([8, seq] rows) and the query
+    ids once, the fetched keys' and values' rows and their ids, and writes dq, dk, dv."""
     s = shape
-    fetched = computed // reuse
-    rows = 2 * fetched * s.head_dim * s.itemsize  # two operands' fetched rows
-    ids = fetched * SUBLANES * 4
-    vectors = 2 * SUBLANES * s.vector_bytes  # log-sum-exp and di as [8, seq] rows
-
-    def cost(matmuls, bytes_accessed):
-        return pl.CostEstimate(
-            flops=(2 * matmuls * computed * s.head_dim * group
-                   + (flash.BACKWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
-            transcendentals=computed, bytes_accessed=bytes_accessed)
-
-    dkv = cost(4, 4 * s.qkv_bytes + rows + 2 * fetched * SUBLANES * 4 + ids + s.lane_bytes)
-    dq = cost(3, 2 * s.qkv_bytes + rows + vectors + ids + s.lane_bytes)
-    return dkv, dq
-
-
-def local_backward_cost(shape: flash.Shape, computed: int, group: int = 1) -> pl.CostEstimate:
-    """A local layer's one backward kernel over the computed scores: kᵀ·q, v·doᵀ, then dsᵀ·k,
-    ds·q, p·do (10·D FLOPs per score on the group's tile width), one exp each, the elementwise
-    work with the window's mask; it reads q, k, v, do once, the log-sum-exp and di ([8, seq]
-    rows), the segment ids (a row and a column of 128 lanes), and writes dq, dk, dv."""
-    s = shape
+    fetched = computed // reuse  # key rows fetched
     return pl.CostEstimate(
         flops=(2 * 5 * computed * s.head_dim * group
-               + (flash.BACKWARD_ELEMENTWISE + WINDOW_ELEMENTWISE) * computed),
+               + (flash.BACKWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
         transcendentals=computed,
-        bytes_accessed=(7 * s.qkv_bytes + 2 * SUBLANES * s.vector_bytes + s.lane_bytes))
+        bytes_accessed=(5 * s.qkv_bytes + 2 * fetched * s.head_dim * s.itemsize
+                        + 2 * SUBLANES * s.vector_bytes + SUBLANES * s.batch * s.seq * 4
+                        + fetched * flash.LANES * 4))
 
 
 def di_cost(shape: flash.Shape) -> pl.CostEstimate:

@@ -16,8 +16,8 @@ Kernels (layout and masks: `splash_common`), per chunk and head:
   * backward, one kernel: p from the log-sum-exp, dp = v·doᵀ, ds = p·(dp - di); dq = dsᵀ·k is
     the chunk's, dk = ds·q and dv = p·do are added into float32 accumulators of the row's keys,
     zeroed and written out a block at a time as the grid moves along the row
-    (`_accumulated_rows`; the blocks are "arbitrary", in order). p and ds are computed once,
-    where separate dq and dk/dv kernels computed each twice.
+    (`_accumulated_rows`; the blocks are "arbitrary", in order). p and ds are computed once
+    for all three.
 The di and RoPE passes are the global layers' (`splash_passes`).
 """
 
