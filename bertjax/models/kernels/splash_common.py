@@ -161,6 +161,9 @@ def kernel_costs(static: Static, q) -> dict[str, pl.CostEstimate]:
     computed = computed_scores(static, q.shape[0])
     windowed = static.radius is not None
     reuse = static.span if windowed else static.block
-    return {"fwd": forward_cost(shape, computed, reuse, static.group, windowed),
-            "bwd": fused_backward_cost(shape, computed, reuse, static.group, windowed),
+    # a global layer's p·v, dq, dk and dv matmuls stream one head's rows (splash_attention)
+    head_rows = not windowed
+    return {"fwd": forward_cost(shape, computed, reuse, static.group, windowed, head_rows),
+            "bwd": fused_backward_cost(shape, computed, reuse, static.group, windowed,
+                                       head_rows),
             "di": di_cost(shape)}

@@ -19,12 +19,13 @@ WINDOW_ELEMENTWISE = 5
 
 
 def forward_cost(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
-                 windowed: bool = False) -> pl.CostEstimate:
+                 windowed: bool = False, head_rows: bool = False) -> pl.CostEstimate:
     """The forward kernel. computed: scores computed over the batch and heads; reuse: scores
     computed per key row fetched (a global layer's block: a block fetched per computed block;
-    a local layer's span: its whole rows fetched once). q·kᵀ and p·v are 4·D FLOPs per score
-    on the group's whole tile width (`group` heads side by side: 4·D·group), one exp each, and
-    the elementwise work
+    a local layer's span: its whole rows fetched once). q·kᵀ and p·v are 2·D FLOPs per score
+    each, on the group's whole tile width (`group` heads side by side: 2·D·group), p·v on one
+    head's D rows where it streams them alone (`head_rows`); one exp each, and the elementwise
+    work
     (WINDOW_ELEMENTWISE more in a local layer, `windowed`); it reads q and the query segment
     ids (an [8, seq] int32 row) once per head group, the fetched keys' and values' rows and
     their segment ids (a column of 128 lanes), and writes o and the log-sum-exp ([8, seq]
@@ -32,7 +33,7 @@ def forward_cost(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
     s = shape
     fetched = computed // reuse  # key rows fetched
     return pl.CostEstimate(
-        flops=(4 * computed * s.head_dim * group
+        flops=(2 * computed * s.head_dim * (group + (1 if head_rows else group))
                + (flash.FORWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
         transcendentals=computed,
         bytes_accessed=(2 * s.qkv_bytes + 2 * fetched * s.head_dim * s.itemsize
@@ -40,16 +41,17 @@ def forward_cost(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
 
 
 def fused_backward_cost(shape: flash.Shape, computed: int, reuse: int, group: int = 1,
-                        windowed: bool = False) -> pl.CostEstimate:
+                        windowed: bool = False, head_rows: bool = False) -> pl.CostEstimate:
     """The one backward kernel over the computed scores (`reuse` per key row fetched, as
-    `forward_cost`): kᵀ·q and v·doᵀ recomputed, then dsᵀ·k, ds·q and p·do (10·D FLOPs per
-    score on the group's tile width), one exp each, the elementwise work (the window's mask
+    `forward_cost`): kᵀ·q and v·doᵀ recomputed, then dsᵀ·k, ds·q and p·do (2·D FLOPs per score
+    each on the group's tile width, the last three on one head's rows with `head_rows`), one
+    exp each, the elementwise work (the window's mask
     in a local layer); it reads q, do, the log-sum-exp and di ([8, seq] rows) and the query
     ids once, the fetched keys' and values' rows and their ids, and writes dq, dk, dv."""
     s = shape
     fetched = computed // reuse  # key rows fetched
     return pl.CostEstimate(
-        flops=(2 * 5 * computed * s.head_dim * group
+        flops=(2 * computed * s.head_dim * (2 * group + 3 * (1 if head_rows else group))
                + (flash.BACKWARD_ELEMENTWISE + WINDOW_ELEMENTWISE * windowed) * computed),
         transcendentals=computed,
         bytes_accessed=(5 * s.qkv_bytes + 2 * fetched * s.head_dim * s.itemsize
