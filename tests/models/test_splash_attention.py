@@ -7,6 +7,7 @@ and few more, a global layer's per-row tables keep exactly the block pairs the d
 and the cost estimates count the scores computed."""
 
 import dataclasses
+import importlib.util
 
 import flax.linen as nn
 import jax
@@ -324,3 +325,39 @@ def test_rope_inside_the_kernels_equals_rotating_first(radius):
                                atol=TOL, rtol=0)
     for name, a, b in zip(("dq", "dk", "dv"), got, want):
         np.testing.assert_allclose(a, b, atol=TOL, rtol=TOL, err_msg=name)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu (pip install -e '.[tpu]') is not installed")
+def test_auto_runs_the_kernels_where_their_rows_fit_the_chips_vmem():
+    """`fits` as libtpu's compiles of the kernels for one chip showed: on a v4 (16 MiB of
+    VMEM) a local layer's compile at 2,048 tokens and run out at 4,096, a global layer's at
+    4,096 and 8,192; a v5p (64 MiB), v5e and v6e (128) take 8,192; a chip not known (a CPU) is
+    not refused. Traced for a v4 slice at 4,096 tokens, "auto" runs the global layer on the
+    kernels and the local one on the xla path, where a v5p slice runs both on the kernels;
+    "splash" refuses the local layer with an error naming the flag."""
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from bertjax.aot import topology
+
+    assert splash.fits(2048, True, "TPU v4") and not splash.fits(4096, True, "TPU v4")
+    assert splash.fits(4096, False, "TPU v4") and not splash.fits(8192, False, "TPU v4")
+    for kind in ("TPU v5", "TPU v5 lite", "TPU v6 lite", "cpu"):
+        assert splash.fits(8192, True, kind) and splash.fits(8192, False, kind)
+    cfg = ModernConfig(vocab_size=50, hidden_size=128, num_layers=2, num_heads=2,
+                       intermediate_size=64, local_attention=128, global_attn_every_n_layers=2,
+                       max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+                       eos_token_id=2, cls_token_id=1, sep_token_id=2)
+    ids = jnp.ones((4, 4096), jnp.int32)
+
+    def kernels(model, slice_):
+        mesh = Mesh(np.array(topology.devices(topology.parse(slice_))), ("data",))
+        with flash.sharded_like(NamedSharding(mesh, PartitionSpec("data"))):
+            params = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, ids))
+            return str(jax.make_jaxpr(lambda p: model.apply(p, ids, ids))(params)).count(
+                "splash_fwd")
+
+    on_v5p, on_v4 = (kernels(ModernBertModel(cfg), s) for s in ("v5p-8", "v4-8"))
+    assert on_v5p == 2 * on_v4 > 0  # both layers' kernels, then the global layer's alone
+    with pytest.raises(ConfigError, match="attention_impl='splash'.*TPU v4"):
+        kernels(ModernBertModel(dataclasses.replace(cfg, attention_impl="splash")), "v4-8")

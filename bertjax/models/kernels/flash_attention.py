@@ -67,6 +67,16 @@ def sharded_like(batch_sharding: NamedSharding | None):
         _BATCH_SHARDING.reset(token)
 
 
+def traced_device_kind() -> str | None:
+    """The device kind ("TPU v5 lite", "cpu", ...) of the program being traced: the step's mesh
+    (`sharded_like`), else this process's first device."""
+    sharding = _BATCH_SHARDING.get()
+    devices = getattr(getattr(sharding, "mesh", None), "devices", None)
+    if devices is not None and devices.size:
+        return devices.flat[0].device_kind
+    return jax.devices()[0].device_kind
+
+
 def traced_for_tpu() -> bool:
     """Whether the program being traced runs on TPUs: the step's mesh (`sharded_like`) is of
     TPU chips (also a slice compiled ahead of time on another machine), or, outside a step,

@@ -78,10 +78,13 @@ from bertjax.models.kernels.splash_common import (  # noqa: F401  (Static, PAD, 
     allowed,
     block_size,
     computed_scores,
+    fits,
     head_rows_of,
     kernel_costs,
     only,
     segment_arrays,
+    vmem_capacity,
+    vmem_needed,
 )
 from bertjax.models.kernels.splash_costs import (  # noqa: F401  (its costs, as attributes)
     ROPE_ELEMENTWISE,
@@ -394,6 +397,13 @@ def splash_attention(
     if radius is not None and radius < 0:
         raise ConfigError(f"splash attention's window radius must be >= 0, got {radius}")
     batch, seq, features = qkv.shape
+    if not fits(seq, radius is not None):
+        kind = flash.traced_device_kind()
+        raise ConfigError(
+            f"model.attention_impl='splash' needs ~{vmem_needed(seq, radius is not None) >> 20} "
+            f"MiB of VMEM for {seq}-token rows in a {'local' if radius else 'global'} layer; "
+            f"{kind} has {vmem_capacity(kind) >> 20}: use 'auto' (the 'xla' path there) or "
+            "shorter rows")
     head_dim = features // (3 * num_heads)
     segments = flash.segment_ids(input_mask, packing_ids, (batch, seq))
     width = heads_per_tile(num_heads, head_dim) * head_dim

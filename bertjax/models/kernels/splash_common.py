@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
 
 from bertjax.models.kernels import flash_attention as flash
 from bertjax.models.kernels.flash_attention import heads_per_tile
@@ -95,6 +96,36 @@ class Static:
         (traced): `reach` before it, shifted into the row at its ends."""
         start = jnp.clip(first - self.reach, 0, self.seq - self.span)
         return pl.multiple_of(start, TILE_ROWS)
+
+
+# Device kinds (as jax names them) → Pallas's chip versions, for their VMEM.
+_CHIPS = (("v6", pltpu.ChipVersion.TPU_V6E), ("v5 lite", pltpu.ChipVersion.TPU_V5E),
+          ("v5e", pltpu.ChipVersion.TPU_V5E), ("v5", pltpu.ChipVersion.TPU_V5P),
+          ("v4", pltpu.ChipVersion.TPU_V4))
+
+
+def vmem_needed(seq: int, local: bool) -> int:
+    """Bytes of VMEM the kernels of a layer need at `seq` padded tokens (heads' tiles of 128
+    lanes): a local layer's backward holds whole rows of k, v, their ids, dk, dv (double
+    buffered) and float32 dk, dv accumulators, ~4 KiB per token; a global layer's its dk, dv
+    rows and accumulators, ~2 KiB; and 4 MiB of tiles and spills (as libtpu reports them)."""
+    return (4 if local else 2) * 1024 * seq + 4 * 2 ** 20
+
+
+def vmem_capacity(device_kind: str) -> int | None:
+    """A TPU's VMEM bytes per core by its device kind, None where not known."""
+    kind = device_kind.lower()
+    for name, chip in _CHIPS:
+        if f"tpu {name}" in kind or f"tpu{name}" in kind:
+            return pltpu.get_tpu_info_for_chip(chip, 1).vmem_capacity_bytes
+    return None
+
+
+def fits(seq: int, local: bool, device_kind: str | None = None) -> bool:
+    """Whether a layer's splash kernels fit the VMEM of the TPU being traced for (or of
+    `device_kind`) at `seq` tokens; true where the chip is not known."""
+    capacity = vmem_capacity(device_kind or flash.traced_device_kind())
+    return capacity is None or vmem_needed(flash.BLOCK * -(-seq // flash.BLOCK), local) <= capacity
 
 
 def computed_scores(static: Static, batch: int) -> int:

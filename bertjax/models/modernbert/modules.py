@@ -25,7 +25,8 @@ between different documents (or padding); inside, window and segments are masked
 "xla" nor "splash" forms a dense mask, and neither applies attention dropout (a ConfigError).
 "auto" (the default) runs einsum where attention dropout is active (training with
 attention_dropout > 0) and on a CPU, "splash" on a TPU (also when compiled ahead of time for
-one) and the "xla" path elsewhere (GPUs).
+one) where its rows fit the chip's VMEM (`splash_common.fits`: on a v4's 16 MiB, local layers
+up to 2,048 tokens, global ones up to 4,096) and the "xla" path elsewhere (GPUs).
 
 Parameters (every one with logical axis names):
     model/embeddings/tok_embeddings/embedding [vocab, hidden]   ("vocab", "embed")
@@ -267,7 +268,9 @@ class ModernAttention(nn.Module):
                 context = jax.lax.platform_dependent(
                     qkv, mask, input_mask, packing_ids,
                     cpu=lambda qkv, m, _i, _p: split(attn_lib.einsum_attention)(qkv, m),
-                    tpu=lambda qkv, _m, i, p: splash(qkv, i, p),
+                    tpu=lambda qkv, _m, i, p: (
+                        splash(qkv, i, p) if splash_lib.fits(qkv.shape[1], self.local)
+                        else fused(qkv, i, p)),
                     default=lambda qkv, _m, i, p: fused(qkv, i, p))
         out = Linear(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), _out_stddev(cfg),
                      in_shape=(cfg.num_heads, cfg.head_dim), name="wo")(context)
