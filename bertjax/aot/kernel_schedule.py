@@ -161,7 +161,7 @@ def _compile_splash(spec: dict) -> dict[str, tuple[int, int]]:
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from bertjax.aot import topology
-    from bertjax.models.kernels import splash_attention
+    from bertjax.models.kernels import flash_attention, splash_attention
 
     k = SplashKernels(**{f.name: spec[f.name] for f in dataclasses.fields(SplashKernels)})
     device = topology.devices(topology.parse(spec["topology"]))[0]
@@ -176,7 +176,7 @@ def _compile_splash(spec: dict) -> dict[str, tuple[int, int]]:
             qkv, mask, None, k.radius, k.heads), qkv)
         return vjp(out)
 
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), flash_attention.sharded_like(sharding):  # the chip, as a step's
         jax.jit(forward_and_backward).lower(qkv, mask).compile()
     static = splash_attention.Static(k.seq, splash_attention.block_size(k.seq), k.radius,
                                      k.heads, k.head_dim)

@@ -329,26 +329,27 @@ def test_rope_inside_the_kernels_equals_rotating_first(radius):
 
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu (pip install -e '.[tpu]') is not installed")
-def test_auto_runs_the_kernels_where_their_rows_fit_the_chips_vmem():
+def test_the_kernels_keep_to_the_chips_vmem():
     """`fits` as libtpu's compiles of the kernels for one chip showed: on a v4 (16 MiB of
-    VMEM) a local layer's compile at 2,048 tokens and run out at 4,096, a global layer's at
-    4,096 and 8,192; a v5p (64 MiB), v5e and v6e (128) take 8,192; a chip not known (a CPU) is
-    not refused. Traced for a v4 slice at 4,096 tokens, "auto" runs the global layer on the
-    kernels and the local one on the xla path, where a v5p slice runs both on the kernels;
-    "splash" refuses the local layer with an error naming the flag."""
+    VMEM) a local layer's whole rows compile at 2,048 tokens and run out at 4,096; v5p (64
+    MiB), v5e and v6e (128) take 8,192; a global layer's accumulators fit a v4 at 8,192, not
+    at 16,384; a chip not known (a CPU) is not refused. Traced for a v4 slice at 16,384
+    tokens, "auto" runs the local layer on the kernels, in pieces, and the global one on the
+    xla path, where a v5p slice runs both on the kernels; "splash" refuses the global layer
+    with an error naming the flag."""
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from bertjax.aot import topology
 
     assert splash.fits(2048, True, "TPU v4") and not splash.fits(4096, True, "TPU v4")
-    assert splash.fits(4096, False, "TPU v4") and not splash.fits(8192, False, "TPU v4")
+    assert splash.fits(8192, False, "TPU v4") and not splash.fits(16384, False, "TPU v4")
     for kind in ("TPU v5", "TPU v5 lite", "TPU v6 lite", "cpu"):
         assert splash.fits(8192, True, kind) and splash.fits(8192, False, kind)
     cfg = ModernConfig(vocab_size=50, hidden_size=128, num_layers=2, num_heads=2,
                        intermediate_size=64, local_attention=128, global_attn_every_n_layers=2,
-                       max_position_embeddings=4096, pad_token_id=0, bos_token_id=1,
+                       max_position_embeddings=16384, pad_token_id=0, bos_token_id=1,
                        eos_token_id=2, cls_token_id=1, sep_token_id=2)
-    ids = jnp.ones((4, 4096), jnp.int32)
+    ids = jnp.ones((4, 16384), jnp.int32)
 
     def kernels(model, slice_):
         mesh = Mesh(np.array(topology.devices(topology.parse(slice_))), ("data",))
@@ -358,6 +359,30 @@ def test_auto_runs_the_kernels_where_their_rows_fit_the_chips_vmem():
                 "splash_fwd")
 
     on_v5p, on_v4 = (kernels(ModernBertModel(cfg), s) for s in ("v5p-8", "v4-8"))
-    assert on_v5p == 2 * on_v4 > 0  # both layers' kernels, then the global layer's alone
+    assert on_v5p == 2 * on_v4 > 0  # both layers' kernels, then the local layer's alone
     with pytest.raises(ConfigError, match="attention_impl='splash'.*TPU v4"):
         kernels(ModernBertModel(dataclasses.replace(cfg, attention_impl="splash")), "v4-8")
+
+
+def test_a_local_layer_past_the_vmem_runs_in_pieces_with_the_einsum_values(monkeypatch):
+    """Where a local layer's rows do not fit (here: over 384 tokens), the rows are attended
+    in pieces widened by the window's reach (pieces of 128 and 128 tokens each side), with the
+    einsum path's values and gradients on padded, packed rows."""
+    monkeypatch.setattr(splash, "fits", lambda seq, local, kind=None: seq <= 384)
+    seq, radius = 600, 40
+    segments = _packed_segments(np.random.default_rng(3), 2, seq, 4, (600, 470))
+    input_mask = jnp.asarray(segments != splash.PAD, jnp.int32)
+    packing_ids = jnp.where(input_mask > 0, jnp.asarray(segments), 0)
+    q, k, v, weights = _inputs(4, 2, seq, 2, 32)
+    cotangent = weights * input_mask.astype(jnp.float32)[:, :, None, None]
+
+    def value_and_grads(attend):
+        out, vjp = jax.vjp(lambda q, k, v: attend(q, k, v, input_mask, packing_ids, radius),
+                           q, k, v)
+        return out, vjp(cotangent)
+
+    (got_out, got), (want_out, want) = (value_and_grads(a) for a in (_splash, _reference))
+    rows = np.asarray(input_mask, bool)
+    np.testing.assert_allclose(np.asarray(got_out)[rows], np.asarray(want_out)[rows], atol=TOL)
+    for name, a, b in zip(("dq", "dk", "dv"), got, want):
+        np.testing.assert_allclose(a, b, atol=TOL, rtol=TOL, err_msg=name)

@@ -185,8 +185,9 @@ def _backward_kernel(index_ref, live_ref, *refs, static):
     the walked key block in accumulators of the whole row, all transposed per head
     (`_head_slice`). The key blocks' columns are zeroed as the first query block walks them
     (it walks every block, in order) and written out as the last one leaves them. Refs: q, k,
-    v, do, lse, di, query ids, key ids, dq, dk, dv (whole rows), then scratch dqᵀ [width, q],
-    dkᵀ, dvᵀ [width, seq] float32."""
+    v, do, lse, di, query ids, key ids, dq, dk, dv (key block t while the last query block
+    walks, else block 0, never written back before: see `_backward_call`), then scratch dqᵀ
+    [width, q], dkᵀ, dvᵀ [width, seq] float32."""
     (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref, dq_ref, dk_ref, dv_ref,
      dq_acc, dk_acc, dv_acc) = refs
     b, i, t = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -231,9 +232,8 @@ def _backward_kernel(index_ref, live_ref, *refs, static):
     def _finish_dkv():
         # key block t is complete: later steps walk later blocks (or repeat one, dead)
         columns = pl.ds(pl.multiple_of(t * static.block, static.block), static.block)
-        rows = pl.ds(pl.multiple_of(t * static.block, static.block), static.block)
-        dk_ref[rows, :] = dk_acc[:, columns].T.astype(dk_ref.dtype)
-        dv_ref[rows, :] = dv_acc[:, columns].T.astype(dv_ref.dtype)
+        dk_ref[...] = dk_acc[:, columns].T.astype(dk_ref.dtype)
+        dv_ref[...] = dv_acc[:, columns].T.astype(dv_ref.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +317,14 @@ def _backward_call(static, interpret, qk, qkv, segments, index, live, out, lse, 
     batch, seq, _ = out.shape
     column, row = segment_arrays(segments)
     di = passes.di_call(static, interpret, out, d_out)
-    whole_row = pl.BlockSpec((None, seq, static.width), lambda b, g, i, t, index, live: (b, 0, g))
+    last = static.blocks - 1
+
+    def finished(b, g, i, t, index, live):
+        # dk, dv's key block t once the last query block walks it; block 0 until then, which
+        # is written back only when the index moves on, after the last block wrote it
+        return (b, jnp.where(i == last, t, 0), g)
+
+    key_block = pl.BlockSpec((None, static.block, static.width), finished)
     return pl.pallas_call(
         functools.partial(_backward_kernel, static=static),
         grid_spec=pltpu.PrefetchScalarGridSpec(
@@ -325,7 +332,7 @@ def _backward_call(static, interpret, qk, qkv, segments, index, live, out, lse, 
             in_specs=[_tile(static, False), _tile(static, True, 1), _tile(static, True, 2),
                       _tile(static, False), _head_rows(static, False),
                       _head_rows(static, False), _row(static, False), _column(static, True)],
-            out_specs=[_tile(static, False), whole_row, whole_row],
+            out_specs=[_tile(static, False), key_block, key_block],
             scratch_shapes=[pltpu.VMEM((static.width, static.block), jnp.float32),
                             pltpu.VMEM((static.width, seq), jnp.float32),
                             pltpu.VMEM((static.width, seq), jnp.float32)]),
@@ -397,11 +404,11 @@ def splash_attention(
     if radius is not None and radius < 0:
         raise ConfigError(f"splash attention's window radius must be >= 0, got {radius}")
     batch, seq, features = qkv.shape
-    if not fits(seq, radius is not None):
+    if radius is None and not fits(seq, False):
         kind = flash.traced_device_kind()
         raise ConfigError(
             f"model.attention_impl='splash' needs ~{vmem_needed(seq, radius is not None) >> 20} "
-            f"MiB of VMEM for {seq}-token rows in a {'local' if radius else 'global'} layer; "
+            f"MiB of VMEM for {seq}-token rows in a global layer; "
             f"{kind} has {vmem_capacity(kind) >> 20}: use 'auto' (the 'xla' path there) or "
             "shorter rows")
     head_dim = features // (3 * num_heads)
@@ -411,10 +418,40 @@ def splash_attention(
 
     def attend(tokens, segments, shard):
         del shard
-        qkv, tables = tokens[0], tuple(tokens[1:])
-        static = Static(qkv.shape[1], block_size(qkv.shape[1]), radius, num_heads, head_dim)
         segments = jnp.where(segments == flash.PAD_SEGMENT, PAD, segments)
+        padded = tokens[0].shape[1]
+        if radius is not None and not fits(padded, True):
+            return _local_in_pieces(tokens, segments, radius, num_heads, head_dim)
+        static = Static(padded, block_size(padded), radius, num_heads, head_dim)
         walk = block_table(segments, static) if radius is None else ()
-        return _splash(qkv, segments, walk, tables, static)
+        return _splash(tokens[0], segments, walk, tuple(tokens[1:]), static)
 
     return flash.run_padded(attend, (qkv, *tables), segments)
+
+
+PIECES = (4096, 2048, 1024, 512, 256, 128)  # a local layer's pieces, longest first
+
+
+def _local_in_pieces(tokens, segments, radius, num_heads, head_dim):
+    """A local layer whose rows outgrow VMEM (`fits`), by pieces: each row is cut into pieces
+    of the longest length in PIECES whose rows, widened by the window's reach (in tiles of 128)
+    on both sides, fit; the pieces are attended as rows of their own (a query's keys all lie
+    within its piece and the reach) and their middles put back. tokens: qkv [batch, seq, ..]
+    and the RoPE tables; segments [batch, seq] → [batch, seq, heads·head_dim]."""
+    batch, seq = segments.shape
+    halo = flash.BLOCK * -(-radius // flash.BLOCK)
+    piece = next((p for p in PIECES if fits(p + 2 * halo, True)), PIECES[-1])
+    count = -(-seq // piece)
+
+    def cut(x, fill):  # [batch, seq, ..] → [batch · count, piece + 2·halo, ..]
+        widths = [(0, 0), (halo, count * piece - seq + halo)] + [(0, 0)] * (x.ndim - 2)
+        x = jnp.pad(x, widths, constant_values=fill)
+        pieces = [x[:, i * piece:i * piece + piece + 2 * halo] for i in range(count)]
+        return jnp.stack(pieces, axis=1).reshape(batch * count, *pieces[0].shape[1:])
+
+    length = piece + 2 * halo
+    static = Static(length, block_size(length), radius, num_heads, head_dim)
+    out = _splash(cut(tokens[0], 0), cut(segments, PAD), (), tuple(cut(t, 0) for t in tokens[1:]),
+                  static)
+    out = out[:, halo:halo + piece].reshape(batch, count * piece, -1)
+    return out[:, :seq]

@@ -107,9 +107,9 @@ _CHIPS = (("v6", pltpu.ChipVersion.TPU_V6E), ("v5 lite", pltpu.ChipVersion.TPU_V
 def vmem_needed(seq: int, local: bool) -> int:
     """Bytes of VMEM the kernels of a layer need at `seq` padded tokens (heads' tiles of 128
     lanes): a local layer's backward holds whole rows of k, v, their ids, dk, dv (double
-    buffered) and float32 dk, dv accumulators, ~4 KiB per token; a global layer's its dk, dv
-    rows and accumulators, ~2 KiB; and 4 MiB of tiles and spills (as libtpu reports them)."""
-    return (4 if local else 2) * 1024 * seq + 4 * 2 ** 20
+    buffered) and float32 dk, dv accumulators, ~4 KiB per token; a global layer's its float32
+    dk, dv accumulators, 1 KiB; and 4 MiB of tiles and spills (as libtpu reports them)."""
+    return (4 if local else 1) * 1024 * seq + 4 * 2 ** 20
 
 
 def vmem_capacity(device_kind: str) -> int | None:

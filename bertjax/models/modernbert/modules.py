@@ -25,8 +25,8 @@ between different documents (or padding); inside, window and segments are masked
 "xla" nor "splash" forms a dense mask, and neither applies attention dropout (a ConfigError).
 "auto" (the default) runs einsum where attention dropout is active (training with
 attention_dropout > 0) and on a CPU, "splash" on a TPU (also when compiled ahead of time for
-one) where its rows fit the chip's VMEM (`splash_common.fits`: on a v4's 16 MiB, local layers
-up to 2,048 tokens, global ones up to 4,096) and the "xla" path elsewhere (GPUs).
+one; a global layer where its rows fit the chip's VMEM, `splash_common.fits`: on a v4's 16
+MiB up to 12,288 tokens, a local layer in pieces past it) and the "xla" path elsewhere (GPUs).
 
 Parameters (every one with logical axis names):
     model/embeddings/tok_embeddings/embedding [vocab, hidden]   ("vocab", "embed")
@@ -269,7 +269,7 @@ class ModernAttention(nn.Module):
                     qkv, mask, input_mask, packing_ids,
                     cpu=lambda qkv, m, _i, _p: split(attn_lib.einsum_attention)(qkv, m),
                     tpu=lambda qkv, _m, i, p: (
-                        splash(qkv, i, p) if splash_lib.fits(qkv.shape[1], self.local)
+                        splash(qkv, i, p) if self.local or splash_lib.fits(qkv.shape[1], False)
                         else fused(qkv, i, p)),
                     default=lambda qkv, _m, i, p: fused(qkv, i, p))
         out = Linear(cfg, (cfg.hidden_size,), ("heads", "kv", "embed"), _out_stddev(cfg),
