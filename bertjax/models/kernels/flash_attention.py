@@ -67,25 +67,25 @@ def sharded_like(batch_sharding: NamedSharding | None):
         _BATCH_SHARDING.reset(token)
 
 
-def traced_device_kind() -> str | None:
-    """The device kind ("TPU v5 lite", "cpu", ...) of the program being traced: the step's mesh
-    (`sharded_like`), else this process's first device."""
+def _traced_device():
+    """The first device of the step's mesh (`sharded_like`), None outside a step."""
     sharding = _BATCH_SHARDING.get()
     devices = getattr(getattr(sharding, "mesh", None), "devices", None)
-    if devices is not None and devices.size:
-        return devices.flat[0].device_kind
-    return jax.devices()[0].device_kind
+    return devices.flat[0] if devices is not None and devices.size else None
+
+
+def traced_device_kind() -> str:
+    """The device kind ("TPU v5 lite", "cpu", ...) of the program being traced: the step's mesh
+    (`sharded_like`), else this process's first device."""
+    return (_traced_device() or jax.devices()[0]).device_kind
 
 
 def traced_for_tpu() -> bool:
     """Whether the program being traced runs on TPUs: the step's mesh (`sharded_like`) is of
     TPU chips (also a slice compiled ahead of time on another machine), or, outside a step,
     this process's backend is a TPU."""
-    sharding = _BATCH_SHARDING.get()
-    devices = getattr(getattr(sharding, "mesh", None), "devices", None)
-    if devices is not None and devices.size:
-        return devices.flat[0].platform == "tpu"
-    return jax.default_backend() == "tpu"
+    device = _traced_device()
+    return device.platform == "tpu" if device is not None else jax.default_backend() == "tpu"
 
 
 def segment_ids(input_mask: jax.Array | None, packing_ids: jax.Array | None,

@@ -74,6 +74,7 @@ from bertjax.models.kernels.splash_common import (  # noqa: F401  (Static, PAD, 
     NT,
     PAD,
     SUBLANES,
+    VMEM_LIMIT,
     Static,
     allowed,
     block_size,
@@ -339,7 +340,7 @@ def _backward_call(static, interpret, qk, qkv, segments, index, live, out, lse, 
         out_shape=[q] * 3,
         compiler_params=pltpu.CompilerParams(
             dimension_semantics=("parallel", "parallel", "arbitrary", "arbitrary"),
-            vmem_limit_bytes=local.VMEM_LIMIT),
+            vmem_limit_bytes=VMEM_LIMIT),
         cost_estimate=kernel_costs(static, q)["bwd"], interpret=interpret, name="splash_bwd",
     )(index, live, qk, qk, qkv, d_out, lse, di, row, column)
 

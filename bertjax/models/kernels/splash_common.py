@@ -37,6 +37,9 @@ SUBLANES = flash.SUBLANES
 TILE_ROWS = 16  # a bf16 tile's rows: where a slice of rows may start
 NT = (((1,), (1,)), ((), ()))  # a @ b.T
 TN = (((0,), (0,)), ((), ()))  # a.T @ b
+# The kernels' scoped VMEM: whole rows (at 8,192 tokens k, v, dk, dv 2 MiB each and the key
+# ids 4 MiB, double buffered; the accumulators 4.5 MiB each) exceed the default limit.
+VMEM_LIMIT = 64 * 2 ** 20
 
 
 def block_size(seq: int) -> int:

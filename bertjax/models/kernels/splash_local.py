@@ -39,6 +39,7 @@ from bertjax.models.kernels.splash_common import (
     SUBLANES,
     TILE_ROWS,
     TN,
+    VMEM_LIMIT,
     allowed,
     head_lanes_of,
     head_rows_of,
@@ -46,10 +47,6 @@ from bertjax.models.kernels.splash_common import (
     only,
     segment_arrays,
 )
-
-# The whole rows held in VMEM (at 8,192 tokens k, v, dk, dv 2 MiB each and the key ids 4 MiB,
-# double buffered; the accumulators 4.5 MiB each) exceed the default scoped limit.
-VMEM_LIMIT = 64 * 2 ** 20
 
 
 def _chunks(static, block):
